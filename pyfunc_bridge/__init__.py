@@ -1,0 +1,25 @@
+"""pyfunc_bridge: Python functions as TensorFlow graph ops, fast and safe.
+
+Drop-in replacements for ``tf.numpy_function`` and ``tf.compat.v1.py_func``
+built on the project's own op kernel and a Cython DLPack bridge:
+
+>>> import numpy as np, tensorflow as tf
+>>> import pyfunc_bridge as pfb
+>>> @tf.function(input_signature=[tf.TensorSpec(None, tf.float32)])
+... def f(x):
+...     y = pfb.numpy_function(np.sinh, [x], tf.float32)
+...     return y * y
+>>> float(f(tf.constant(1.0)))  # doctest: +ELLIPSIS
+1.381097...
+
+Importing is cheap: the op library and the conversion module load on first use.
+"""
+from pyfunc_bridge._library import check_tensorflow_version as _check
+
+_check()
+del _check
+
+from pyfunc_bridge.numpy_function import numpy_function, py_func  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["numpy_function", "py_func"]

@@ -1,0 +1,84 @@
+"""The function registry: stable unique keys, lifetimes tied to graphs.
+
+A key is ``module:qualname@<uuid>``: unique for the life of the process (never
+a reused counter) and carrying an importable reference to the function.  Each
+graph that contains a bridge op holds the function's entry; the registry itself
+holds only a weak reference, so an entry goes when its last graph goes.
+"""
+import uuid
+import weakref
+
+from tensorflow.python.framework import func_graph as _func_graph
+from tensorflow.python.framework import ops as _tf_ops
+
+from pyfunc_bridge import _library
+
+_GRAPH_ATTR = "_pyfunc_bridge_entries"
+
+
+class Entry:
+    """A registered function; graphs that run it keep it alive."""
+
+    __slots__ = ("func", "key", "__weakref__")
+
+    def __init__(self, func, key):
+        self.func = func
+        self.key = key
+
+    def __repr__(self):
+        return f"<pyfunc_bridge entry {self.key}>"
+
+
+def function_reference(func):
+    """``module:qualname`` of a callable, as far as it has one."""
+    module = getattr(func, "__module__", None) or type(func).__module__
+    qualname = (getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+                or type(func).__qualname__)
+    return f"{module}:{qualname}"
+
+
+def _forget(functions, key, ref):
+    if functions.get(key) is ref:
+        del functions[key]
+
+
+def register(func):
+    """Registers `func` under a new key and returns its Entry."""
+    functions = _library.conversion().registry()
+    key = f"{function_reference(func)}@{uuid.uuid4().hex}"
+    entry = Entry(func, key)
+    functions[key] = weakref.ref(entry, lambda ref: _forget(functions, key, ref))
+    return entry
+
+
+def lookup(key):
+    """The Entry registered under `key`, or None."""
+    ref = _library.conversion().registry().get(key)
+    return ref() if ref is not None else None
+
+
+def owning_graphs(graph):
+    """The graphs that must keep an op's function alive.
+
+    That is `graph` and every graph it is nested in (while-loop bodies, cond
+    branches, tf.function bodies), except the global graph behind eager
+    execution, which lives forever.  Holding it in all of them keeps it alive
+    as long as any of them can still run the op.
+    """
+    graphs = []
+    while graph is not None:
+        graphs.append(graph)
+        graph = getattr(graph, "outer_graph", None)
+    if _tf_ops.executing_eagerly_outside_functions():
+        graphs = [g for g in graphs if isinstance(g, _func_graph.FuncGraph)]
+    return graphs
+
+
+def keep_alive(entry, graph):
+    """Makes `graph` and its outer graphs hold `entry`."""
+    for g in owning_graphs(graph):
+        held = getattr(g, _GRAPH_ATTR, None)
+        if held is None:
+            held = []
+            setattr(g, _GRAPH_ATTR, held)
+        held.append(entry)

@@ -1,0 +1,71 @@
+"""Normalization of ``Tout``: dtypes, TensorSpecs (declared shapes), lists."""
+import collections
+
+import tensorflow as tf
+
+SUPPORTED_DTYPES = frozenset([
+    tf.float16, tf.bfloat16, tf.float32, tf.float64,
+    tf.int8, tf.int16, tf.int32, tf.int64,
+    tf.uint8, tf.uint16, tf.uint32, tf.uint64,
+    tf.bool, tf.complex64, tf.complex128, tf.string,
+])
+
+OutputSignature = collections.namedtuple(
+    "OutputSignature", ["dtypes", "shapes", "single"])
+OutputSignature.__doc__ = """Normalized Tout.
+
+dtypes: one tf.DType per output.
+shapes: one tf.TensorShape per output, or [] when no output declares a shape.
+single: Tout was one dtype/spec (the op returns a tensor, not a list).
+"""
+
+
+def _supported(dtype, what):
+    if dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(sorted(d.name for d in SUPPORTED_DTYPES))
+        raise TypeError(
+            f"{what}: pyfunc_bridge does not support dtype {dtype.name}; supported "
+            f"dtypes are {names}")
+    return dtype
+
+
+def dtype_of(value, what):
+    """A supported tf.DType for `value`, or a TypeError naming `what`."""
+    try:
+        dtype = tf.as_dtype(value)
+    except TypeError:
+        raise TypeError(
+            f"{what} must be a tf.DType, a NumPy dtype or a tf.TensorSpec, got "
+            f"{value!r}") from None
+    return _supported(dtype, what)
+
+
+def normalize(Tout):
+    """Tout -> OutputSignature.
+
+    >>> normalize(tf.float32)
+    OutputSignature(dtypes=[tf.float32], shapes=[], single=True)
+    >>> normalize([tf.TensorSpec([None, 2], tf.int32), tf.string]).shapes
+    [TensorShape([None, 2]), TensorShape(None)]
+    """
+    if Tout is None:
+        raise TypeError(
+            "Tout is required: a dtype, a tf.TensorSpec, or a list of them ([] for "
+            "no outputs)")
+    single = not isinstance(Tout, (list, tuple))
+    items = [Tout] if single else list(Tout)
+    dtypes, shapes, declared = [], [], False
+    for i, item in enumerate(items):
+        what = "Tout" if single else f"Tout[{i}]"
+        if isinstance(item, tf.TensorSpec):
+            dtypes.append(_supported(item.dtype, what))
+            shapes.append(item.shape)
+            declared = declared or item.shape.rank is not None
+        elif isinstance(item, tf.TypeSpec):
+            raise TypeError(
+                f"{what}: {type(item).__name__} is a composite type spec; "
+                f"numpy_function outputs are dense tensors (tf.TensorSpec or a dtype)")
+        else:
+            dtypes.append(dtype_of(item, what))
+            shapes.append(tf.TensorShape(None))
+    return OutputSignature(dtypes, shapes if declared else [], single)

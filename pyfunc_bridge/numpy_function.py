@@ -1,0 +1,166 @@
+"""``numpy_function`` and ``py_func``: the public op-building API."""
+import functools
+import threading
+
+import tensorflow as tf
+from tensorflow.python.eager import context
+from tensorflow.python.framework import ops as _tf_ops
+
+from pyfunc_bridge import _library, _registry, _tout
+
+STATEFUL_OP = "PyfuncBridge>NumpyFunction"
+STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
+EAGER_KEY = "pyfunc_bridge:eager"  # the conversion layer's EAGER_KEY
+
+# Like TF's PyFunc: the function is opaque to autodiff.
+_tf_ops.no_gradient(STATEFUL_OP)
+_tf_ops.no_gradient(STATELESS_OP)
+
+_COPY_ATTR = {None: "none", True: "true", False: "false"}
+
+
+def _copy_attr(copy):
+    try:
+        return _COPY_ATTR[copy]
+    except (KeyError, TypeError):
+        raise ValueError(f"copy must be None, True or False, got {copy!r}") from None
+
+
+def _inputs(inp):
+    if inp is None:
+        return []
+    if not isinstance(inp, (list, tuple)):
+        raise TypeError(
+            f"inp must be a list or tuple of tensors, got {type(inp).__name__}; "
+            f"wrap a single tensor as [x]")
+    tensors = []
+    for i, value in enumerate(inp):
+        if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
+            raise TypeError(
+                f"inp[{i}] is a {type(value).__name__}; numpy_function takes dense "
+                f"tensors")
+        tensors.append(tf.convert_to_tensor(value))
+        _tout.dtype_of(tensors[-1].dtype, f"inp[{i}]")
+    return tensors
+
+
+_eager_state = threading.local()
+
+
+def _run_eagerly(op, func, inputs, signature, copy_attr, name):
+    # The kernel of an eager op runs on this thread: the conversion layer finds
+    # the function in a thread-local slot, under one constant key, so that TF's
+    # eager kernel cache does not grow with every call.
+    conversion = _library.conversion()
+    if context.context().is_async():
+        entry = _registry.register(func)
+        result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
+                    out_shapes=signature.shapes, copy=copy_attr, name=name)
+        context.async_wait()  # the entry must outlive the call
+        return result
+    slot = conversion._eager
+    previous = getattr(slot, "entry", None)
+    slot.entry = _registry.Entry(func, EAGER_KEY)
+    try:
+        return op(input=inputs, key=EAGER_KEY, Tout=signature.dtypes,
+                  out_shapes=signature.shapes, copy=copy_attr, name=name)
+    finally:
+        slot.entry = previous
+
+
+def _bridge_op(func, inp, Tout, stateful, name, copy):
+    if not callable(func):
+        raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
+    copy_attr = _copy_attr(copy)
+    signature = _tout.normalize(Tout)
+    inputs = _inputs(inp)
+    lib = _library.ops()
+    op = (lib.pyfunc_bridge_numpy_function if stateful
+          else lib.pyfunc_bridge_numpy_function_stateless)
+    if tf.executing_eagerly():
+        result = _run_eagerly(op, func, inputs, signature, copy_attr, name)
+    else:
+        entry = _registry.register(func)
+        result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
+                    out_shapes=signature.shapes, copy=copy_attr, name=name)
+        graph = (result[0].graph if isinstance(result, list) and result
+                 else result.graph)
+        _registry.keep_alive(entry, graph)
+    if signature.single:
+        return result[0]
+    return result if isinstance(result, (list, tf.Operation)) or result is None else list(result)
+
+
+def _decorator(api, Tout, stateful, name, copy):
+    def decorate(func):
+        @functools.wraps(func)
+        def wrapper(*args):
+            return api(func, list(args), Tout, stateful=stateful, name=name, copy=copy)
+        return wrapper
+    return decorate
+
+
+# Library code, not user code: autograph must not rewrite it.
+@tf.autograph.experimental.do_not_convert
+def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
+                   copy=None):
+    """Wraps a Python function taking and returning NumPy arrays as a TF op.
+
+    A drop-in for ``tf.numpy_function``: same arguments, same results, same
+    error codes, on pyfunc_bridge's own kernel.
+
+    Args:
+      func: the Python function. It receives one ndarray per input (tf.string
+        inputs arrive as object arrays of bytes) and returns one value per
+        output: ndarrays of the declared dtype, Python scalars or lists (which
+        convert to the declared dtype), bytes/str for tf.string.
+      inp: a list of tensors (or values convertible to tensors).
+      Tout: a dtype, a ``tf.TensorSpec`` (declares, and checks, the static
+        shape), or a list of those; ``[]`` for no outputs.  A single dtype or
+        spec makes the op return one tensor, a list makes it return a list.
+      stateful: whether the function has side effects; stateless ops may be
+        merged or pruned by TF's optimizers.
+      name: the op's name.
+      copy: the copy policy.  ``None`` (default): inputs are read-only zero-copy
+        views, outputs are zero-copy unless Python could still change their
+        memory after the call, then copied once.  ``True``: private writable
+        input copies, outputs always copied.  ``False``: never copy numeric
+        data; an output that would need a copy is an InvalidArgument error.
+
+    Returns:
+      A tensor, or a list of tensors when Tout is a list.
+
+    Without ``func`` it is a decorator:
+
+    >>> import numpy as np, tensorflow as tf
+    >>> @numpy_function(Tout=tf.TensorSpec([None, 2], tf.float32))
+    ... def pairs(a):
+    ...     return a.reshape(-1, 2)
+    >>> pairs(tf.range(4, dtype=tf.float32)).shape
+    TensorShape([2, 2])
+    >>> numpy_function(lambda a: a * 2, [tf.constant([1, 2])], tf.int32).numpy()
+    array([2, 4], dtype=int32)
+    """
+    if func is None:
+        if inp is not None:
+            raise TypeError("numpy_function used as a decorator takes no `inp`")
+        return _decorator(numpy_function, Tout, stateful, name, copy)
+    return _bridge_op(func, inp, Tout, stateful, name, copy)
+
+
+@tf.autograph.experimental.do_not_convert
+def py_func(func, inp, Tout, stateful=True, name=None, *, copy=None):
+    """TF1's ``tf.compat.v1.py_func`` on pyfunc_bridge's kernel.
+
+    Same semantics as :func:`numpy_function` (NumPy arrays in and out), for
+    graphs built with ``tf.compat.v1`` and run by a ``Session``:
+
+    >>> import numpy as np, tensorflow as tf
+    >>> with tf.Graph().as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float64, [None])
+    ...     y = py_func(np.cumsum, [x], tf.float64)
+    ...     with tf.compat.v1.Session() as sess:
+    ...         sess.run(y, {x: [1.0, 2.0, 3.0]})
+    array([1., 3., 6.])
+    """
+    return _bridge_op(func, inp, Tout, stateful, name, copy)

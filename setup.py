@@ -1,0 +1,83 @@
+"""Build of pyfunc_bridge's two compiled layers.
+
+- pyfunc_bridge/_kernels.so: the TF ops and kernels (C++, src/kernel_*.cc),
+  built with tf.sysconfig's flags and loaded with tf.load_op_library.
+- pyfunc_bridge/_conversion*.so: the Cython conversion layer (src/_conversion.pyx).
+
+Both use the dlpack.h that ships in TensorFlow's wheel.
+"""
+import os
+import sys
+import sysconfig
+
+import numpy as np
+import tensorflow as tf
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TF_COMPILE_FLAGS = tf.sysconfig.get_compile_flags()
+TF_LINK_FLAGS = tf.sysconfig.get_link_flags()
+TF_INCLUDES = [f[2:] for f in TF_COMPILE_FLAGS if f.startswith("-I")]
+DLPACK_INCLUDE = os.path.join(tf.sysconfig.get_include(), "external", "dlpack", "include")
+if not os.path.exists(os.path.join(DLPACK_INCLUDE, "dlpack", "dlpack.h")):
+    sys.exit(f"pyfunc_bridge: dlpack.h not found under {DLPACK_INCLUDE}")
+
+# Build toggles (not meaning-changing directives): PFB_DEBUG=1 for -O0 -g.
+DEBUG = os.environ.get("PFB_DEBUG") == "1"
+OPT = ["-O0", "-g"] if DEBUG else ["-O2"]
+
+# Recorded so that importing with another TensorFlow fails with a clear error.
+with open(os.path.join(HERE, "pyfunc_bridge", "_build_config.py"), "w") as f:
+    f.write("# Written by setup.py at build time.\n")
+    f.write(f"TF_VERSION = {tf.__version__!r}\n")
+
+
+class BuildExt(build_ext):
+    """The kernel library is a plain shared object, not a Python module."""
+
+    def get_ext_filename(self, fullname):
+        filename = super().get_ext_filename(fullname)
+        if fullname.split(".")[-1] == "_kernels":
+            suffix = sysconfig.get_config_var("EXT_SUFFIX")
+            filename = filename[: -len(suffix)] + ".so"
+        return filename
+
+    def get_export_symbols(self, ext):
+        if ext.name == "pyfunc_bridge._kernels":
+            return []
+        return super().get_export_symbols(ext)
+
+
+kernels = Extension(
+    "pyfunc_bridge._kernels",
+    sources=[
+        "src/kernel_ops.cc",
+        "src/kernel_numpy_function.cc",
+        "src/kernel_python.cc",
+    ],
+    include_dirs=TF_INCLUDES + [DLPACK_INCLUDE, "src"],
+    extra_compile_args=[f for f in TF_COMPILE_FLAGS if not f.startswith("-I")]
+    + OPT + ["-Wno-deprecated-declarations", "-Wno-sign-compare"],
+    extra_link_args=TF_LINK_FLAGS,
+    language="c++",
+)
+
+conversion = Extension(
+    "pyfunc_bridge._conversion",
+    sources=["src/_conversion.pyx"],
+    include_dirs=[np.get_include(), DLPACK_INCLUDE, "src"],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
+    extra_compile_args=OPT,
+)
+
+setup(
+    ext_modules=[kernels] + cythonize(
+        [conversion],
+        include_path=["src"],
+        compiler_directives={"language_level": 3},
+        quiet=True,
+    ),
+    cmdclass={"build_ext": BuildExt},
+)

@@ -1,0 +1,46 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: embedsignature=True
+"""Conversion layer of pyfunc_bridge: DLPack <-> NumPy, copy policy, strings.
+
+The kernel hands every call over through the PfbBridgeApi capsule
+(``_bridge_api``): inputs arrive as DLPack tensors, the registered function runs
+with 64-byte aligned NumPy allocation, and its results go back as DLPack
+tensors checked against the op's declared dtypes and shapes.
+"""
+from cpython.object cimport PyTypeObject
+from cpython.pycapsule cimport PyCapsule_New
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
+from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset, strlen, strncpy
+
+cimport numpy as cnp
+
+from includes.bridge_abi cimport *
+from includes.dlpack cimport *
+from includes.numpy_c cimport (
+    NPY_ARRAY_WRITEABLE, PyArray_BASE, PyArray_Check, PyArray_DATA,
+    PyArray_Descr, PyArray_IS_C_CONTIGUOUS, PyArray_NewFromDescr, PyArray_SIZE, PyArrayObject,
+    npy_intp,
+)
+
+import threading
+import traceback
+
+import ml_dtypes
+import numpy as np
+
+cnp.import_array()
+
+cdef extern from "Python.h":
+    int Py_IsInitialized() nogil
+    Py_ssize_t Py_REFCNT(PyObject* o)
+    PyTypeObject* Py_TYPE(PyObject* o)
+
+include "conversion_alloc.pxi"
+include "conversion_dtypes.pxi"
+include "conversion_dlpack.pxi"
+include "conversion_strings.pxi"
+include "conversion_outputs.pxi"
+include "conversion_errors.pxi"
+include "conversion_bridge.pxi"

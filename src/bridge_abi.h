@@ -1,0 +1,64 @@
+/* The contract between the kernel (C++, knows TF + DLPack) and the conversion
+ * layer (Cython, knows DLPack + NumPy).  Both sides include this header and
+ * nothing else of each other.  Plain C so that Cython can declare it. */
+#ifndef PYFUNC_BRIDGE_BRIDGE_ABI_H_
+#define PYFUNC_BRIDGE_BRIDGE_ABI_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlpack/dlpack.h"
+
+/* dlpack.h declares only the struct tag in C. */
+typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
+
+#define PFB_BRIDGE_ABI_VERSION 1
+/* PyCapsule_Import name of the PfbBridgeApi table exported by the conversion layer. */
+#define PFB_BRIDGE_CAPSULE "pyfunc_bridge._conversion._bridge_api"
+
+/* DLPack has no string dtype: string tensors cross the bridge as arrays of
+ * these records, with dtype {kDLOpaqueHandle, 8 * sizeof(PfbStringRef), 1}. */
+typedef struct PfbStringRef {
+  const char* data;
+  size_t size;
+} PfbStringRef;
+
+#define PFB_STRING_DTYPE_CODE kDLOpaqueHandle
+#define PFB_STRING_DTYPE_BITS (8 * sizeof(PfbStringRef))
+
+/* Copy policy, NumPy 2's tri-state (attribute `copy` of the ops). */
+enum { PFB_COPY_NONE = 0, PFB_COPY_TRUE = 1, PFB_COPY_FALSE = 2 };
+
+/* What the op declares for one output. */
+typedef struct PfbOutputSpec {
+  DLDataType dtype;
+  int32_t ndim;         /* -1: rank unknown */
+  const int64_t* dims;  /* ndim entries, -1 for an unknown dimension */
+} PfbOutputSpec;
+
+typedef struct PfbCall {
+  const char* key;
+  size_t key_len;
+  int32_t copy_mode;
+  int32_t num_inputs;
+  /* Ownership of every input passes to the callee, on success and on error. */
+  DLManagedTensorVersioned* const* inputs;
+  int32_t num_outputs;
+  const PfbOutputSpec* output_specs;
+  /* Filled by the callee on success; the caller then owns each of them and
+   * must call its deleter with the GIL held or takeable. */
+  DLManagedTensorVersioned** outputs;
+} PfbCall;
+
+typedef struct PfbStatus {
+  int32_t code;   /* a TensorFlow error code; 0 is OK */
+  char* message;  /* malloc'd by the callee, free()d by the caller; may be NULL */
+} PfbStatus;
+
+typedef struct PfbBridgeApi {
+  int32_t abi_version;
+  /* Runs the registered function.  The GIL must be held.  Returns status->code. */
+  int32_t (*call)(PfbCall* call, PfbStatus* status);
+} PfbBridgeApi;
+
+#endif /* PYFUNC_BRIDGE_BRIDGE_ABI_H_ */

@@ -1,0 +1,114 @@
+# DLPack tensors <-> ndarrays.  Consuming: an owner object is the base of every
+# view and calls the producer's deleter when the last view is gone.
+# Producing: one malloc holds the managed struct, its shape and its strides.
+
+cdef class _DLPackOwner:
+    """Base object of ndarrays that view a DLPack tensor's memory.
+
+    It implements no buffer protocol, so NumPy cannot make a read-only view
+    of it writable again.
+    """
+    cdef DLManagedTensorVersioned* managed
+    cdef readonly bint writable
+
+    def __dealloc__(self):
+        cdef DLManagedTensorVersioned* m = self.managed
+        self.managed = NULL
+        if m != NULL and m.deleter != NULL:
+            m.deleter(m)
+
+
+cdef _DLPackOwner _adopt(DLManagedTensorVersioned* managed):
+    """Takes ownership of `managed`: its deleter runs when the owner dies."""
+    cdef _DLPackOwner owner = _DLPackOwner.__new__(_DLPackOwner)
+    owner.managed = managed
+    return owner
+
+
+cdef object _view(_DLPackOwner owner, bint writable):
+    """An ndarray viewing the owner's tensor (strings: a converted object array)."""
+    cdef DLTensor* t = &owner.managed.dl_tensor
+    cdef npy_intp dims[64]
+    cdef npy_intp strides[64]
+    cdef int i
+    if t.ndim < 0 or t.ndim > 64:
+        raise BufferError(f"DLPack tensor has ndim {t.ndim}; expected 0 to 64")
+    if t.ndim > 0 and t.shape == NULL:
+        raise BufferError("DLPack tensor has a NULL shape")
+    for i in range(t.ndim):
+        if t.shape[i] < 0:
+            raise BufferError(f"DLPack tensor has a negative dimension {t.shape[i]}")
+        dims[i] = <npy_intp>t.shape[i]
+    if _is_string_dtype(t.dtype):
+        return _strings_from_records(t)
+    cdef cnp.dtype descr = _numpy_dtype(t.dtype)
+    cdef char* data = <char*>t.data + t.byte_offset
+    if t.data == NULL:
+        # Only empty tensors may have no memory; NumPy allocates a stub.
+        return np.empty(tuple([dims[i] for i in range(t.ndim)]), descr)
+    cdef npy_intp* stride_ptr = NULL
+    if t.strides != NULL:
+        for i in range(t.ndim):
+            strides[i] = <npy_intp>(t.strides[i] * descr.itemsize)
+        stride_ptr = strides
+    # PyArray_NewFromDescr steals a reference to descr.
+    Py_INCREF(descr)
+    arr = <object>PyArray_NewFromDescr(
+        <PyTypeObject*>np.ndarray, <PyArray_Descr*>descr, t.ndim, dims, stride_ptr,
+        data, NPY_ARRAY_WRITEABLE if writable else 0, NULL)
+    Py_XDECREF(<PyObject*>arr)  # the cast above took a second reference
+    owner.writable = writable
+    cnp.set_array_base(arr, owner)  # the view keeps the producer's memory alive
+    return arr
+
+
+cdef void _release_exported(DLManagedTensorVersioned* managed) noexcept nogil:
+    """Deleter of the tensors we export: drops the array that owns the memory."""
+    if managed == NULL:
+        return
+    if not Py_IsInitialized():
+        return  # the interpreter is gone: leak rather than touch it
+    with gil:
+        Py_XDECREF(<PyObject*>managed.manager_ctx)
+    free(managed)
+
+
+cdef DLManagedTensorVersioned* _export(object keep_alive, DLDataType dtype,
+                                       int ndim, const npy_intp* shape,
+                                       const npy_intp* byte_strides,
+                                       Py_ssize_t itemsize, void* data,
+                                       uint64_t flags) except NULL:
+    """A DLPack tensor over `data`, keeping `keep_alive` until the deleter runs."""
+    cdef DLManagedTensorVersioned* m = <DLManagedTensorVersioned*>malloc(
+        sizeof(DLManagedTensorVersioned) + 2 * ndim * sizeof(int64_t))
+    if m == NULL:
+        raise MemoryError("cannot allocate a DLPack tensor")
+    cdef int64_t* dl_shape = <int64_t*>(m + 1)
+    cdef int64_t* dl_strides = dl_shape + ndim
+    cdef int i
+    for i in range(ndim):
+        dl_shape[i] = shape[i]
+        if byte_strides != NULL:
+            dl_strides[i] = byte_strides[i] // itemsize
+    m.version.major = DLPACK_MAJOR_VERSION
+    m.version.minor = DLPACK_MINOR_VERSION
+    m.flags = flags
+    m.dl_tensor.data = data
+    m.dl_tensor.device.device_type = kDLCPU
+    m.dl_tensor.device.device_id = 0
+    m.dl_tensor.ndim = ndim
+    m.dl_tensor.dtype = dtype
+    m.dl_tensor.shape = dl_shape
+    m.dl_tensor.strides = dl_strides if byte_strides != NULL else NULL
+    m.dl_tensor.byte_offset = 0
+    m.deleter = _release_exported
+    m.manager_ctx = <void*>keep_alive
+    Py_INCREF(keep_alive)  # released by _release_exported
+    return m
+
+
+cdef DLManagedTensorVersioned* _export_array(cnp.ndarray arr, DLDataType dtype) except NULL:
+    """A DLPack tensor viewing `arr` (strides given only when not C-contiguous)."""
+    return _export(arr, dtype, arr.ndim, <npy_intp*>cnp.PyArray_DIMS(arr),
+                   NULL if cnp.PyArray_IS_C_CONTIGUOUS(arr) else <npy_intp*>cnp.PyArray_STRIDES(arr),
+                   arr.itemsize, cnp.PyArray_DATA(arr), 0)

@@ -1,0 +1,157 @@
+# Results of the registered function -> DLPack tensors: count, dtype and shape
+# checked against what the op declares, then the copy policy decides whether
+# the memory can be handed to TensorFlow as it is.
+
+class _OutputError(ValueError):
+    """A result that does not match the op's declaration (InvalidArgument)."""
+
+
+cdef list _result_values(object result, int num_outputs):
+    """The function's results as a fresh list, one entry per output."""
+    if isinstance(result, (list, tuple)):
+        values = list(result)
+    elif result is None and num_outputs == 0:
+        return []
+    else:
+        values = [result]
+    if len(values) != num_outputs:
+        noun = "output" if num_outputs == 1 else "outputs"
+        if num_outputs == 0:
+            hint = "return None (Tout=[] declares no outputs)"
+        elif isinstance(result, (list, tuple)):
+            hint = ("a list or tuple stands for one value per output; wrap a list "
+                    "meant as one array in np.asarray(...)")
+        else:
+            hint = "return one value per declared output, as a list or tuple"
+        raise _OutputError(
+            f"the function returned {len(values)} value(s) but Tout declares "
+            f"{num_outputs} {noun}; {hint}")
+    return values
+
+
+cdef str _declared_shape(const PfbOutputSpec* spec):
+    dims = ["None" if spec.dims[i] < 0 else str(spec.dims[i]) for i in range(spec.ndim)]
+    if spec.ndim == 1:
+        return f"({dims[0]},)"
+    return "(" + ", ".join(dims) + ")"
+
+
+cdef int _check_shape(cnp.ndarray arr, const PfbOutputSpec* spec, int index) except -1:
+    if spec.ndim < 0:
+        return 0
+    cdef int i
+    cdef bint ok = arr.ndim == spec.ndim
+    if ok:
+        for i in range(spec.ndim):
+            if spec.dims[i] >= 0 and spec.dims[i] != arr.shape[i]:
+                ok = False
+                break
+    if not ok:
+        raise _OutputError(
+            f"output {index}: Tout declares shape {_declared_shape(spec)} but the "
+            f"function returned an array of shape {(<object>arr).shape}; return an array "
+            f"of the declared shape, or relax the TensorSpec (None marks a dimension "
+            f"of any size)")
+    return 0
+
+
+cdef cnp.ndarray _coerce(object value, cnp.dtype want, int index):
+    """Python scalars and (nested) lists -> an ndarray of the declared dtype."""
+    natural = np.asarray(value)
+    if natural.dtype != want and not np.can_cast(natural.dtype, want, "same_kind"):
+        raise _OutputError(
+            f"output {index}: Tout declares {want.name} but the function returned "
+            f"{type(value).__name__} values of kind {natural.dtype.name}, which do not "
+            f"convert to {want.name} without loss; return "
+            f"np.asarray(value, dtype=np.{want.name}) if that is intended")
+    return np.asarray(value, dtype=want)
+
+
+# Why an output cannot be handed over as it is (None: it can).
+cdef object _copy_reason(PyObject* obj, int copy_mode):
+    """Decides zero-copy for an ndarray referenced once, by the result list.
+
+    Runs on borrowed pointers so that no reference taken here skews the counts.
+    Zero-copy is safe when nothing in Python can write the memory after the
+    call: every array on the base chain is referenced only by its successor
+    (a fresh array or a private view of one), or the chain ends at a read-only
+    input view (TF memory that nobody can write).
+    """
+    if copy_mode == PFB_COPY_TRUE:
+        return "copy_requested"
+    cdef PyArrayObject* arr = <PyArrayObject*>obj
+    cdef bint exclusive = Py_REFCNT(obj) == 1
+    cdef PyObject* base = PyArray_BASE(arr)
+    while base != NULL and PyArray_Check(base):
+        if Py_REFCNT(base) != 1:
+            exclusive = False
+        base = PyArray_BASE(<PyArrayObject*>base)
+    if base != NULL:
+        # A view of memory we did not allocate: safe only for read-only input views.
+        exclusive = (Py_TYPE(base) == <PyTypeObject*>_DLPackOwner
+                     and not (<_DLPackOwner>base).writable)
+    if not exclusive:
+        return "aliasing"
+    if not PyArray_IS_C_CONTIGUOUS(arr):
+        return "non_contiguous"
+    if <uintptr_t>PyArray_DATA(arr) % ALIGNMENT != 0:
+        return "unaligned"
+    return None
+
+
+_COPY_REASON_TEXT = {
+    "aliasing": "its memory is still reachable from Python after the call (a global, "
+                "a closure, an attribute or another view of it), so Python could change "
+                "the tensor later",
+    "non_contiguous": "it is not C-contiguous (a strided or transposed view)",
+    "unaligned": "its data is not 64-byte aligned, which TensorFlow needs to share it",
+}
+
+
+cdef DLManagedTensorVersioned* _export_output(list values, int index,
+                                              const PfbOutputSpec* spec,
+                                              int copy_mode) except NULL:
+    """values[index] -> a DLPack tensor for the kernel; values[index] is cleared."""
+    cdef PyObject* raw = <PyObject*>values[index]
+    if _is_string_dtype(spec.dtype):
+        arr = _as_string_array(<object>raw, index)
+        _check_shape(arr, spec, index)
+        return _export_strings(arr)
+
+    cdef cnp.dtype want = _numpy_dtype(spec.dtype)
+    reason = None
+    if PyArray_Check(raw):
+        # Decided before any local reference to the array exists.
+        if PyArray_SIZE(<PyArrayObject*>raw) > 0:
+            reason = _copy_reason(raw, copy_mode)
+        arr = <object>raw
+    else:
+        value = <object>raw
+        if isinstance(value, (bool, int, float, complex, list, tuple)):
+            arr = _coerce(value, want, index)  # fresh
+        else:
+            arr = np.asarray(value)  # np.generic, or an object exporting an array
+            if not isinstance(value, np.generic):
+                reason = "aliasing"
+        if copy_mode == PFB_COPY_TRUE:
+            reason = "copy_requested"
+        elif reason is None and arr.size > 0 and (
+                not arr.flags.c_contiguous or arr.ctypes.data % ALIGNMENT != 0):
+            reason = "non_contiguous" if not arr.flags.c_contiguous else "unaligned"
+    values[index] = None
+
+    if arr.dtype != want:
+        raise _OutputError(
+            f"output {index}: Tout declares {want.name} but the function returned an "
+            f"array of dtype {arr.dtype.name}; return arr.astype(np.{want.name}) or "
+            f"declare Tout={'tf.' + arr.dtype.name if arr.dtype.kind != 'O' else '...'}")
+    _check_shape(arr, spec, index)
+    if reason is not None:
+        if copy_mode == PFB_COPY_FALSE:
+            raise _OutputError(
+                f"output {index} would need a copy because "
+                f"{_COPY_REASON_TEXT[reason]}; copy=False forbids copies. Return a "
+                f"fresh, C-contiguous array (e.g. np.ascontiguousarray(x) or x.copy()), "
+                f"or use copy=None to let the bridge copy once")
+        arr = np.array(arr, order="C", copy=True)
+    return _export_array(arr, spec.dtype)

@@ -1,0 +1,41 @@
+# The one declaration of bridge_abi.h, the kernel <-> conversion contract.
+from libc.stdint cimport int32_t, int64_t
+
+from includes.dlpack cimport DLDataType, DLManagedTensorVersioned
+
+cdef extern from "bridge_abi.h" nogil:
+    enum:
+        PFB_BRIDGE_ABI_VERSION
+        PFB_COPY_NONE
+        PFB_COPY_TRUE
+        PFB_COPY_FALSE
+        PFB_STRING_DTYPE_CODE
+        PFB_STRING_DTYPE_BITS
+    const char* PFB_BRIDGE_CAPSULE
+
+    ctypedef struct PfbStringRef:
+        const char* data
+        size_t size
+
+    ctypedef struct PfbOutputSpec:
+        DLDataType dtype
+        int32_t ndim
+        const int64_t* dims
+
+    ctypedef struct PfbCall:
+        const char* key
+        size_t key_len
+        int32_t copy_mode
+        int32_t num_inputs
+        DLManagedTensorVersioned** inputs
+        int32_t num_outputs
+        const PfbOutputSpec* output_specs
+        DLManagedTensorVersioned** outputs
+
+    ctypedef struct PfbStatus:
+        int32_t code
+        char* message
+
+    ctypedef struct PfbBridgeApi:
+        int32_t abi_version
+        int32_t (*call)(PfbCall*, PfbStatus*) noexcept

@@ -1,0 +1,359 @@
+// CPU kernel of the bridge ops: TF tensors in, DLPack across the bridge to the
+// conversion layer, DLPack back, TF tensors out (wrapped without a copy when
+// the memory qualifies).
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "bridge_abi.h"
+#include "kernel_python.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.h"
+
+namespace pyfunc_bridge {
+namespace {
+
+using ::tensorflow::DataType;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::PartialTensorShape;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::tstring;
+
+// TF needs this alignment to use a foreign buffer without copying it.
+constexpr uintptr_t kTensorAlignment = 64;
+
+absl::Status ToDLDataType(DataType dtype, DLDataType* out) {
+  auto set = [out](uint8_t code, uint8_t bits) {
+    *out = DLDataType{code, bits, 1};
+    return absl::OkStatus();
+  };
+  switch (dtype) {
+    case tensorflow::DT_HALF: return set(kDLFloat, 16);
+    case tensorflow::DT_FLOAT: return set(kDLFloat, 32);
+    case tensorflow::DT_DOUBLE: return set(kDLFloat, 64);
+    case tensorflow::DT_BFLOAT16: return set(kDLBfloat, 16);
+    case tensorflow::DT_INT8: return set(kDLInt, 8);
+    case tensorflow::DT_INT16: return set(kDLInt, 16);
+    case tensorflow::DT_INT32: return set(kDLInt, 32);
+    case tensorflow::DT_INT64: return set(kDLInt, 64);
+    case tensorflow::DT_UINT8: return set(kDLUInt, 8);
+    case tensorflow::DT_UINT16: return set(kDLUInt, 16);
+    case tensorflow::DT_UINT32: return set(kDLUInt, 32);
+    case tensorflow::DT_UINT64: return set(kDLUInt, 64);
+    case tensorflow::DT_BOOL: return set(kDLBool, 8);
+    case tensorflow::DT_COMPLEX64: return set(kDLComplex, 64);
+    case tensorflow::DT_COMPLEX128: return set(kDLComplex, 128);
+    case tensorflow::DT_STRING:
+      return set(PFB_STRING_DTYPE_CODE, PFB_STRING_DTYPE_BITS);
+    default:
+      return absl::InvalidArgumentError(
+          "pyfunc_bridge does not support tensors of dtype " +
+          tensorflow::DataTypeString(dtype));
+  }
+}
+
+bool SameDLDataType(const DLDataType& a, const DLDataType& b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+// ---------------------------------------------------------------- inputs --
+
+// One allocation per input: the DLPack struct, the shape, and a Tensor that
+// holds a reference on TF's buffer until the consumer calls the deleter.
+struct InputExport {
+  DLManagedTensorVersioned managed;
+  Tensor tensor;
+  absl::InlinedVector<int64_t, 4> shape;
+  std::vector<PfbStringRef> strings;  // string tensors only
+};
+
+void DeleteInputExport(DLManagedTensorVersioned* managed) {
+  delete static_cast<InputExport*>(managed->manager_ctx);
+}
+
+absl::Status ExportInput(const Tensor& tensor,
+                         DLManagedTensorVersioned** out) {
+  auto* e = new InputExport;
+  e->tensor = tensor;  // takes a reference on the buffer
+  DLManagedTensorVersioned& m = e->managed;
+  m.version = DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+  m.manager_ctx = e;
+  m.deleter = DeleteInputExport;
+  // TF tensors are immutable: the consumer must not write through this.
+  m.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+  DLTensor& t = m.dl_tensor;
+  absl::Status s = ToDLDataType(tensor.dtype(), &t.dtype);
+  if (!s.ok()) {
+    delete e;
+    return s;
+  }
+  for (int64_t d : tensor.shape().dim_sizes()) e->shape.push_back(d);
+  t.ndim = static_cast<int32_t>(e->shape.size());
+  t.shape = e->shape.data();
+  t.strides = nullptr;  // compact row-major
+  t.byte_offset = 0;
+  t.device = DLDevice{kDLCPU, 0};
+  if (tensor.dtype() == tensorflow::DT_STRING) {
+    auto flat = tensor.flat<tstring>();
+    e->strings.resize(flat.size());
+    for (int64_t i = 0; i < flat.size(); ++i) {
+      e->strings[i] = PfbStringRef{flat(i).data(), flat(i).size()};
+    }
+    t.data = e->strings.data();
+  } else {
+    t.data = const_cast<char*>(tensor.tensor_data().data());
+  }
+  *out = &m;
+  return absl::OkStatus();
+}
+
+// --------------------------------------------------------------- outputs --
+
+// A TensorBuffer over memory owned by a DLPack producer (an ndarray kept alive
+// by the conversion layer).  Releasing it calls the producer's deleter.
+class DLPackBuffer : public tensorflow::TensorBuffer {
+ public:
+  DLPackBuffer(DLManagedTensorVersioned* managed, void* data, size_t size)
+      : TensorBuffer(data), managed_(managed), size_(size) {}
+  ~DLPackBuffer() override { ReleaseWithGil(managed_); }
+
+  size_t size() const override { return size_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(
+      tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(size_));
+    proto->set_allocated_bytes(static_cast<int64_t>(size_));
+    proto->set_allocator_name("pyfunc_bridge");
+  }
+  // Never let TF forward this buffer to an op that writes in place.
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  DLManagedTensorVersioned* managed_;
+  size_t size_;
+};
+
+// Owns one output's DLPack tensor until it is wrapped; the GIL is held.
+struct OutputRef {
+  DLManagedTensorVersioned* managed;
+  ~OutputRef() {
+    if (managed != nullptr && managed->deleter != nullptr) {
+      managed->deleter(managed);
+    }
+  }
+  DLManagedTensorVersioned* release() {
+    DLManagedTensorVersioned* m = managed;
+    managed = nullptr;
+    return m;
+  }
+};
+
+bool IsCompactRowMajor(const DLTensor& t) {
+  if (t.strides == nullptr) return true;
+  int64_t expected = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    if (t.shape[d] != 1 && t.strides[d] != expected) return false;
+    expected *= t.shape[d];
+  }
+  return true;
+}
+
+// Element-wise copy of a strided DLPack tensor into compact row-major `dst`.
+void CopyStrided(const DLTensor& t, size_t itemsize, char* dst) {
+  const char* base = static_cast<const char*>(t.data) + t.byte_offset;
+  int64_t total = 1;
+  for (int d = 0; d < t.ndim; ++d) total *= t.shape[d];
+  std::vector<int64_t> index(t.ndim, 0);
+  for (int64_t n = 0; n < total; ++n) {
+    int64_t offset = 0;
+    for (int d = 0; d < t.ndim; ++d) offset += index[d] * t.strides[d];
+    std::memcpy(dst + n * itemsize, base + offset * itemsize, itemsize);
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      if (++index[d] < t.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+absl::Status MakeOutput(OpKernelContext* ctx, int index,
+                        const DLDataType& expected,
+                        DLManagedTensorVersioned* managed) {
+  OutputRef ref{managed};
+  const std::string where = "pyfunc_bridge: output " + std::to_string(index);
+  if (managed == nullptr) {
+    return absl::InternalError(where + ": the conversion layer returned no tensor");
+  }
+  const DLTensor& t = managed->dl_tensor;
+  if (t.device.device_type != kDLCPU) {
+    return absl::InternalError(where + " is not in host memory");
+  }
+  if (!SameDLDataType(t.dtype, expected)) {
+    return absl::InternalError(where + " came back with the wrong DLPack dtype");
+  }
+  if (t.ndim < 0 || (t.ndim > 0 && t.shape == nullptr)) {
+    return absl::InternalError(where + " has a malformed shape");
+  }
+  TensorShape shape;
+  TF_RETURN_IF_ERROR(tensorflow::TensorShapeUtils::MakeShape(
+      t.shape, t.ndim, &shape));
+  const DataType dtype = ctx->expected_output_dtype(index);
+  const char* data = static_cast<const char*>(t.data) + t.byte_offset;
+
+  if (dtype == tensorflow::DT_STRING) {
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &out));
+    auto flat = out->flat<tstring>();
+    const auto* records = reinterpret_cast<const PfbStringRef*>(data);
+    for (int64_t i = 0; i < flat.size(); ++i) {
+      flat(i).assign(records[i].data, records[i].size);
+    }
+    return absl::OkStatus();
+  }
+
+  const size_t itemsize = tensorflow::DataTypeSize(dtype);
+  const size_t nbytes = static_cast<size_t>(shape.num_elements()) * itemsize;
+  const bool compact = IsCompactRowMajor(t);
+  if (nbytes > 0 && compact &&
+      reinterpret_cast<uintptr_t>(data) % kTensorAlignment == 0) {
+    // Zero copy: the buffer keeps the producer's memory alive.
+    auto* buffer = new DLPackBuffer(ref.release(), const_cast<char*>(data), nbytes);
+    Tensor out(dtype, shape, buffer);  // takes its own reference
+    buffer->Unref();
+    ctx->set_output(index, out);
+    return absl::OkStatus();
+  }
+  Tensor* out = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &out));
+  if (nbytes == 0) return absl::OkStatus();
+  char* dst = const_cast<char*>(out->tensor_data().data());
+  if (compact) {
+    std::memcpy(dst, data, nbytes);
+  } else {
+    CopyStrided(t, itemsize, dst);
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- kernel --
+
+class NumpyFunctionOp : public OpKernel {
+ public:
+  explicit NumpyFunctionOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("key", &key_));
+    std::string copy;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("copy", &copy));
+    copy_mode_ = copy == "true"    ? PFB_COPY_TRUE
+                 : copy == "false" ? PFB_COPY_FALSE
+                                   : PFB_COPY_NONE;
+    std::vector<PartialTensorShape> shapes;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("out_shapes", &shapes));
+    const int n = ctx->num_outputs();
+    OP_REQUIRES(ctx, shapes.empty() || static_cast<int>(shapes.size()) == n,
+                absl::InvalidArgumentError("out_shapes must be empty or have one "
+                                           "entry per output"));
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      DLDataType unused;
+      OP_REQUIRES_OK(ctx, ToDLDataType(ctx->input_type(i), &unused));
+    }
+    dims_.resize(n);
+    specs_.resize(n);
+    for (int i = 0; i < n; ++i) {
+      PfbOutputSpec& spec = specs_[i];
+      OP_REQUIRES_OK(ctx, ToDLDataType(ctx->output_type(i), &spec.dtype));
+      spec.ndim = -1;
+      spec.dims = nullptr;
+      if (!shapes.empty() && !shapes[i].unknown_rank()) {
+        for (int64_t d : shapes[i].dim_sizes()) dims_[i].push_back(d);
+        spec.ndim = shapes[i].dims();
+      }
+    }
+    for (int i = 0; i < n; ++i) specs_[i].dims = dims_[i].data();
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int num_inputs = ctx->num_inputs();
+    const int num_outputs = ctx->num_outputs();
+    absl::InlinedVector<DLManagedTensorVersioned*, 8> inputs;
+    inputs.reserve(num_inputs);
+    for (int i = 0; i < num_inputs; ++i) {
+      DLManagedTensorVersioned* managed = nullptr;
+      absl::Status s = ExportInput(ctx->input(i), &managed);
+      if (!s.ok()) {
+        for (auto* m : inputs) m->deleter(m);  // TF-only deleters: no GIL
+        ctx->SetStatus(s);
+        return;
+      }
+      inputs.push_back(managed);
+    }
+
+    GilScope gil;
+    if (!gil.ok()) {
+      for (auto* m : inputs) m->deleter(m);
+      ctx->SetStatus(absl::CancelledError(
+          "pyfunc_bridge: the Python interpreter is shutting down; "
+          "the function for key '" + key_ + "' was not run"));
+      return;
+    }
+    const PfbBridgeApi* api = nullptr;
+    absl::Status s = GetBridgeApi(&api);
+    if (!s.ok()) {
+      for (auto* m : inputs) m->deleter(m);
+      ctx->SetStatus(s);
+      return;
+    }
+
+    absl::InlinedVector<DLManagedTensorVersioned*, 8> outputs(num_outputs,
+                                                              nullptr);
+    PfbCall call;
+    call.key = key_.data();
+    call.key_len = key_.size();
+    call.copy_mode = copy_mode_;
+    call.num_inputs = num_inputs;
+    call.inputs = inputs.data();
+    call.num_outputs = num_outputs;
+    call.output_specs = specs_.data();
+    call.outputs = outputs.data();
+    PfbStatus status{0, nullptr};
+    api->call(&call, &status);  // consumes the inputs
+    if (status.code != 0) {
+      std::string message = status.message ? status.message : "(no message)";
+      std::free(status.message);
+      ctx->SetStatus(absl::Status(static_cast<absl::StatusCode>(status.code),
+                                  message));
+      return;
+    }
+    std::free(status.message);
+    for (int i = 0; i < num_outputs; ++i) {
+      s = MakeOutput(ctx, i, specs_[i].dtype, outputs[i]);  // consumes it
+      if (!s.ok()) {
+        for (int j = i + 1; j < num_outputs; ++j) OutputRef{outputs[j]};
+        ctx->SetStatus(s);
+        return;
+      }
+    }
+  }
+
+ private:
+  std::string key_;
+  int32_t copy_mode_ = PFB_COPY_NONE;
+  std::vector<PfbOutputSpec> specs_;
+  std::vector<std::vector<int64_t>> dims_;
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("PyfuncBridge>NumpyFunction").Device(tensorflow::DEVICE_CPU),
+    NumpyFunctionOp);
+REGISTER_KERNEL_BUILDER(
+    Name("PyfuncBridge>NumpyFunctionStateless").Device(tensorflow::DEVICE_CPU),
+    NumpyFunctionOp);
+
+}  // namespace
+}  // namespace pyfunc_bridge

@@ -1,0 +1,139 @@
+#include "kernel_python.h"
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <atomic>
+#include <string>
+
+namespace pyfunc_bridge {
+namespace {
+
+std::atomic<bool> g_shutting_down{false};
+std::atomic<const PfbBridgeApi*> g_api{nullptr};
+
+bool InterpreterFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// Registered with atexit the first time the bridge is used: from then on no
+// kernel or deleter enters Python (worker threads that take the GIL during
+// finalization would be terminated by CPython).
+PyObject* OnPythonExit(PyObject*, PyObject*) {
+  g_shutting_down.store(true);
+  Py_RETURN_NONE;
+}
+PyMethodDef g_on_exit_def = {"_pyfunc_bridge_kernel_atexit", OnPythonExit,
+                             METH_NOARGS, nullptr};
+
+absl::Status PythonErrorToStatus(const char* what) {
+  std::string message = what;
+  PyObject *type, *value, *trace;
+  PyErr_Fetch(&type, &value, &trace);
+  if (value != nullptr) {
+    PyObject* text = PyObject_Str(value);
+    if (text != nullptr) {
+      const char* utf8 = PyUnicode_AsUTF8(text);
+      if (utf8 != nullptr) message += std::string(": ") + utf8;
+      Py_DECREF(text);
+    }
+  }
+  PyErr_Clear();
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(trace);
+  return absl::InternalError(message);
+}
+
+absl::Status RegisterAtExit() {
+  PyObject* atexit = PyImport_ImportModule("atexit");
+  if (atexit == nullptr) return PythonErrorToStatus("cannot import atexit");
+  PyObject* hook = PyCFunction_New(&g_on_exit_def, nullptr);
+  PyObject* result =
+      hook ? PyObject_CallMethod(atexit, "register", "O", hook) : nullptr;
+  Py_XDECREF(result);
+  Py_XDECREF(hook);
+  Py_DECREF(atexit);
+  if (result == nullptr) return PythonErrorToStatus("cannot register atexit");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool PythonUsable() {
+  return !g_shutting_down.load(std::memory_order_relaxed) &&
+         Py_IsInitialized() && !InterpreterFinalizing();
+}
+
+GilScope::GilScope() {
+  if (!PythonUsable()) return;
+  thread_local bool pinned = false;
+  state_ = PyGILState_Ensure();
+  if (!pinned) {
+    // This Ensure is never paired with a Release: the thread state it found or
+    // created stays alive (gilstate counter >= 1) for the life of the thread,
+    // so nested Ensure/Release pairs (ours or a library's) never delete it.
+    pinned = true;
+    first_on_thread_ = true;
+  }
+  ok_ = true;
+}
+
+GilScope::~GilScope() {
+  if (!ok_) return;
+  if (first_on_thread_) {
+    // Keep the pinned count, give back only the GIL if we took it.
+    if (static_cast<PyGILState_STATE>(state_) == PyGILState_UNLOCKED) {
+      PyEval_SaveThread();
+    }
+  } else {
+    PyGILState_Release(static_cast<PyGILState_STATE>(state_));
+  }
+}
+
+absl::Status GetBridgeApi(const PfbBridgeApi** api) {
+  const PfbBridgeApi* cached = g_api.load(std::memory_order_acquire);
+  if (cached == nullptr) {
+    // Guarded by the GIL, not by a static initializer: importing may release
+    // the GIL, and a thread blocked on an init guard while holding it would
+    // deadlock.
+    static bool atexit_registered = false;
+    if (!atexit_registered) {
+      atexit_registered = true;
+      absl::Status s = RegisterAtExit();
+      if (!s.ok()) return s;
+    }
+    auto* table = static_cast<const PfbBridgeApi*>(
+        PyCapsule_Import(PFB_BRIDGE_CAPSULE, 0));
+    if (table == nullptr) {
+      return PythonErrorToStatus(
+          "pyfunc_bridge: cannot import the conversion layer "
+          "(pyfunc_bridge._conversion)");
+    }
+    if (table->abi_version != PFB_BRIDGE_ABI_VERSION) {
+      return absl::FailedPreconditionError(
+          "pyfunc_bridge: the kernel library and the conversion module come "
+          "from different builds (bridge ABI " +
+          std::to_string(table->abi_version) + ", kernel expects " +
+          std::to_string(PFB_BRIDGE_ABI_VERSION) +
+          "); reinstall pyfunc_bridge");
+    }
+    g_api.store(table, std::memory_order_release);
+    cached = table;
+  }
+  *api = cached;
+  return absl::OkStatus();
+}
+
+void ReleaseWithGil(DLManagedTensorVersioned* managed) {
+  if (managed == nullptr || managed->deleter == nullptr) return;
+  GilScope gil;
+  if (!gil.ok()) return;  // shutting down: leak instead of touching Python
+  managed->deleter(managed);
+}
+
+}  // namespace pyfunc_bridge

@@ -1,0 +1,46 @@
+// The kernel's only contact with CPython: a GIL scope that reuses one thread
+// state per thread, a guard against interpreter shutdown, and the lookup of the
+// conversion layer's PfbBridgeApi table.  Nothing else in the kernel includes
+// Python.h.
+#ifndef PYFUNC_BRIDGE_KERNEL_PYTHON_H_
+#define PYFUNC_BRIDGE_KERNEL_PYTHON_H_
+
+#include "absl/status/status.h"
+#include "bridge_abi.h"
+
+namespace pyfunc_bridge {
+
+// True while Python may be entered: the interpreter is initialized and its
+// shutdown (atexit) has not begun.
+bool PythonUsable();
+
+// Holds the GIL for its lifetime.  On a thread that has never run Python it
+// creates one thread state and keeps it for the life of the thread, so later
+// scopes cost a PyEval_RestoreThread instead of a thread-state churn.  Reentrant:
+// a thread that already holds the GIL keeps it and nothing is released.
+class GilScope {
+ public:
+  GilScope();
+  ~GilScope();
+  GilScope(const GilScope&) = delete;
+  GilScope& operator=(const GilScope&) = delete;
+  // False when Python is shutting down; then the GIL is not held.
+  bool ok() const { return ok_; }
+
+ private:
+  bool ok_ = false;
+  int state_ = 0;  // a PyGILState_STATE
+  bool first_on_thread_ = false;
+};
+
+// The conversion layer's API table (imports pyfunc_bridge._conversion on first
+// use).  The GIL must be held.
+absl::Status GetBridgeApi(const PfbBridgeApi** api);
+
+// Calls a DLPack deleter that may touch Python, taking the GIL when it can.
+// After shutdown began the tensor is leaked rather than touching Python.
+void ReleaseWithGil(DLManagedTensorVersioned* managed);
+
+}  // namespace pyfunc_bridge
+
+#endif  // PYFUNC_BRIDGE_KERNEL_PYTHON_H_
