@@ -10,9 +10,10 @@ tensors checked against the op's declared dtypes and shapes.
 from cpython.object cimport PyTypeObject
 from cpython.pycapsule cimport PyCapsule_New
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy, memset, strlen, strncpy
+from libc.string cimport memcmp, memcpy, memset, strncpy
 
 cimport numpy as cnp
 

@@ -36,10 +36,18 @@ typedef struct PfbOutputSpec {
   const int64_t* dims;  /* ndim entries, -1 for an unknown dimension */
 } PfbOutputSpec;
 
+/* PfbCall.flags */
+enum {
+  /* The kernel runs on a thread that only TF's kernels use (the kernel made
+   * its Python thread state): per-thread Python settings may stay installed. */
+  PFB_CALL_WORKER_THREAD = 1
+};
+
 typedef struct PfbCall {
   const char* key;
   size_t key_len;
   int32_t copy_mode;
+  int32_t flags;
   int32_t num_inputs;
   /* Ownership of every input passes to the callee, on success and on error. */
   DLManagedTensorVersioned* const* inputs;

@@ -8,6 +8,9 @@ cdef dict _functions = {}
 # puts the function here for the duration of the call.
 _eager = threading.local()
 EAGER_KEY = "pyfunc_bridge:eager"
+cdef bytes _EAGER_KEY_BYTES = EAGER_KEY.encode()
+cdef const char* _EAGER_KEY_C = _EAGER_KEY_BYTES
+cdef size_t _EAGER_KEY_LEN = len(_EAGER_KEY_BYTES)
 
 
 def registry():
@@ -15,58 +18,100 @@ def registry():
     return _functions
 
 
-cdef object _lookup(str key):
-    if key == EAGER_KEY:
+cdef object _lookup(const char* key, size_t key_len):
+    if key_len == _EAGER_KEY_LEN and memcmp(key, _EAGER_KEY_C, key_len) == 0:
         entry = getattr(_eager, "entry", None)
     else:
-        ref = _functions.get(key)
+        ref = _functions.get(key[:key_len].decode("utf-8"))
         entry = ref() if ref is not None else None
     if entry is None:
         raise ValueError(
-            f"pyfunc_bridge: no Python function is registered under key {key!r}. "
-            f"Functions live as long as the graphs or tf.functions that created "
-            f"them; keep that graph or function alive while its ops run")
+            f"pyfunc_bridge: no Python function is registered under key "
+            f"{key[:key_len].decode('utf-8', 'replace')!r}. Functions live as long "
+            f"as the graphs or tf.functions that created them; keep that graph or "
+            f"function alive while its ops run")
     return entry
 
 
-cdef int _run(PfbCall* call) except -1:
-    cdef int i, n_in = call.num_inputs, n_out = call.num_outputs
-    cdef bint writable = call.copy_mode == PFB_COPY_TRUE
-    # Adopt every input first: from here on, each is freed on every path.
-    owners = []
-    try:
-        for i in range(n_in):
-            owners.append(_adopt(call.inputs[i]))
-    except BaseException:
-        for i in range(len(owners), n_in):
-            call.inputs[i].deleter(call.inputs[i])
-        raise
-    key = call.key[:call.key_len].decode("utf-8")
-    entry = _lookup(key)
+cdef tuple _input_arrays(PfbCall* call):
+    """One argument per input: read-only views, or private copies (copy=True)."""
+    cdef Py_ssize_t i, n = call.num_inputs
+    cdef tuple args = PyTuple_New(n)
+    cdef _DLPackOwner owner
+    # Adopt every input first (only MemoryError can interrupt): from here on
+    # each one is freed on every path, by its owner.
+    for i in range(n):
+        try:
+            owner = _adopt(call.inputs[i])
+        except BaseException:
+            for i in range(i, n):
+                call.inputs[i].deleter(call.inputs[i])
+            raise
+        Py_INCREF(owner)  # PyTuple_SET_ITEM steals it
+        PyTuple_SET_ITEM(args, i, owner)
+    cdef bint private = call.copy_mode == PFB_COPY_TRUE
+    for i in range(n):
+        view = _view(<_DLPackOwner>args[i], False)
+        if private and cnp.PyArray_TYPE(view) != cnp.NPY_OBJECT:
+            view = np.array(view, copy=True)
+        # Swap the owner for its view (the view holds the owner).
+        Py_INCREF(view)
+        Py_XDECREF(PyTuple_GET_ITEM(args, i))
+        PyTuple_SET_ITEM(args, i, view)
+    return args
 
-    previous_handler = cnp.PyDataMem_SetHandler(_aligned_handler_capsule)
+
+cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs) except -1:
+    """Checks the results against the declaration and exports them.
+
+    `outside_refs`: references to `result` that the bridge does not hold.
+    """
+    cdef int i, n = call.num_outputs
+    cdef PyObject* item
+    if n == 1 and not isinstance(result, (list, tuple)):
+        call.outputs[0] = _export_output(<PyObject*>result, outside_refs, 0,
+                                         &call.output_specs[0], call.copy_mode)
+        return 0
+    if isinstance(result, (list, tuple)) and len(result) == n:
+        items = result if type(result) is tuple else tuple(result)
+        for i in range(n):
+            item = PyTuple_GET_ITEM(items, i)
+            # A container that someone else holds still reaches its items.
+            call.outputs[i] = _export_output(
+                item, Py_REFCNT(item) - 1 + (outside_refs if items is result else 1),
+                i, &call.output_specs[i], call.copy_mode)
+        return 0
+    _check_count(result, n)  # raises unless n == 0 and result is None
+    return 0
+
+
+cdef int _run(PfbCall* call) except -1:
+    cdef int i
+    args = _input_arrays(call)
+    entry = _lookup(call.key, call.key_len)
+    # Fresh NumPy arrays must be 64-byte aligned to be handed over.  On TF's
+    # worker threads (no user Python runs there) the handler stays installed;
+    # on Python's own threads it is restored after the call.
+    cdef bint restore = not (call.flags & PFB_CALL_WORKER_THREAD)
+    previous_handler = None
+    if restore:
+        previous_handler = cnp.PyDataMem_SetHandler(_aligned_handler_capsule)
+    elif cnp.PyDataMem_GetHandler() is not _aligned_handler_capsule:
+        cnp.PyDataMem_SetHandler(_aligned_handler_capsule)
     try:
-        args = []
-        for i in range(n_in):
-            view = _view(owners[i], False)
-            if writable and isinstance(view, np.ndarray) and view.dtype != _OBJECT:
-                view = np.array(view, copy=True)  # private and writable
-            args.append(view)
-        owners = view = None
         result = entry.func(*args)
         args = None  # the inputs are no longer ours
-        values = _result_values(result, n_out)
-        result = None  # each value is now referenced once by `values`, unless shared
-        for i in range(n_out):
-            call.outputs[i] = _export_output(values, i, &call.output_specs[i], call.copy_mode)
+        # `result` is our only reference: the rest belong to someone else.
+        _export_outputs(call, result, Py_REFCNT(<PyObject*>result) - 1)
     except BaseException:
-        for i in range(n_out):
+        for i in range(call.num_outputs):
             if call.outputs[i] != NULL:
                 _release_exported(call.outputs[i])
                 call.outputs[i] = NULL
         raise
     finally:
-        cnp.PyDataMem_SetHandler(previous_handler)
+        if restore:
+            cnp.PyDataMem_SetHandler(previous_handler)
     return 0
 
 

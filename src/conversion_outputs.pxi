@@ -6,27 +6,27 @@ class _OutputError(ValueError):
     """A result that does not match the op's declaration (InvalidArgument)."""
 
 
-cdef list _result_values(object result, int num_outputs):
-    """The function's results as a fresh list, one entry per output."""
+cdef int _check_count(object result, int num_outputs) except -1:
+    """Raises unless `result` holds one value per declared output."""
     if isinstance(result, (list, tuple)):
-        values = list(result)
+        count = len(result)
     elif result is None and num_outputs == 0:
-        return []
+        return 0
     else:
-        values = [result]
-    if len(values) != num_outputs:
-        noun = "output" if num_outputs == 1 else "outputs"
-        if num_outputs == 0:
-            hint = "return None (Tout=[] declares no outputs)"
-        elif isinstance(result, (list, tuple)):
-            hint = ("a list or tuple stands for one value per output; wrap a list "
-                    "meant as one array in np.asarray(...)")
-        else:
-            hint = "return one value per declared output, as a list or tuple"
-        raise _OutputError(
-            f"the function returned {len(values)} value(s) but Tout declares "
-            f"{num_outputs} {noun}; {hint}")
-    return values
+        count = 1
+    if count == num_outputs:
+        return 0
+    noun = "output" if num_outputs == 1 else "outputs"
+    if num_outputs == 0:
+        hint = "return None (Tout=[] declares no outputs)"
+    elif isinstance(result, (list, tuple)):
+        hint = ("a list or tuple stands for one value per output; wrap a list "
+                "meant as one array in np.asarray(...)")
+    else:
+        hint = "return one value per declared output, as a list or tuple"
+    raise _OutputError(
+        f"the function returned {count} value(s) but Tout declares "
+        f"{num_outputs} {noun}; {hint}")
 
 
 cdef str _declared_shape(const PfbOutputSpec* spec):
@@ -68,8 +68,9 @@ cdef cnp.ndarray _coerce(object value, cnp.dtype want, int index):
 
 
 # Why an output cannot be handed over as it is (None: it can).
-cdef object _copy_reason(PyObject* obj, int copy_mode):
-    """Decides zero-copy for an ndarray referenced once, by the result list.
+cdef object _copy_reason(PyObject* obj, Py_ssize_t outside_refs, int copy_mode):
+    """Decides zero-copy for an ndarray that `outside_refs` references besides
+    the bridge's own keep it alive.
 
     Runs on borrowed pointers so that no reference taken here skews the counts.
     Zero-copy is safe when nothing in Python can write the memory after the
@@ -80,7 +81,7 @@ cdef object _copy_reason(PyObject* obj, int copy_mode):
     if copy_mode == PFB_COPY_TRUE:
         return "copy_requested"
     cdef PyArrayObject* arr = <PyArrayObject*>obj
-    cdef bint exclusive = Py_REFCNT(obj) == 1
+    cdef bint exclusive = outside_refs == 0
     cdef PyObject* base = PyArray_BASE(arr)
     while base != NULL and PyArray_Check(base):
         if Py_REFCNT(base) != 1:
@@ -108,11 +109,14 @@ _COPY_REASON_TEXT = {
 }
 
 
-cdef DLManagedTensorVersioned* _export_output(list values, int index,
-                                              const PfbOutputSpec* spec,
+cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_refs,
+                                              int index, const PfbOutputSpec* spec,
                                               int copy_mode) except NULL:
-    """values[index] -> a DLPack tensor for the kernel; values[index] is cleared."""
-    cdef PyObject* raw = <PyObject*>values[index]
+    """One result -> a DLPack tensor for the kernel.
+
+    `raw` is borrowed; `outside_refs` counts the references to it that the
+    bridge does not hold (computed by the caller before any local reference).
+    """
     if _is_string_dtype(spec.dtype):
         arr = _as_string_array(<object>raw, index)
         _check_shape(arr, spec, index)
@@ -123,7 +127,7 @@ cdef DLManagedTensorVersioned* _export_output(list values, int index,
     if PyArray_Check(raw):
         # Decided before any local reference to the array exists.
         if PyArray_SIZE(<PyArrayObject*>raw) > 0:
-            reason = _copy_reason(raw, copy_mode)
+            reason = _copy_reason(raw, outside_refs, copy_mode)
         arr = <object>raw
     else:
         value = <object>raw
@@ -138,14 +142,14 @@ cdef DLManagedTensorVersioned* _export_output(list values, int index,
         elif reason is None and arr.size > 0 and (
                 not arr.flags.c_contiguous or arr.ctypes.data % ALIGNMENT != 0):
             reason = "non_contiguous" if not arr.flags.c_contiguous else "unaligned"
-    values[index] = None
 
-    if arr.dtype != want:
+    cdef cnp.ndarray checked = arr
+    if checked.descr is not want and checked.dtype != want:
         raise _OutputError(
             f"output {index}: Tout declares {want.name} but the function returned an "
             f"array of dtype {arr.dtype.name}; return arr.astype(np.{want.name}) or "
             f"declare Tout={'tf.' + arr.dtype.name if arr.dtype.kind != 'O' else '...'}")
-    _check_shape(arr, spec, index)
+    _check_shape(checked, spec, index)
     if reason is not None:
         if copy_mode == PFB_COPY_FALSE:
             raise _OutputError(
@@ -153,5 +157,5 @@ cdef DLManagedTensorVersioned* _export_output(list values, int index,
                 f"{_COPY_REASON_TEXT[reason]}; copy=False forbids copies. Return a "
                 f"fresh, C-contiguous array (e.g. np.ascontiguousarray(x) or x.copy()), "
                 f"or use copy=None to let the bridge copy once")
-        arr = np.array(arr, order="C", copy=True)
-    return _export_array(arr, spec.dtype)
+        checked = np.array(checked, order="C", copy=True)
+    return _export_array(checked, spec.dtype)

@@ -9,6 +9,7 @@
 #include "absl/container/inlined_vector.h"
 #include "bridge_abi.h"
 #include "kernel_python.h"
+#include "tensorflow/core/common_runtime/dma_helper.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -141,6 +142,49 @@ class DLPackBuffer : public tensorflow::TensorBuffer {
   size_t size_;
 };
 
+// A view of (part of) an input tensor's buffer.  An output that is a view of
+// an input shares TF's buffer directly instead of keeping the Python view (and
+// through it the whole chain of earlier calls) alive.
+class AliasBuffer : public tensorflow::TensorBuffer {
+ public:
+  AliasBuffer(const tensorflow::TensorBuffer* root, void* data, size_t size)
+      : TensorBuffer(data), root_(root), size_(size) {
+    root_->Ref();  // released in the destructor
+  }
+  ~AliasBuffer() override { root_->Unref(); }
+
+  size_t size() const override { return size_; }
+  TensorBuffer* root_buffer() override {
+    return const_cast<tensorflow::TensorBuffer*>(root_);
+  }
+  void FillAllocationDescription(
+      tensorflow::AllocationDescription* proto) const override {
+    root_->FillAllocationDescription(proto);
+  }
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  const tensorflow::TensorBuffer* root_;
+  size_t size_;
+};
+
+// The buffer of the input whose memory holds [data, data + nbytes), if any.
+const tensorflow::TensorBuffer* InputHolding(OpKernelContext* ctx,
+                                            const char* data, size_t nbytes) {
+  for (int i = 0; i < ctx->num_inputs(); ++i) {
+    const Tensor& in = ctx->input(i);
+    if (in.dtype() == tensorflow::DT_STRING) continue;
+    const auto bytes = in.tensor_data();
+    if (bytes.empty()) continue;
+    if (data >= bytes.data() && data + nbytes <= bytes.data() + bytes.size()) {
+      // The root: aliases of aliases must not form chains.
+      return const_cast<tensorflow::TensorBuffer*>(
+                 tensorflow::DMAHelper::buffer(&in))->root_buffer();
+    }
+  }
+  return nullptr;
+}
+
 // Owns one output's DLPack tensor until it is wrapped; the GIL is held.
 struct OutputRef {
   DLManagedTensorVersioned* managed;
@@ -223,8 +267,14 @@ absl::Status MakeOutput(OpKernelContext* ctx, int index,
   const bool compact = IsCompactRowMajor(t);
   if (nbytes > 0 && compact &&
       reinterpret_cast<uintptr_t>(data) % kTensorAlignment == 0) {
-    // Zero copy: the buffer keeps the producer's memory alive.
-    auto* buffer = new DLPackBuffer(ref.release(), const_cast<char*>(data), nbytes);
+    // Zero copy: a view of an input shares that input's TF buffer (the
+    // Python view is released now); other memory stays with its producer.
+    tensorflow::TensorBuffer* buffer;
+    if (const auto* root = InputHolding(ctx, data, nbytes)) {
+      buffer = new AliasBuffer(root, const_cast<char*>(data), nbytes);
+    } else {
+      buffer = new DLPackBuffer(ref.release(), const_cast<char*>(data), nbytes);
+    }
     Tensor out(dtype, shape, buffer);  // takes its own reference
     buffer->Unref();
     ctx->set_output(index, out);
@@ -316,6 +366,7 @@ class NumpyFunctionOp : public OpKernel {
     call.key = key_.data();
     call.key_len = key_.size();
     call.copy_mode = copy_mode_;
+    call.flags = GilScope::OnWorkerThread() ? PFB_CALL_WORKER_THREAD : 0;
     call.num_inputs = num_inputs;
     call.inputs = inputs.data();
     call.num_outputs = num_outputs;

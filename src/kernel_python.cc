@@ -69,9 +69,16 @@ bool PythonUsable() {
          Py_IsInitialized() && !InterpreterFinalizing();
 }
 
+namespace {
+thread_local bool t_worker_thread = false;
+}  // namespace
+
+bool GilScope::OnWorkerThread() { return t_worker_thread; }
+
 GilScope::GilScope() {
   if (!PythonUsable()) return;
   thread_local bool pinned = false;
+  if (!pinned) t_worker_thread = PyGILState_GetThisThreadState() == nullptr;
   state_ = PyGILState_Ensure();
   if (!pinned) {
     // This Ensure is never paired with a Release: the thread state it found or

@@ -26,6 +26,9 @@ class GilScope {
   GilScope& operator=(const GilScope&) = delete;
   // False when Python is shutting down; then the GIL is not held.
   bool ok() const { return ok_; }
+  // True on threads whose Python thread state the bridge created (TF's
+  // worker threads), false on threads that Python itself runs.
+  static bool OnWorkerThread();
 
  private:
   bool ok_ = false;

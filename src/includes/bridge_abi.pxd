@@ -11,6 +11,7 @@ cdef extern from "bridge_abi.h" nogil:
         PFB_COPY_FALSE
         PFB_STRING_DTYPE_CODE
         PFB_STRING_DTYPE_BITS
+        PFB_CALL_WORKER_THREAD
     const char* PFB_BRIDGE_CAPSULE
 
     ctypedef struct PfbStringRef:
@@ -26,6 +27,7 @@ cdef extern from "bridge_abi.h" nogil:
         const char* key
         size_t key_len
         int32_t copy_mode
+        int32_t flags
         int32_t num_inputs
         DLManagedTensorVersioned** inputs
         int32_t num_outputs

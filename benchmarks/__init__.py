@@ -1,0 +1,1 @@
+"""pyfunc_bridge's benchmark suite (run from the repository root)."""
