@@ -55,16 +55,24 @@ cdef int _check_shape(cnp.ndarray arr, const PfbOutputSpec* spec, int index) exc
     return 0
 
 
+# Python values convert to a declared dtype of the same or a wider kind.
+_KIND_RANK = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
+
+
 cdef cnp.ndarray _coerce(object value, cnp.dtype want, int index):
     """Python scalars and (nested) lists -> an ndarray of the declared dtype."""
     natural = np.asarray(value)
-    if natural.dtype != want and not np.can_cast(natural.dtype, want, "same_kind"):
+    have_rank = _KIND_RANK.get(natural.dtype.kind, 99)
+    if have_rank > _KIND_RANK.get((<object>want).kind, -1):
         raise _OutputError(
             f"output {index}: Tout declares {want.name} but the function returned "
             f"{type(value).__name__} values of kind {natural.dtype.name}, which do not "
             f"convert to {want.name} without loss; return "
             f"np.asarray(value, dtype=np.{want.name}) if that is intended")
-    return np.asarray(value, dtype=want)
+    try:
+        return np.asarray(value, dtype=want)
+    except OverflowError as exc:
+        raise _OutputError(f"output {index}: {exc} (declared dtype {want.name})") from None
 
 
 # Why an output cannot be handed over as it is (None: it can).
@@ -131,12 +139,13 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
         arr = <object>raw
     else:
         value = <object>raw
-        if isinstance(value, (bool, int, float, complex, list, tuple)):
+        if isinstance(value, np.generic):
+            arr = np.asarray(value)  # fresh; its dtype must match
+        elif isinstance(value, (bool, int, float, complex, list, tuple)):
             arr = _coerce(value, want, index)  # fresh
         else:
-            arr = np.asarray(value)  # np.generic, or an object exporting an array
-            if not isinstance(value, np.generic):
-                reason = "aliasing"
+            arr = np.asarray(value)  # an object exporting an array: memory not ours
+            reason = "aliasing"
         if copy_mode == PFB_COPY_TRUE:
             reason = "copy_requested"
         elif reason is None and arr.size > 0 and (

@@ -33,8 +33,10 @@ cdef cnp.ndarray _as_string_array(object value, int index):
     flat_out = out.reshape(-1)
     cdef Py_ssize_t i = 0
     for item in source.reshape(-1):
-        if isinstance(item, bytes):
+        if type(item) is bytes:
             flat_out[i] = item
+        elif isinstance(item, bytes):
+            flat_out[i] = bytes(item)  # np.bytes_ and other subclasses
         elif isinstance(item, str):
             flat_out[i] = (<str>item).encode("utf-8")
         else:

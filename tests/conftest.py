@@ -1,0 +1,27 @@
+"""Shared test setup: quiet TF logs, one import of TF and of the package."""
+import gc
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import pyfunc_bridge as pfb  # noqa: E402
+
+
+@pytest.fixture
+def registry():
+    """The bridge's live registry dict (key -> weakref of an entry)."""
+    return pfb._library.conversion().registry()
+
+
+def address(array_like):
+    """Data address of an ndarray, or of a tensor viewed through NumPy."""
+    return np.asarray(array_like).__array_interface__["data"][0]
+
+
+def collect():
+    for _ in range(3):
+        gc.collect()

@@ -1,0 +1,785 @@
+"""The public op layer: pfb.numpy_function / pfb.py_func against TF's builtins."""
+import gc
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import pyfunc_bridge as pfb
+from conftest import collect
+
+STATEFUL_OP = "PyfuncBridge>NumpyFunction"
+STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
+
+
+# --------------------------------------------------------------------------
+# Results equal to TF's builtin, in every execution mode.
+
+def _sinh(a):
+    return np.sinh(a)
+
+
+def _cumsum(a):
+    return np.cumsum(a, axis=-1)
+
+
+def _affine(a, b):
+    return a * 3 + b
+
+
+def _upper(s):
+    return np.array([v.upper() + b"!" for v in s.ravel()], dtype=object).reshape(s.shape)
+
+
+def _stats(a):
+    return a + 1, a.sum(), a > 2
+
+
+# name -> (func, inputs, Tout)
+CASES = {
+    "sinh": (_sinh, [np.array([0.5, -1.0, 2.0], np.float32)], tf.float32),
+    "cumsum": (_cumsum, [np.arange(6, dtype=np.float64).reshape(2, 3) / 7], tf.float64),
+    "affine": (_affine, [np.array([1, 2, 3], np.int32), np.array([10, -20, 30], np.int32)],
+               tf.int32),
+    "upper": (_upper, [np.array([[b"ab", b"cD"], [b"", b"xyz"]], dtype=object)], tf.string),
+    "stats": (_stats, [np.array([1, 2, 3, 4], np.int64)], [tf.int64, tf.int64, tf.bool]),
+}
+
+
+def _as_list(result):
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+def _assert_same(got, want):
+    """Same structure (tensor vs list), dtypes and values."""
+    assert isinstance(got, (list, tuple)) == isinstance(want, (list, tuple))
+    got, want = _as_list(got), _as_list(want)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype
+        assert g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+
+
+def _numpy(result):
+    if isinstance(result, (list, tuple)):
+        return [t.numpy() for t in result]
+    return result.numpy()
+
+
+def _check_op_types(result, stateful):
+    for t in _as_list(result):
+        assert t.op.type == (STATEFUL_OP if stateful else STATELESS_OP)
+
+
+@pytest.mark.parametrize("stateful", [True, False], ids=["stateful", "stateless"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_eager_matches_tf(case, stateful):
+    func, inputs, Tout = CASES[case]
+    got = pfb.numpy_function(func, [tf.constant(v) for v in inputs], Tout, stateful=stateful)
+    want = tf.numpy_function(func, [tf.constant(v) for v in inputs], Tout, stateful=stateful)
+    _assert_same(_numpy(got), _numpy(want))
+
+
+@pytest.mark.parametrize("stateful", [True, False], ids=["stateful", "stateless"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tf_function_matches_tf(case, stateful):
+    func, inputs, Tout = CASES[case]
+
+    @tf.function
+    def both(*xs):
+        ours = pfb.numpy_function(func, list(xs), Tout, stateful=stateful)
+        _check_op_types(ours, stateful)
+        return ours, tf.numpy_function(func, list(xs), Tout, stateful=stateful)
+
+    got, want = both(*[tf.constant(v) for v in inputs])
+    _assert_same(_numpy(got), _numpy(want))
+
+
+@pytest.mark.parametrize("stateful", [True, False], ids=["stateful", "stateless"])
+@pytest.mark.parametrize("api", ["numpy_function", "py_func"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_session_matches_tf(case, api, stateful):
+    func, inputs, Tout = CASES[case]
+    ours_api = getattr(pfb, api)
+    ref_api = tf.numpy_function if api == "numpy_function" else tf.compat.v1.py_func
+    with tf.Graph().as_default():
+        xs = [tf.compat.v1.placeholder(tf.as_dtype(v.dtype) if v.dtype != object
+                                       else tf.string, [None] * v.ndim) for v in inputs]
+        ours = ours_api(func, xs, Tout, stateful=stateful)
+        _check_op_types(ours, stateful)
+        ref = ref_api(func, xs, Tout, stateful=stateful)
+        with tf.compat.v1.Session() as sess:
+            got, want = sess.run([ours, ref], dict(zip(xs, inputs)))
+    _assert_same(got, want)
+
+
+def test_session_runs_py_func_per_feed():
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float64, [None])
+        y = pfb.py_func(np.cumsum, [x], tf.float64)
+        with tf.compat.v1.Session() as sess:
+            first = sess.run(y, {x: [1.0, 2.0, 3.0]})
+            second = sess.run(y, {x: [5.0, -5.0]})
+    np.testing.assert_array_equal(first, [1.0, 3.0, 6.0])
+    np.testing.assert_array_equal(second, [5.0, 0.0])
+
+
+# --------------------------------------------------------------------------
+# Tout forms.
+
+X = tf.constant([1.0, 2.0, 3.0, 4.0])
+
+
+def test_single_dtype_returns_a_tensor():
+    y = pfb.numpy_function(lambda a: a + 1, [X], tf.float32)
+    assert isinstance(y, tf.Tensor)
+    np.testing.assert_array_equal(y.numpy(), [2, 3, 4, 5])
+
+
+def test_list_tout_returns_a_list():
+    y = pfb.numpy_function(lambda a: a + 1, [X], [tf.float32])
+    assert isinstance(y, list) and len(y) == 1
+    np.testing.assert_array_equal(y[0].numpy(), [2, 3, 4, 5])
+
+
+def test_numpy_dtype_tout():
+    y = pfb.numpy_function(lambda a: a * 2, [X], np.float32)
+    assert isinstance(y, tf.Tensor)
+    assert y.dtype == tf.float32
+    np.testing.assert_array_equal(y.numpy(), [2, 4, 6, 8])
+
+
+@pfb.numpy_function(Tout=tf.TensorSpec([None, 2], tf.float32))
+def pairs(a):
+    return a.reshape(-1, 2)
+
+
+def test_tensorspec_declares_static_shape():
+    seen = []
+
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.float32)])
+    def f(x):
+        y = pairs(x)
+        seen.append(y.shape)
+        return y
+
+    out = f(tf.range(6, dtype=tf.float32))
+    assert len(seen) == 1
+    assert seen[0].as_list() == [None, 2]
+    np.testing.assert_array_equal(out.numpy(), [[0, 1], [2, 3], [4, 5]])
+    # Eagerly too.
+    assert pairs(tf.range(4, dtype=tf.float32)).shape == (2, 2)
+
+
+def test_without_tensorspec_shape_is_unknown():
+    seen = []
+
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.float32)])
+    def f(x):
+        y = pfb.numpy_function(lambda a: a.reshape(-1, 2), [x], tf.float32)
+        seen.append(y.shape)
+        return y
+
+    f(tf.range(4, dtype=tf.float32))
+    assert seen[0].rank is None
+
+
+def test_list_mixing_tensorspec_and_dtype():
+    seen = []
+
+    def func(a):
+        return a.astype(np.int32), np.array([str(v).encode() for v in a], dtype=object)
+
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.float32)])
+    def f(x):
+        ys = pfb.numpy_function(func, [x], [tf.TensorSpec([None], tf.int32), tf.string])
+        seen.append([y.shape for y in ys])
+        return ys
+
+    ints, strings = f(tf.constant([1.0, 2.0]))
+    assert seen[0][0].as_list() == [None]
+    assert seen[0][1].rank is None
+    np.testing.assert_array_equal(ints.numpy(), [1, 2])
+    assert ints.dtype == tf.int32
+    assert list(strings.numpy()) == [b"1.0", b"2.0"]
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, a):
+        self.calls.append(np.array(a))  # returns None
+
+
+def test_no_outputs_eager_runs_side_effect():
+    rec = _Recorder()
+    result = pfb.numpy_function(rec, [X], [])
+    assert not result  # nothing to return
+    assert len(rec.calls) == 1
+    np.testing.assert_array_equal(rec.calls[0], [1, 2, 3, 4])
+
+
+def test_no_outputs_tf_function_runs_side_effect():
+    rec = _Recorder()
+
+    @tf.function
+    def f(x):
+        pfb.numpy_function(rec, [x], [])
+        return x + 1
+
+    f(tf.constant([7.0]))
+    f(tf.constant([8.0]))
+    assert [c.tolist() for c in rec.calls] == [[7.0], [8.0]]
+
+
+def test_no_outputs_session_runs_side_effect():
+    rec = _Recorder()
+    with tf.Graph().as_default():
+        op = pfb.py_func(rec, [tf.constant([5, 6])], [])
+        assert isinstance(op, tf.Operation)
+        assert op.type == STATEFUL_OP
+        with tf.compat.v1.Session() as sess:
+            sess.run(op)
+            sess.run(op)
+    assert [c.tolist() for c in rec.calls] == [[5, 6], [5, 6]]
+
+
+# --------------------------------------------------------------------------
+# Decorator form.
+
+def test_decorator_keyword_args():
+    @pfb.numpy_function(Tout=tf.int64, stateful=False)
+    def square(a):
+        return a * a
+
+    assert square.__name__ == "square"
+    np.testing.assert_array_equal(square(tf.constant([2, 3], tf.int64)).numpy(), [4, 9])
+
+
+def test_decorator_positional_args_and_several_inputs():
+    @pfb.numpy_function(None, None, [tf.float64, tf.float64])
+    def sum_and_diff(a, b):
+        return a + b, a - b
+
+    s, d = sum_and_diff(tf.constant([1.0, 2.0], tf.float64), tf.constant([0.5, 4.0], tf.float64))
+    np.testing.assert_array_equal(s.numpy(), [1.5, 6.0])
+    np.testing.assert_array_equal(d.numpy(), [0.5, -2.0])
+
+
+def test_decorator_inside_tf_function():
+    @pfb.numpy_function(Tout=tf.float32, name="decorated_op")
+    def plus_one(a):
+        return a + 1
+
+    names = []
+
+    @tf.function
+    def f(x):
+        y = plus_one(x)
+        names.append(y.op.name)
+        return y
+
+    np.testing.assert_array_equal(f(tf.constant([1.0])).numpy(), [2.0])
+    assert "decorated_op" in names[0]
+
+
+def test_bare_decorator_without_tout_is_type_error():
+    with pytest.raises(TypeError, match="Tout"):
+        @pfb.numpy_function
+        def f(a):
+            return a
+
+
+def test_decorator_with_inp_is_type_error():
+    with pytest.raises(TypeError, match="inp"):
+        pfb.numpy_function(None, [X], tf.float32)
+
+
+# --------------------------------------------------------------------------
+# Errors at construction.
+
+def test_non_callable_func_is_type_error():
+    with pytest.raises(TypeError, match="callable"):
+        pfb.numpy_function(42, [X], tf.float32)
+    with tf.Graph().as_default():
+        with pytest.raises(TypeError, match="callable"):
+            pfb.py_func("not a function", [tf.constant(1.0)], tf.float32)
+
+
+@pytest.mark.parametrize("api", [pfb.numpy_function, pfb.py_func])
+def test_tout_none_is_type_error(api):
+    with pytest.raises(TypeError, match="Tout is required"):
+        api(lambda a: a, [X], None)
+
+
+@pytest.mark.parametrize("dtype", [tf.resource, tf.qint8, tf.variant])
+@pytest.mark.parametrize("as_list", [False, True])
+def test_unsupported_tout_dtype_is_type_error(dtype, as_list):
+    Tout = [tf.float32, dtype] if as_list else dtype
+    with pytest.raises(TypeError) as info:
+        pfb.numpy_function(lambda a: a, [X], Tout)
+    msg = str(info.value)
+    assert dtype.name in msg
+    assert "does not support" in msg
+    assert ("Tout[1]" in msg) if as_list else msg.startswith("Tout")
+
+
+def test_unsupported_tensorspec_dtype_is_type_error():
+    with pytest.raises(TypeError, match="qint8"):
+        pfb.numpy_function(lambda a: a, [X], tf.TensorSpec([None], tf.qint8))
+
+
+def test_tout_not_a_dtype_is_type_error():
+    with pytest.raises(TypeError, match="Tout"):
+        pfb.numpy_function(lambda a: a, [X], "not-a-dtype")
+
+
+@pytest.mark.parametrize("spec", [
+    tf.RaggedTensorSpec([None, None], tf.float32),
+    tf.SparseTensorSpec([None, 3], tf.float32),
+], ids=["ragged", "sparse"])
+def test_composite_typespec_is_type_error(spec):
+    with pytest.raises(TypeError) as info:
+        pfb.numpy_function(lambda a: a, [X], spec)
+    assert type(spec).__name__ in str(info.value)
+    assert "composite" in str(info.value)
+
+
+@pytest.mark.parametrize("copy", ["yes", 2, "none", "True"])
+def test_bad_copy_is_value_error(copy):
+    with pytest.raises(ValueError, match="copy must be None, True or False") as info:
+        pfb.numpy_function(lambda a: a, [X], tf.float32, copy=copy)
+    assert repr(copy) in str(info.value)
+
+
+@pytest.mark.parametrize("inp", [X, np.ones(3), 1.0], ids=["tensor", "ndarray", "float"])
+def test_inp_not_a_list_is_type_error(inp):
+    with pytest.raises(TypeError, match="inp must be a list or tuple"):
+        pfb.numpy_function(lambda a: a, inp, tf.float32)
+
+
+def test_tuple_inp_is_accepted():
+    y = pfb.numpy_function(lambda a, b: a + b, (X, X), tf.float32)
+    np.testing.assert_array_equal(y.numpy(), [2, 4, 6, 8])
+
+
+@pytest.mark.parametrize("composite", [
+    lambda: tf.ragged.constant([[1.0], [2.0, 3.0]]),
+    lambda: tf.sparse.from_dense(tf.constant([[0.0, 1.0]])),
+], ids=["RaggedTensor", "SparseTensor"])
+def test_composite_input_is_type_error(composite):
+    value = composite()
+    with pytest.raises(TypeError) as info:
+        pfb.numpy_function(lambda a, b: a, [X, value], tf.float32)
+    assert "inp[1]" in str(info.value)
+    assert type(value).__name__ in str(info.value)
+
+
+def test_unsupported_input_dtype_is_type_error():
+    with pytest.raises(TypeError, match="inp\\[0\\].*qint8"):
+        pfb.numpy_function(lambda a: a, [tf.constant([1], tf.qint8)], tf.float32)
+
+
+# --------------------------------------------------------------------------
+# Errors at run time (what the function returned).
+
+def _run_error(func, Tout, inputs=None, mode="eager"):
+    """Runs the op and returns the OpError it raised."""
+    inputs = [X] if inputs is None else inputs
+    if mode == "eager":
+        with pytest.raises(tf.errors.OpError) as info:
+            pfb.numpy_function(func, inputs, Tout)
+    else:
+        @tf.function
+        def f(*xs):
+            return pfb.numpy_function(func, list(xs), Tout)
+
+        with pytest.raises(tf.errors.OpError) as info:
+            f(*inputs)
+    return info.value
+
+
+MODES = ["eager", "tf_function"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_wrong_dtype_returned(mode):
+    err = _run_error(lambda a: a.astype(np.float64), tf.float32, mode=mode)
+    assert isinstance(err, tf.errors.InvalidArgumentError)
+    assert "output 0" in err.message
+    assert "float32" in err.message and "float64" in err.message
+    assert "astype" in err.message
+
+
+def test_wrong_dtype_names_the_output_index():
+    err = _run_error(lambda a: (a, a.astype(np.int16)), [tf.float32, tf.float32])
+    assert isinstance(err, tf.errors.InvalidArgumentError)
+    assert "output 1" in err.message
+    assert "int16" in err.message and "astype(np.float32)" in err.message
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("returned,Tout,got,declared", [
+    (lambda a: (a, a), tf.float32, 2, 1),
+    (lambda a: [a, a, a], [tf.float32, tf.float32], 3, 2),
+    (lambda a: a, [tf.float32, tf.float32], 1, 2),
+], ids=["2_for_1", "3_for_2", "1_for_2"])
+def test_wrong_count_returned(mode, returned, Tout, got, declared):
+    err = _run_error(returned, Tout, mode=mode)
+    assert isinstance(err, tf.errors.InvalidArgumentError)
+    assert f"returned {got} value" in err.message
+    assert f"declares {declared} output" in err.message
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_declared_shape_mismatch(mode):
+    err = _run_error(lambda a: a[:3], tf.TensorSpec([None, 2], tf.float32), mode=mode)
+    assert isinstance(err, tf.errors.InvalidArgumentError)
+    assert "shape" in err.message
+    assert "(None, 2)" in err.message and "(3,)" in err.message
+
+
+def test_declared_static_dimension_mismatch():
+    err = _run_error(lambda a: a.reshape(2, 2), tf.TensorSpec([2, 3], tf.float32))
+    assert isinstance(err, tf.errors.InvalidArgumentError)
+    assert "(2, 3)" in err.message and "(2, 2)" in err.message
+
+
+def test_declared_shape_matches():
+    y = pfb.numpy_function(lambda a: a.reshape(2, 2), [X], tf.TensorSpec([2, None], tf.float32))
+    assert y.shape == (2, 2)
+
+
+@pytest.mark.parametrize("value", [7, 1.5, np.arange(3, dtype=np.float32)],
+                         ids=["int", "float", "ndarray"])
+def test_string_declared_number_returned(value):
+    err = _run_error(lambda a: value, tf.string)
+    assert isinstance(err, tf.errors.InvalidArgumentError)
+    assert "string" in err.message
+
+
+def test_python_float_for_int32_is_lossy_error():
+    err = _run_error(lambda a: 2.5, tf.int32)
+    assert isinstance(err, tf.errors.InvalidArgumentError)
+    assert "int32" in err.message and "without loss" in err.message
+
+
+def test_python_list_of_floats_for_int_is_error():
+    err = _run_error(lambda a: [1.0, 2.0], tf.int64)
+    assert isinstance(err, tf.errors.InvalidArgumentError)
+    assert "int64" in err.message
+
+
+@pytest.mark.parametrize("value,Tout,want", [
+    (3, tf.float32, np.float32(3.0)),
+    (3, tf.int32, np.int32(3)),
+    (True, tf.bool, np.bool_(True)),
+    ([1, 2], tf.float64, np.array([1.0, 2.0])),
+    ("hé", tf.string, "hé".encode()),
+    (b"raw", tf.string, b"raw"),
+], ids=["int->float32", "int->int32", "bool", "list->float64", "str", "bytes"])
+def test_python_values_convert(value, Tout, want):
+    y = pfb.numpy_function(lambda a: value, [X], Tout)
+    ref = tf.numpy_function(lambda a: value, [X], Tout)
+    assert y.dtype == Tout == ref.dtype
+    np.testing.assert_array_equal(y.numpy(), want)
+    np.testing.assert_array_equal(y.numpy(), ref.numpy())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_value_returned_for_no_outputs(mode):
+    err = _run_error(lambda a: a, [], mode=mode)
+    assert isinstance(err, tf.errors.InvalidArgumentError)
+    assert "declares 0 outputs" in err.message
+
+
+# --------------------------------------------------------------------------
+# Python exceptions -> TF error classes, with the traceback.
+
+class _MyValueError(ValueError):
+    pass
+
+
+EXCEPTION_TABLE = [
+    (ValueError, tf.errors.InvalidArgumentError),
+    (_MyValueError, tf.errors.InvalidArgumentError),
+    (TypeError, tf.errors.InvalidArgumentError),
+    (StopIteration, tf.errors.OutOfRangeError),
+    (MemoryError, tf.errors.ResourceExhaustedError),
+    (NotImplementedError, tf.errors.UnimplementedError),
+    (KeyError, tf.errors.UnknownError),
+    (RuntimeError, tf.errors.UnknownError),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("exc_type,tf_error", EXCEPTION_TABLE,
+                         ids=[e.__name__ for e, _ in EXCEPTION_TABLE])
+def test_exception_mapping(exc_type, tf_error, mode):
+    def user_function_that_raises(a):
+        raise exc_type("marker-text-1234")
+
+    err = _run_error(user_function_that_raises, tf.float32, mode=mode)
+    assert type(err) is tf_error
+    assert "marker-text-1234" in err.message
+    assert exc_type.__name__ in err.message
+    assert "Traceback (most recent call last)" in err.message
+    assert "user_function_that_raises" in err.message
+    if mode == "eager":  # TF's builtin maps the same way
+        with pytest.raises(tf.errors.OpError) as ref:
+            tf.numpy_function(user_function_that_raises, [X], tf.float32)
+        assert type(ref.value) is type(err)
+
+
+def test_exception_in_session_has_traceback():
+    def failing_in_session(a):
+        raise NotImplementedError("not yet")
+
+    with tf.Graph().as_default():
+        y = pfb.py_func(failing_in_session, [tf.constant(1.0)], tf.float32)
+        with tf.compat.v1.Session() as sess:
+            with pytest.raises(tf.errors.UnimplementedError) as info:
+                sess.run(y)
+    assert "failing_in_session" in info.value.message
+    assert "Traceback (most recent call last)" in info.value.message
+
+
+# --------------------------------------------------------------------------
+# name=
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_name_sets_op_name_in_graph(stateful):
+    with tf.Graph().as_default():
+        y = pfb.numpy_function(np.negative, [tf.constant(1.0)], tf.float32,
+                               stateful=stateful, name="my_bridge")
+        z = pfb.py_func(np.negative, [tf.constant(1.0)], [tf.float32], name="my_bridge")
+        assert y.op.name.startswith("my_bridge")
+        assert z[0].op.name.startswith("my_bridge")
+        assert y.op.name != z[0].op.name  # uniquified
+        assert y.op.type == (STATEFUL_OP if stateful else STATELESS_OP)
+
+
+def test_name_inside_tf_function():
+    names = []
+
+    @tf.function
+    def f(x):
+        with tf.name_scope("outer"):
+            y = pfb.numpy_function(np.negative, [x], tf.float32, name="inner_bridge")
+        names.append(y.op.name)
+        return y
+
+    assert f(tf.constant(2.0)).numpy() == -2.0
+    assert names[0].startswith("outer/inner_bridge")
+
+
+def test_name_accepted_eagerly():
+    y = pfb.numpy_function(np.negative, [X], tf.float32, name="eager_name")
+    np.testing.assert_array_equal(y.numpy(), [-1, -2, -3, -4])
+
+
+# --------------------------------------------------------------------------
+# The function registry.
+
+KEY_RE = re.compile(r"^(?P<ref>.+)@(?P<uid>[0-9a-f]{32})$")
+
+
+def module_level_function(a):
+    return a
+
+
+class _Callable:
+    def __call__(self, a):
+        return a
+
+    def method(self, a):
+        return a
+
+
+@pytest.mark.parametrize("func,ref", [
+    (module_level_function, f"{__name__}:module_level_function"),
+    (_Callable().method, f"{__name__}:_Callable.method"),
+    (_Callable(), f"{__name__}:_Callable"),
+    (lambda a: a, f"{__name__}:<lambda>"),
+], ids=["function", "method", "callable_object", "lambda"])
+def test_registry_key_format(func, ref, registry):
+    entry = pfb._registry.register(func)
+    m = KEY_RE.match(entry.key)
+    assert m, entry.key
+    assert m.group("ref") == ref
+    assert registry[entry.key]() is entry
+    assert pfb._registry.lookup(entry.key) is entry
+    assert entry.func is func
+
+
+def test_registry_keys_unique_and_weak(registry):
+    entries = [pfb._registry.register(module_level_function) for _ in range(1000)]
+    keys = {e.key for e in entries}
+    assert len(keys) == 1000
+    assert all(k in registry for k in keys)
+    del entries
+    collect()
+    assert not keys & registry.keys()
+
+
+def test_graphs_release_their_functions(registry):
+    collect()
+    before = len(registry)
+
+    def per_graph(a):
+        return a
+
+    for i in range(1000):
+        with tf.Graph().as_default():
+            pfb.numpy_function(per_graph, [tf.constant(float(i))], tf.float32)
+    collect()
+    assert len(registry) == before
+
+    # Not vacuous: a graph that is alive holds its function.
+    g = tf.Graph()
+    with g.as_default():
+        y = pfb.numpy_function(per_graph, [tf.constant(1.0)], tf.float32)
+        key = y.op.get_attr("key").decode()
+    collect()
+    assert len(registry) == before + 1
+    assert key in registry and registry[key]().func is per_graph
+    with tf.compat.v1.Session(graph=g) as sess:
+        assert sess.run(y) == 1.0
+    del g, y, sess
+    collect()
+    assert key not in registry
+    assert len(registry) == before
+
+
+def test_eager_calls_do_not_grow_registry(registry):
+    collect()
+    before = len(registry)
+    for i in range(50):
+        pfb.numpy_function(lambda a: a + i, [X], tf.float32)
+    assert len(registry) == before
+
+
+def test_tf_function_keeps_function_registered(registry):
+    def kept_alive(a):
+        return a * 10
+
+    tfn = tf.function(lambda x: pfb.numpy_function(kept_alive, [x], tf.float32))
+    np.testing.assert_array_equal(tfn(X).numpy(), [10, 20, 30, 40])
+    keys = [k for k, ref in list(registry.items())
+            if ref() is not None and ref().func is kept_alive]
+    assert len(keys) == 1
+    collect()
+    assert keys[0] in registry
+    np.testing.assert_array_equal(tfn(tf.constant([0.5, 1.5, 2.5, 3.5])).numpy(),
+                                  [5, 15, 25, 35])
+    collect()
+    np.testing.assert_array_equal(tfn(X).numpy(), [10, 20, 30, 40])
+    del tfn
+    collect()
+    assert keys[0] not in registry
+
+
+def test_missing_key_names_the_key():
+    op = pfb._library.ops().pyfunc_bridge_numpy_function
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        op(input=[X], key="tests:missing@x", Tout=[tf.float32])
+    assert "tests:missing@x" in info.value.message
+    assert "no Python function is registered" in info.value.message
+
+
+# --------------------------------------------------------------------------
+# Import cost and version check (in a fresh interpreter).
+
+_SUBPROCESS = textwrap.dedent("""
+    import json, os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import tensorflow as tf
+
+    def state():
+        with open("/proc/self/maps") as f:
+            kernels = sorted({line.split()[-1] for line in f if "_kernels.so" in line})
+        return {
+            "conversion": "pyfunc_bridge._conversion" in sys.modules,
+            "kernels": kernels,
+            "heavy": sorted(m for m in ("torch", "jax", "jaxlib") if m in sys.modules),
+        }
+
+    real = tf.__version__
+    tf.__version__ = "2.20.0"
+    try:
+        import pyfunc_bridge
+        mismatch = None
+    except ImportError as e:
+        mismatch = str(e)
+    tf.__version__ = real
+    for name in [m for m in sys.modules if m.startswith("pyfunc_bridge")]:
+        del sys.modules[name]
+
+    import pyfunc_bridge as pfb
+    after_import = state()
+    y = pfb.numpy_function(lambda a: a + 1, [tf.constant(1.0)], tf.float32)
+    after_use = state()
+    print(json.dumps({"mismatch": mismatch, "after_import": after_import,
+                      "after_use": after_use, "value": float(y)}))
+""")
+
+
+@pytest.fixture(scope="module")
+def fresh_interpreter():
+    proc = subprocess.run([sys.executable, "-c", _SUBPROCESS], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_import_is_cheap(fresh_interpreter):
+    state = fresh_interpreter["after_import"]
+    assert state["conversion"] is False
+    assert state["kernels"] == []
+    assert state["heavy"] == []
+
+
+def test_first_use_loads_the_libraries(fresh_interpreter):
+    # The check above would be vacuous if the probes could not see the libraries.
+    state = fresh_interpreter["after_use"]
+    assert fresh_interpreter["value"] == 2.0
+    assert state["conversion"] is True
+    assert len(state["kernels"]) == 1
+    assert state["heavy"] == []
+
+
+def test_import_with_mismatched_tf_fails(fresh_interpreter):
+    from pyfunc_bridge._build_config import TF_VERSION
+    msg = fresh_interpreter["mismatch"]
+    assert msg is not None
+    assert "2.20.0" in msg and TF_VERSION in msg
+
+
+def test_check_tensorflow_version(monkeypatch):
+    from pyfunc_bridge._build_config import TF_VERSION
+    pfb._library.check_tensorflow_version()  # the installed one passes
+    monkeypatch.setattr(tf, "__version__", "2.20.0")
+    with pytest.raises(ImportError) as info:
+        pfb._library.check_tensorflow_version()
+    msg = str(info.value)
+    assert "2.20.0" in msg and TF_VERSION in msg
+    assert "built for TensorFlow" in msg
+
+
+@pytest.mark.parametrize("version", ["3.21.0", "2.2.0", "2.210.0"])
+def test_check_tensorflow_version_compares_major_minor(monkeypatch, version):
+    from pyfunc_bridge._build_config import TF_VERSION
+    major, minor = TF_VERSION.split(".")[:2]
+    monkeypatch.setattr(tf, "__version__", f"{major}.{minor}.99")
+    pfb._library.check_tensorflow_version()  # a patch release is compatible
+    monkeypatch.setattr(tf, "__version__", version)
+    with pytest.raises(ImportError, match=re.escape(version)):
+        pfb._library.check_tensorflow_version()
