@@ -1,0 +1,127 @@
+"""A ctypes DLPack producer for tests: the test suite's one copy of the
+dlpack.h and bridge_abi.h layouts, used to feed the conversion layer malformed
+tensors and count deleter calls."""
+import ctypes
+
+kDLCPU = 1
+kDLInt, kDLUInt, kDLFloat, kDLOpaqueHandle, kDLBfloat, kDLComplex, kDLBool = 0, 1, 2, 3, 4, 5, 6
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    pass
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensorVersioned))
+DLManagedTensorVersioned._fields_ = [
+    ("version", DLPackVersion), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER),
+    ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+
+class PfbOutputSpec(ctypes.Structure):
+    _fields_ = [("dtype", DLDataType), ("ndim", ctypes.c_int32),
+                ("dims", ctypes.POINTER(ctypes.c_int64))]
+
+
+class PfbCall(ctypes.Structure):
+    _fields_ = [("key", ctypes.c_char_p), ("key_len", ctypes.c_size_t),
+                ("copy_mode", ctypes.c_int32), ("flags", ctypes.c_int32),
+                ("num_inputs", ctypes.c_int32),
+                ("inputs", ctypes.POINTER(ctypes.POINTER(DLManagedTensorVersioned))),
+                ("num_outputs", ctypes.c_int32),
+                ("output_specs", ctypes.POINTER(PfbOutputSpec)),
+                ("outputs", ctypes.POINTER(ctypes.POINTER(DLManagedTensorVersioned)))]
+
+
+class PfbStatus(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int32), ("message", ctypes.c_void_p)]
+
+
+# The call needs the GIL: PYFUNCTYPE keeps it held across the call.
+CALL = ctypes.PYFUNCTYPE(ctypes.c_int32, ctypes.POINTER(PfbCall), ctypes.POINTER(PfbStatus))
+
+
+class PfbBridgeApi(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_int32), ("call", CALL)]
+
+
+def bridge_api(capsule):
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return ctypes.cast(get(capsule, b"pyfunc_bridge._conversion._bridge_api"),
+                       ctypes.POINTER(PfbBridgeApi)).contents
+
+
+class Producer:
+    """Makes DLManagedTensorVersioned structs over NumPy arrays; counts deletes."""
+
+    def __init__(self):
+        self.deleted = 0
+        self._keep = []
+        self._deleter = DELETER(self._delete)
+
+    def _delete(self, managed):
+        self.deleted += 1
+
+    def tensor(self, array, *, ndim=None, shape=None, dtype=None, null_shape=False,
+               strides=None):
+        shape = list(array.shape) if shape is None else shape
+        shape_arr = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        m = DLManagedTensorVersioned()
+        m.version = DLPackVersion(1, 1)
+        m.deleter = self._deleter
+        m.flags = 1  # READ_ONLY
+        t = m.dl_tensor
+        t.data = array.ctypes.data
+        t.device = DLDevice(kDLCPU, 0)
+        t.ndim = len(shape) if ndim is None else ndim
+        t.dtype = dtype or DLDataType(kDLFloat, 32, 1)
+        t.shape = None if null_shape else ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64))
+        if strides is not None:
+            strides_arr = (ctypes.c_int64 * len(strides))(*strides)
+            self._keep.append(strides_arr)
+            t.strides = ctypes.cast(strides_arr, ctypes.POINTER(ctypes.c_int64))
+        self._keep += [array, shape_arr, m]
+        return m
+
+
+def call(api, key, inputs, out_specs, copy_mode=0):
+    """Runs api.call; returns (code, message, outputs)."""
+    key_b = key.encode()
+    in_arr = (ctypes.POINTER(DLManagedTensorVersioned) * max(len(inputs), 1))(
+        *[ctypes.pointer(m) for m in inputs])
+    specs = (PfbOutputSpec * max(len(out_specs), 1))(*out_specs)
+    outs = (ctypes.POINTER(DLManagedTensorVersioned) * max(len(out_specs), 1))()
+    c = PfbCall(key_b, len(key_b), copy_mode, 0, len(inputs), in_arr, len(out_specs), specs, outs)
+    status = PfbStatus()
+    code = api.call(ctypes.byref(c), ctypes.byref(status))
+    message = ctypes.string_at(status.message).decode() if status.message else None
+    if status.message:
+        ctypes.CDLL(None).free(ctypes.c_void_p(status.message))
+    return code, message, [outs[i] for i in range(len(out_specs))]
+
+
+def spec(code=kDLFloat, bits=32, shape=None):
+    dims = None
+    if shape is not None:
+        dims = ctypes.cast((ctypes.c_int64 * max(len(shape), 1))(*shape),
+                           ctypes.POINTER(ctypes.c_int64))
+    return PfbOutputSpec(DLDataType(code, bits, 1), -1 if shape is None else len(shape), dims)
