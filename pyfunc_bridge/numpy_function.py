@@ -20,10 +20,9 @@ _COPY_ATTR = {None: "none", True: "true", False: "false"}
 
 
 def _copy_attr(copy):
-    try:
-        return _COPY_ATTR[copy]
-    except (KeyError, TypeError):
-        raise ValueError(f"copy must be None, True or False, got {copy!r}") from None
+    if copy is not None and type(copy) is not bool:
+        raise ValueError(f"copy must be None, True or False, got {copy!r}")
+    return _COPY_ATTR[copy]
 
 
 def _inputs(inp):
