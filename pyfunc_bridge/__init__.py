@@ -19,7 +19,7 @@ from pyfunc_bridge._library import check_tensorflow_version as _check
 _check()
 del _check
 
-from pyfunc_bridge.numpy_function import numpy_function, py_func  # noqa: E402
+from pyfunc_bridge._numpy_function import numpy_function, py_func  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["numpy_function", "py_func"]

@@ -51,7 +51,13 @@ def ops():
     return _ops
 
 
+_conversion = None
+
+
 def conversion():
-    """The Cython conversion module."""
-    from pyfunc_bridge import _conversion
+    """The Cython conversion module (imported on first use)."""
+    global _conversion
+    if _conversion is None:
+        from pyfunc_bridge import _conversion as module
+        _conversion = module
     return _conversion

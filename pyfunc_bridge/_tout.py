@@ -40,14 +40,32 @@ def dtype_of(value, what):
     return _supported(dtype, what)
 
 
+_cache = {}
+
+
 def normalize(Tout):
-    """Tout -> OutputSignature.
+    """Tout -> OutputSignature (cached for hashable Tout).
 
     >>> normalize(tf.float32)
     OutputSignature(dtypes=[tf.float32], shapes=[], single=True)
     >>> normalize([tf.TensorSpec([None, 2], tf.int32), tf.string]).shapes
     [TensorShape([None, 2]), TensorShape(None)]
     """
+    key = (type(Tout), tuple(Tout)) if isinstance(Tout, (list, tuple)) else Tout
+    try:
+        return _cache[key]
+    except TypeError:  # unhashable: normalize every time
+        return _normalize(Tout)
+    except KeyError:
+        pass
+    signature = _normalize(Tout)
+    if len(_cache) > 4096:
+        _cache.clear()
+    _cache[key] = signature
+    return signature
+
+
+def _normalize(Tout):
     if Tout is None:
         raise TypeError(
             "Tout is required: a dtype, a tf.TensorSpec, or a list of them ([] for "

@@ -4,12 +4,18 @@
 #include <Python.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace pyfunc_bridge {
 namespace {
 
 std::atomic<bool> g_shutting_down{false};
+// GilScopes that have passed the shutdown check and may take the GIL.
+std::atomic<int> g_in_flight{0};
+// How long interpreter exit waits for bridge calls already under way.
+constexpr auto kDrainTimeout = std::chrono::seconds(10);
 std::atomic<const PfbBridgeApi*> g_api{nullptr};
 
 bool InterpreterFinalizing() {
@@ -20,11 +26,19 @@ bool InterpreterFinalizing() {
 #endif
 }
 
-// Registered with atexit the first time the bridge is used: from then on no
-// kernel or deleter enters Python (worker threads that take the GIL during
-// finalization would be terminated by CPython).
+// Registered with atexit the first time the bridge is used.  From then on no
+// new kernel or deleter enters Python, and the calls already under way are
+// let finish (with the GIL released) before finalization begins: CPython
+// terminates a thread that asks for the GIL during finalization, and a TF
+// worker thread that vanishes mid-kernel hangs whoever waits for its result.
 PyObject* OnPythonExit(PyObject*, PyObject*) {
   g_shutting_down.store(true);
+  const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
+  Py_BEGIN_ALLOW_THREADS
+  while (g_in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  Py_END_ALLOW_THREADS
   Py_RETURN_NONE;
 }
 PyMethodDef g_on_exit_def = {"_pyfunc_bridge_kernel_atexit", OnPythonExit,
@@ -76,7 +90,13 @@ thread_local bool t_worker_thread = false;
 bool GilScope::OnWorkerThread() { return t_worker_thread; }
 
 GilScope::GilScope() {
-  if (!PythonUsable()) return;
+  // Counted before the check, so that exit either sees this scope or this
+  // scope sees the exit (both atomics are sequentially consistent).
+  g_in_flight.fetch_add(1);
+  if (!PythonUsable()) {
+    g_in_flight.fetch_sub(1);
+    return;
+  }
   thread_local bool pinned = false;
   if (!pinned) t_worker_thread = PyGILState_GetThisThreadState() == nullptr;
   state_ = PyGILState_Ensure();
@@ -100,6 +120,7 @@ GilScope::~GilScope() {
   } else {
     PyGILState_Release(static_cast<PyGILState_STATE>(state_));
   }
+  g_in_flight.fetch_sub(1);
 }
 
 absl::Status GetBridgeApi(const PfbBridgeApi** api) {

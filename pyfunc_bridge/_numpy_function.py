@@ -1,9 +1,11 @@
 """``numpy_function`` and ``py_func``: the public op-building API."""
 import functools
-import threading
 
 import tensorflow as tf
+from tensorflow.python import pywrap_tfe as _pywrap_tfe
+from tensorflow.python.autograph.core import config as _autograph_config
 from tensorflow.python.eager import context
+from tensorflow.python.eager import core as _eager_core
 from tensorflow.python.framework import ops as _tf_ops
 
 from pyfunc_bridge import _library, _registry, _tout
@@ -15,6 +17,14 @@ EAGER_KEY = "pyfunc_bridge:eager"  # the conversion layer's EAGER_KEY
 # Like TF's PyFunc: the function is opaque to autodiff.
 _tf_ops.no_gradient(STATEFUL_OP)
 _tf_ops.no_gradient(STATELESS_OP)
+
+# Library code, not user code: autograph calls it as it is.  (A rule rather
+# than @do_not_convert, whose wrapper costs every eager call.)
+if not any(getattr(rule, "_prefix", None) == "pyfunc_bridge"
+           for rule in _autograph_config.CONVERSION_RULES):
+    _autograph_config.CONVERSION_RULES = (
+        (_autograph_config.DoNotConvert("pyfunc_bridge"),)
+        + tuple(_autograph_config.CONVERSION_RULES))
 
 _COPY_ATTR = {None: "none", True: "true", False: "false"}
 
@@ -34,35 +44,48 @@ def _inputs(inp):
             f"wrap a single tensor as [x]")
     tensors = []
     for i, value in enumerate(inp):
-        if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
-            raise TypeError(
-                f"inp[{i}] is a {type(value).__name__}; numpy_function takes dense "
-                f"tensors")
-        tensors.append(tf.convert_to_tensor(value))
-        _tout.dtype_of(tensors[-1].dtype, f"inp[{i}]")
+        if not isinstance(value, tf.Tensor):
+            if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
+                raise TypeError(
+                    f"inp[{i}] is a {type(value).__name__}; numpy_function takes "
+                    f"dense tensors")
+            value = tf.convert_to_tensor(value)
+        if value.dtype not in _tout.SUPPORTED_DTYPES:
+            _tout.dtype_of(value.dtype, f"inp[{i}]")  # raises, naming the dtype
+        tensors.append(value)
     return tensors
 
 
-_eager_state = threading.local()
+def _execute(op_name, wrapper, inputs, key, signature, copy_attr, name):
+    """Runs the op eagerly through TF's fast path (the generated wrapper's own
+    first step), falling back to the wrapper where the fast path declines."""
+    ctx = context.context()
+    try:
+        return _pywrap_tfe.TFE_Py_FastPathExecute(
+            ctx, op_name, name, inputs, "key", key, "Tout", signature.dtypes,
+            "out_shapes", signature.shapes, "copy", copy_attr)
+    except _eager_core._NotOkStatusException as e:
+        _tf_ops.raise_from_not_ok_status(e, name)
+    except _eager_core._FallbackException:
+        return wrapper(input=inputs, key=key, Tout=signature.dtypes,
+                       out_shapes=signature.shapes, copy=copy_attr, name=name)
 
 
-def _run_eagerly(op, func, inputs, signature, copy_attr, name):
+def _run_eagerly(op_name, wrapper, func, inputs, signature, copy_attr, name):
     # The kernel of an eager op runs on this thread: the conversion layer finds
     # the function in a thread-local slot, under one constant key, so that TF's
     # eager kernel cache does not grow with every call.
-    conversion = _library.conversion()
     if context.context().is_async():
         entry = _registry.register(func)
-        result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
-                    out_shapes=signature.shapes, copy=copy_attr, name=name)
+        result = _execute(op_name, wrapper, inputs, entry.key, signature, copy_attr,
+                          name)
         context.async_wait()  # the entry must outlive the call
         return result
-    slot = conversion._eager
+    slot = _library.conversion()._eager
     previous = getattr(slot, "entry", None)
     slot.entry = _registry.Entry(func, EAGER_KEY)
     try:
-        return op(input=inputs, key=EAGER_KEY, Tout=signature.dtypes,
-                  out_shapes=signature.shapes, copy=copy_attr, name=name)
+        return _execute(op_name, wrapper, inputs, EAGER_KEY, signature, copy_attr, name)
     finally:
         slot.entry = previous
 
@@ -74,10 +97,12 @@ def _bridge_op(func, inp, Tout, stateful, name, copy):
     signature = _tout.normalize(Tout)
     inputs = _inputs(inp)
     lib = _library.ops()
-    op = (lib.pyfunc_bridge_numpy_function if stateful
-          else lib.pyfunc_bridge_numpy_function_stateless)
+    if stateful:
+        op_name, op = STATEFUL_OP, lib.pyfunc_bridge_numpy_function
+    else:
+        op_name, op = STATELESS_OP, lib.pyfunc_bridge_numpy_function_stateless
     if tf.executing_eagerly():
-        result = _run_eagerly(op, func, inputs, signature, copy_attr, name)
+        result = _run_eagerly(op_name, op, func, inputs, signature, copy_attr, name)
     else:
         entry = _registry.register(func)
         result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
@@ -99,8 +124,6 @@ def _decorator(api, Tout, stateful, name, copy):
     return decorate
 
 
-# Library code, not user code: autograph must not rewrite it.
-@tf.autograph.experimental.do_not_convert
 def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
                    copy=None):
     """Wraps a Python function taking and returning NumPy arrays as a TF op.
@@ -147,7 +170,6 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
     return _bridge_op(func, inp, Tout, stateful, name, copy)
 
 
-@tf.autograph.experimental.do_not_convert
 def py_func(func, inp, Tout, stateful=True, name=None, *, copy=None):
     """TF1's ``tf.compat.v1.py_func`` on pyfunc_bridge's kernel.
 
