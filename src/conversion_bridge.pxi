@@ -73,12 +73,15 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs) 
                                          &call.output_specs[0], call.copy_mode)
         return 0
     if isinstance(result, (list, tuple)) and len(result) == n:
+        # The bridge holds each item once through `items` (twice for a list:
+        # through the list and the tuple made of it); a container that someone
+        # else holds still reaches its items.
         items = result if type(result) is tuple else tuple(result)
+        held = 1 if items is result else 2
         for i in range(n):
             item = PyTuple_GET_ITEM(items, i)
-            # A container that someone else holds still reaches its items.
             call.outputs[i] = _export_output(
-                item, Py_REFCNT(item) - 1 + (outside_refs if items is result else 1),
+                item, Py_REFCNT(item) - held + (1 if outside_refs > 0 else 0),
                 i, &call.output_specs[i], call.copy_mode)
         return 0
     _check_count(result, n)  # raises unless n == 0 and result is None

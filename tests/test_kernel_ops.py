@@ -431,3 +431,28 @@ def test_interpreter_exit_with_live_outputs_and_running_pipeline_is_clean():
     assert proc.stdout.strip() == "done", proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Fatal Python error" not in proc.stderr
+
+
+# ------------------------------------------------- multi-output containers --
+
+@pytest.mark.parametrize("container", [list, tuple])
+def test_fresh_arrays_in_a_fresh_container_are_zero_copy(container):
+    seen = []
+
+    def func():
+        outs = container([np.arange(4, dtype=np.int64), np.ones(3, np.float32)])
+        seen.extend(address(o) for o in outs)
+        return outs
+
+    y0, y1 = run(func, [], [tf.int64, tf.float32])
+    assert [address(y0), address(y1)] == seen
+
+
+SHARED_RESULT = (np.arange(4, dtype=np.int64),)
+
+
+def test_arrays_in_a_container_someone_else_holds_are_copied():
+    (y,) = run(lambda: SHARED_RESULT, [], [tf.int64])
+    assert not np.shares_memory(np.asarray(y), SHARED_RESULT[0])
+    SHARED_RESULT[0][:] = -1
+    np.testing.assert_array_equal(y.numpy(), [0, 1, 2, 3])
