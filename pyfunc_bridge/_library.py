@@ -3,14 +3,28 @@
 Both load lazily, on the first op that is built or run, so that
 ``import pyfunc_bridge`` costs little beyond ``import tensorflow``.
 """
+import atexit
 import os
 import threading
 
 import tensorflow as tf
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_KERNELS = os.path.join(_HERE, "_kernels.so")
 _lock = threading.Lock()
 _ops = None
+_begin_shutdown = None  # the kernel's PyfuncBridge_BeginShutdown, once loaded
+
+
+@atexit.register
+def _on_exit():
+    """Stops TF's worker threads from entering Python before it finalizes.
+
+    Registered at import, so it runs after the atexit hooks registered later
+    (hooks run last-in, first-out): those may still use the bridge.
+    """
+    if _begin_shutdown is not None:
+        _begin_shutdown()
 
 
 def _major_minor(version):
@@ -39,16 +53,28 @@ def ops():
     if _ops is None:
         with _lock:
             if _ops is None:
-                path = os.path.join(_HERE, "_kernels.so")
-                if not os.path.exists(path):
+                if not os.path.exists(_KERNELS):
                     raise ImportError(
-                        f"pyfunc_bridge's op library is missing ({path}); reinstall "
-                        f"pyfunc_bridge")
+                        f"pyfunc_bridge's op library is missing ({_KERNELS}); "
+                        f"reinstall pyfunc_bridge")
                 # Import the conversion layer first so that a broken build fails
                 # here, not inside the first kernel call.
-                from pyfunc_bridge import _conversion  # noqa: F401
-                _ops = tf.load_op_library(path)
+                conversion()
+                ops_module = tf.load_op_library(_KERNELS)
+                _set_shutdown_hook()
+                _ops = ops_module
     return _ops
+
+
+def _set_shutdown_hook():
+    import ctypes
+    global _begin_shutdown
+    # The library TF just loaded (dlopen hands back the same handle); PyDLL
+    # keeps the GIL held across the call, as the function expects.
+    function = ctypes.PyDLL(_KERNELS).PyfuncBridge_BeginShutdown
+    function.restype = ctypes.c_int
+    function.argtypes = []
+    _begin_shutdown = function
 
 
 _conversion = None

@@ -20,13 +20,14 @@ cimport numpy as cnp
 from includes.bridge_abi cimport *
 from includes.dlpack cimport *
 from includes.numpy_c cimport (
-    NPY_ARRAY_WRITEABLE, PyArray_BASE, PyArray_Check, PyArray_DATA,
+    NPY_ARRAY_OWNDATA, NPY_ARRAY_WRITEABLE, PyArray_BASE, PyArray_FLAGS, PyArray_Check, PyArray_DATA,
     PyArray_Descr, PyArray_IS_C_CONTIGUOUS, PyArray_NewFromDescr, PyArray_SIZE, PyArrayObject,
     npy_intp,
 )
 
 import threading
 import traceback
+import weakref
 
 import ml_dtypes
 import numpy as np
@@ -37,6 +38,9 @@ cdef extern from "Python.h":
     int Py_IsInitialized() nogil
     Py_ssize_t Py_REFCNT(PyObject* o)
     PyTypeObject* Py_TYPE(PyObject* o)
+    # The one field of the type object read here.
+    ctypedef struct PyTypeWeaklist "PyTypeObject":
+        Py_ssize_t tp_weaklistoffset
 
 include "conversion_alloc.pxi"
 include "conversion_dtypes.pxi"

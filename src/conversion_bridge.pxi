@@ -36,8 +36,14 @@ cdef object _lookup(const char* key, size_t key_len):
 cdef tuple _input_arrays(PfbCall* call):
     """One argument per input: read-only views, or private copies (copy=True)."""
     cdef Py_ssize_t i, n = call.num_inputs
-    cdef tuple args = PyTuple_New(n)
+    cdef tuple args
     cdef _DLPackOwner owner
+    try:
+        args = PyTuple_New(n)
+    except BaseException:
+        for i in range(n):
+            call.inputs[i].deleter(call.inputs[i])
+        raise
     # Adopt every input first (only MemoryError can interrupt): from here on
     # each one is freed on every path, by its owner.
     for i in range(n):
@@ -66,7 +72,7 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs) 
 
     `outside_refs`: references to `result` that the bridge does not hold.
     """
-    cdef int i, n = call.num_outputs
+    cdef int i, j, held, n = call.num_outputs
     cdef PyObject* item
     if n == 1 and not isinstance(result, (list, tuple)):
         call.outputs[0] = _export_output(<PyObject*>result, outside_refs, 0,
@@ -76,10 +82,16 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs) 
         # The bridge holds each item once through `items` (twice for a list:
         # through the list and the tuple made of it); a container that someone
         # else holds still reaches its items.
+        # An array returned more than once is held once per occurrence, and
+        # once more by each earlier output already exported from it.
         items = result if type(result) is tuple else tuple(result)
-        held = 1 if items is result else 2
+        per_item = 1 if items is result else 2
         for i in range(n):
             item = PyTuple_GET_ITEM(items, i)
+            held = 0
+            for j in range(n):
+                if PyTuple_GET_ITEM(items, j) == item:
+                    held += per_item + (1 if j < i else 0)
             call.outputs[i] = _export_output(
                 item, Py_REFCNT(item) - held + (1 if outside_refs > 0 else 0),
                 i, &call.output_specs[i], call.copy_mode)

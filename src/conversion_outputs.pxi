@@ -75,6 +75,17 @@ cdef cnp.ndarray _coerce(object value, cnp.dtype want, int index):
         raise _OutputError(f"output {index}: {exc} (declared dtype {want.name})") from None
 
 
+cdef object _getweakrefcount = weakref.getweakrefcount
+
+
+cdef bint _weakly_referenced(PyObject* obj):
+    """Whether a weak reference (which can hand the object out again) exists."""
+    cdef Py_ssize_t offset = (<PyTypeWeaklist*>Py_TYPE(obj)).tp_weaklistoffset
+    if offset > 0:
+        return (<PyObject**>(<char*>obj + offset))[0] != NULL
+    return offset != 0 and _getweakrefcount(<object>obj) > 0
+
+
 # Why an output cannot be handed over as it is (None: it can).
 cdef object _copy_reason(PyObject* obj, Py_ssize_t outside_refs, int copy_mode):
     """Decides zero-copy for an ndarray that `outside_refs` references besides
@@ -82,23 +93,28 @@ cdef object _copy_reason(PyObject* obj, Py_ssize_t outside_refs, int copy_mode):
 
     Runs on borrowed pointers so that no reference taken here skews the counts.
     Zero-copy is safe when nothing in Python can write the memory after the
-    call: every array on the base chain is referenced only by its successor
-    (a fresh array or a private view of one), or the chain ends at a read-only
-    input view (TF memory that nobody can write).
+    call: every array on the base chain is referenced (strongly, and not
+    weakly) only by its successor, and the chain ends at an array that owns
+    its data (a fresh array or a private view of one), or at a read-only input
+    view (TF memory that nobody can write).
     """
     if copy_mode == PFB_COPY_TRUE:
         return "copy_requested"
     cdef PyArrayObject* arr = <PyArrayObject*>obj
-    cdef bint exclusive = outside_refs == 0
+    cdef PyObject* last = obj
+    cdef bint exclusive = outside_refs == 0 and not _weakly_referenced(obj)
     cdef PyObject* base = PyArray_BASE(arr)
     while base != NULL and PyArray_Check(base):
-        if Py_REFCNT(base) != 1:
+        if Py_REFCNT(base) != 1 or _weakly_referenced(base):
             exclusive = False
+        last = base
         base = PyArray_BASE(<PyArrayObject*>base)
     if base != NULL:
         # A view of memory we did not allocate: safe only for read-only input views.
         exclusive = (Py_TYPE(base) == <PyTypeObject*>_DLPackOwner
                      and not (<_DLPackOwner>base).writable)
+    elif not (PyArray_FLAGS(<PyArrayObject*>last) & NPY_ARRAY_OWNDATA):
+        exclusive = False  # foreign memory wrapped without an owner
     if not exclusive:
         return "aliasing"
     if not PyArray_IS_C_CONTIGUOUS(arr):
@@ -154,9 +170,12 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
 
     cdef cnp.ndarray checked = arr
     if checked.descr is not want and checked.dtype != want:
+        got = arr.dtype.name
+        if got == want.name:  # same kind and size: another byte order
+            got = f"{got} with byte order {arr.dtype.str!r}"
         raise _OutputError(
             f"output {index}: Tout declares {want.name} but the function returned an "
-            f"array of dtype {arr.dtype.name}; return arr.astype(np.{want.name}) or "
+            f"array of dtype {got}; return arr.astype(np.{want.name}) or "
             f"declare Tout={'tf.' + arr.dtype.name if arr.dtype.kind != 'O' else '...'}")
     _check_shape(checked, spec, index)
     if reason is not None:

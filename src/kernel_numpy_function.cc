@@ -348,7 +348,8 @@ class NumpyFunctionOp : public OpKernel {
     if (!gil.ok()) {
       for (auto* m : inputs) m->deleter(m);
       ctx->SetStatus(absl::CancelledError(
-          "pyfunc_bridge: the Python interpreter is shutting down; "
+          "pyfunc_bridge: the Python interpreter is not running (it is "
+          "shutting down); "
           "the function for key '" + key_ + "' was not run"));
       return;
     }

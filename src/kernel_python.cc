@@ -5,14 +5,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace pyfunc_bridge {
 namespace {
 
 std::atomic<bool> g_shutting_down{false};
-// GilScopes that have passed the shutdown check and may take the GIL.
+// Worker-thread GIL scopes (and thread-state teardowns) that have passed the
+// shutdown check and may take the GIL.
 std::atomic<int> g_in_flight{0};
 // How long interpreter exit waits for bridge calls already under way.
 constexpr auto kDrainTimeout = std::chrono::seconds(10);
@@ -26,23 +29,62 @@ bool InterpreterFinalizing() {
 #endif
 }
 
-// Registered with atexit the first time the bridge is used.  From then on no
-// new kernel or deleter enters Python, and the calls already under way are
-// let finish (with the GIL released) before finalization begins: CPython
-// terminates a thread that asks for the GIL during finalization, and a TF
-// worker thread that vanishes mid-kernel hangs whoever waits for its result.
-PyObject* OnPythonExit(PyObject*, PyObject*) {
-  g_shutting_down.store(true);
-  const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
-  Py_BEGIN_ALLOW_THREADS
-  while (g_in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  Py_END_ALLOW_THREADS
-  Py_RETURN_NONE;
+bool InterpreterRunning() { return Py_IsInitialized() && !InterpreterFinalizing(); }
+
+bool Usable() {
+  return !g_shutting_down.load(std::memory_order_relaxed) && InterpreterRunning();
 }
-PyMethodDef g_on_exit_def = {"_pyfunc_bridge_kernel_atexit", OnPythonExit,
-                             METH_NOARGS, nullptr};
+
+// Enters the in-flight count of a worker thread; false (and not counted) once
+// shutdown has begun.  Counted before the check, so that exit either sees
+// this thread or this thread sees the exit (both atomics are seq_cst).
+bool EnterWorker() {
+  g_in_flight.fetch_add(1);
+  if (g_shutting_down.load() || !InterpreterRunning()) {
+    g_in_flight.fetch_sub(1);
+    return false;
+  }
+  return true;
+}
+
+void LeaveWorker() { g_in_flight.fetch_sub(1); }
+
+// Thread states of TF worker threads that have exited, deleted by the next
+// thread that holds the GIL.  An exiting thread must not wait for the GIL
+// itself: the thread that joins it may be holding it.
+std::mutex g_graveyard_mutex;
+std::vector<PyThreadState*> g_graveyard;
+std::atomic<bool> g_graveyard_full{false};
+
+// GIL held: clears (threading.local data included) and deletes them.
+void BuryExitedThreadStates() {
+  if (!g_graveyard_full.load(std::memory_order_acquire)) return;
+  std::vector<PyThreadState*> dead;
+  {
+    std::lock_guard<std::mutex> lock(g_graveyard_mutex);
+    dead.swap(g_graveyard);
+    g_graveyard_full.store(false, std::memory_order_release);
+  }
+  for (PyThreadState* ts : dead) {
+    PyThreadState_Clear(ts);
+    PyThreadState_Delete(ts);
+  }
+}
+
+// The Python thread state a TF worker thread pinned for itself; handed to the
+// graveyard when the thread exits (leaked once shutdown has begun).
+struct PinnedThreadState {
+  bool pinned = false;
+  bool worker = false;  // the bridge created the thread state
+  PyThreadState* state = nullptr;
+  ~PinnedThreadState() {
+    if (!pinned || !worker || state == nullptr || !Usable()) return;
+    std::lock_guard<std::mutex> lock(g_graveyard_mutex);
+    g_graveyard.push_back(state);
+    g_graveyard_full.store(true, std::memory_order_release);
+  }
+};
+thread_local PinnedThreadState t_pinned;
 
 absl::Status PythonErrorToStatus(const char* what) {
   std::string message = what;
@@ -63,78 +105,55 @@ absl::Status PythonErrorToStatus(const char* what) {
   return absl::InternalError(message);
 }
 
-absl::Status RegisterAtExit() {
-  PyObject* atexit = PyImport_ImportModule("atexit");
-  if (atexit == nullptr) return PythonErrorToStatus("cannot import atexit");
-  PyObject* hook = PyCFunction_New(&g_on_exit_def, nullptr);
-  PyObject* result =
-      hook ? PyObject_CallMethod(atexit, "register", "O", hook) : nullptr;
-  Py_XDECREF(result);
-  Py_XDECREF(hook);
-  Py_DECREF(atexit);
-  if (result == nullptr) return PythonErrorToStatus("cannot register atexit");
-  return absl::OkStatus();
-}
-
 }  // namespace
 
-bool PythonUsable() {
-  return !g_shutting_down.load(std::memory_order_relaxed) &&
-         Py_IsInitialized() && !InterpreterFinalizing();
-}
+bool PythonUsable() { return Usable(); }
 
-namespace {
-thread_local bool t_worker_thread = false;
-}  // namespace
-
-bool GilScope::OnWorkerThread() { return t_worker_thread; }
+bool GilScope::OnWorkerThread() { return t_pinned.worker; }
 
 GilScope::GilScope() {
-  // Counted before the check, so that exit either sees this scope or this
-  // scope sees the exit (both atomics are sequentially consistent).
-  g_in_flight.fetch_add(1);
-  if (!PythonUsable()) {
-    g_in_flight.fetch_sub(1);
-    return;
+  PinnedThreadState& pin = t_pinned;
+  const bool worker =
+      pin.pinned ? pin.worker : PyGILState_GetThisThreadState() == nullptr;
+  if (worker) {
+    // TF's threads: CPython would terminate one that asks for the GIL during
+    // finalization, so exit drains them first (PyfuncBridge_BeginShutdown).
+    if (!EnterWorker()) return;
+    counted_ = true;
+  } else if (!InterpreterRunning()) {
+    return;  // Python's own threads: CPython handles them at exit
   }
-  thread_local bool pinned = false;
-  if (!pinned) t_worker_thread = PyGILState_GetThisThreadState() == nullptr;
   state_ = PyGILState_Ensure();
-  if (!pinned) {
+  if (!pin.pinned) {
     // This Ensure is never paired with a Release: the thread state it found or
-    // created stays alive (gilstate counter >= 1) for the life of the thread,
-    // so nested Ensure/Release pairs (ours or a library's) never delete it.
-    pinned = true;
+    // created stays alive (gilstate counter >= 1) until the thread exits, so
+    // nested Ensure/Release pairs (ours or a library's) never delete it.
+    pin.pinned = true;
+    pin.worker = worker;
+    pin.state = PyGILState_GetThisThreadState();
     first_on_thread_ = true;
   }
   ok_ = true;
+  BuryExitedThreadStates();
 }
 
 GilScope::~GilScope() {
-  if (!ok_) return;
-  if (first_on_thread_) {
-    // Keep the pinned count, give back only the GIL if we took it.
-    if (static_cast<PyGILState_STATE>(state_) == PyGILState_UNLOCKED) {
-      PyEval_SaveThread();
+  if (ok_) {
+    if (first_on_thread_) {
+      // Keep the pinned count, give back only the GIL if we took it.
+      if (static_cast<PyGILState_STATE>(state_) == PyGILState_UNLOCKED) {
+        PyEval_SaveThread();
+      }
+    } else {
+      PyGILState_Release(static_cast<PyGILState_STATE>(state_));
     }
-  } else {
-    PyGILState_Release(static_cast<PyGILState_STATE>(state_));
   }
-  g_in_flight.fetch_sub(1);
+  if (counted_) LeaveWorker();
 }
 
 absl::Status GetBridgeApi(const PfbBridgeApi** api) {
   const PfbBridgeApi* cached = g_api.load(std::memory_order_acquire);
   if (cached == nullptr) {
-    // Guarded by the GIL, not by a static initializer: importing may release
-    // the GIL, and a thread blocked on an init guard while holding it would
-    // deadlock.
-    static bool atexit_registered = false;
-    if (!atexit_registered) {
-      atexit_registered = true;
-      absl::Status s = RegisterAtExit();
-      if (!s.ok()) return s;
-    }
     auto* table = static_cast<const PfbBridgeApi*>(
         PyCapsule_Import(PFB_BRIDGE_CAPSULE, 0));
     if (table == nullptr) {
@@ -165,3 +184,21 @@ void ReleaseWithGil(DLManagedTensorVersioned* managed) {
 }
 
 }  // namespace pyfunc_bridge
+
+// Called (GIL held) by the package's atexit hook, which `import pyfunc_bridge`
+// registers, so it runs after any hook registered later.  From then on no TF
+// worker thread enters Python, and the worker calls already under way may
+// finish (the GIL is released meanwhile) before finalization begins.
+extern "C" __attribute__((visibility("default"))) int PyfuncBridge_BeginShutdown() {
+  using namespace pyfunc_bridge;
+  g_shutting_down.store(true);
+  const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
+  int left = 0;
+  Py_BEGIN_ALLOW_THREADS
+  while ((left = g_in_flight.load()) > 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  Py_END_ALLOW_THREADS
+  return left;
+}

@@ -11,13 +11,14 @@
 namespace pyfunc_bridge {
 
 // True while Python may be entered: the interpreter is initialized and its
-// shutdown (atexit) has not begun.
+// shutdown (the package's atexit hook) has not begun.
 bool PythonUsable();
 
-// Holds the GIL for its lifetime.  On a thread that has never run Python it
-// creates one thread state and keeps it for the life of the thread, so later
-// scopes cost a PyEval_RestoreThread instead of a thread-state churn.  Reentrant:
-// a thread that already holds the GIL keeps it and nothing is released.
+// Holds the GIL for its lifetime.  On a thread that has never run Python (a
+// TF worker) it creates one thread state and keeps it until the thread exits,
+// so later scopes cost a PyEval_RestoreThread instead of a thread-state
+// churn.  Reentrant: a thread that already holds the GIL keeps it.  After the
+// package's atexit hook has run, worker threads no longer enter Python.
 class GilScope {
  public:
   GilScope();
@@ -32,6 +33,7 @@ class GilScope {
 
  private:
   bool ok_ = false;
+  bool counted_ = false;  // in the worker in-flight count
   int state_ = 0;  // a PyGILState_STATE
   bool first_on_thread_ = false;
 };

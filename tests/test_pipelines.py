@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
+from conftest import collect
 
 N = 200
 IMPLS = {"pfb": pfb.numpy_function, "tf": tf.numpy_function}
@@ -195,3 +196,60 @@ def test_threads_call_eagerly():
     with ThreadPoolExecutor(4) as pool:
         done = [f.result(timeout=120) for f in [pool.submit(worker, t) for t in range(4)]]
     assert done == [0, 1, 2, 3]
+
+
+# ------------------------------------------- worker threads and their state --
+
+def _python_thread_states():
+    import ctypes
+    api = ctypes.pythonapi
+    api.PyInterpreterState_Head.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.argtypes = [ctypes.c_void_p]
+    api.PyThreadState_Next.restype = ctypes.c_void_p
+    api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
+    count, ts = 0, api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Head())
+    while ts:
+        count, ts = count + 1, api.PyThreadState_Next(ts)
+    return count
+
+
+def _private_pool_pipelines(func, rounds):
+    """Pipelines whose worker threads end with their iterator."""
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 2
+    for _ in range(rounds):
+        ds = tf.data.Dataset.range(8).map(
+            lambda x: pfb.numpy_function(func, [x], tf.int64), num_parallel_calls=2)
+        for _ in ds.with_options(options).prefetch(2):
+            pass
+    collect()
+
+
+def test_exited_worker_threads_leave_no_python_thread_state_or_thread_locals():
+    scratch = threading.local()
+    made = []
+
+    def func(v):
+        if getattr(scratch, "buffer", None) is None:
+            scratch.buffer = Marker()
+            made.append(1)
+        return v + 1
+
+    class Marker:
+        alive = 0
+
+        def __init__(self):
+            Marker.alive += 1
+
+        def __del__(self):
+            Marker.alive -= 1
+
+    _private_pool_pipelines(func, 5)
+    pfb.numpy_function(lambda: 0, [], tf.int64)  # lets the bridge clean up
+    before = _python_thread_states()
+    _private_pool_pipelines(func, 20)
+    pfb.numpy_function(lambda: 0, [], tf.int64)
+    assert len(made) > 20  # new worker threads kept appearing
+    assert _python_thread_states() <= before + 4
+    assert Marker.alive <= 4
