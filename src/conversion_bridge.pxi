@@ -79,11 +79,10 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs) 
                                          &call.output_specs[0], call.copy_mode)
         return 0
     if isinstance(result, (list, tuple)) and len(result) == n:
-        # The bridge holds each item once through `items` (twice for a list:
-        # through the list and the tuple made of it); a container that someone
-        # else holds still reaches its items.
-        # An array returned more than once is held once per occurrence, and
-        # once more by each earlier output already exported from it.
+        # The bridge holds each item once per occurrence in `items` (twice for
+        # a list: through the list and the tuple made of it), and once more
+        # per earlier output already exported from it.  A container that
+        # someone else holds still reaches its items.
         items = result if type(result) is tuple else tuple(result)
         per_item = 1 if items is result else 2
         for i in range(n):
