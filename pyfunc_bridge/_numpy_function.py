@@ -12,7 +12,6 @@ from pyfunc_bridge import _library, _registry, _tout
 
 STATEFUL_OP = "PyfuncBridge>NumpyFunction"
 STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
-EAGER_KEY = "pyfunc_bridge:eager"  # the conversion layer's EAGER_KEY
 
 # Like TF's PyFunc: the function is opaque to autodiff.
 _tf_ops.no_gradient(STATEFUL_OP)
@@ -81,11 +80,12 @@ def _run_eagerly(op_name, wrapper, func, inputs, signature, copy_attr, name):
                           name)
         context.async_wait()  # the entry must outlive the call
         return result
-    slot = _library.conversion()._eager
+    conversion = _library.conversion()
+    slot, key = conversion._eager, conversion.EAGER_KEY
     previous = getattr(slot, "entry", None)
-    slot.entry = _registry.Entry(func, EAGER_KEY)
+    slot.entry = _registry.Entry(func, key)
     try:
-        return _execute(op_name, wrapper, inputs, EAGER_KEY, signature, copy_attr, name)
+        return _execute(op_name, wrapper, inputs, key, signature, copy_attr, name)
     finally:
         slot.entry = previous
 
