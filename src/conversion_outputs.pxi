@@ -86,6 +86,15 @@ cdef bint _weakly_referenced(PyObject* obj):
     return offset != 0 and _getweakrefcount(<object>obj) > 0
 
 
+cdef object _layout_reason(PyArrayObject* arr):
+    """Why TF cannot take this array's memory as laid out (None: it can)."""
+    if not PyArray_IS_C_CONTIGUOUS(arr):
+        return "non_contiguous"
+    if <uintptr_t>PyArray_DATA(arr) % ALIGNMENT != 0:
+        return "unaligned"
+    return None
+
+
 # Why an output cannot be handed over as it is (None: it can).
 cdef object _copy_reason(PyObject* obj, Py_ssize_t outside_refs, int copy_mode):
     """Decides zero-copy for an ndarray that `outside_refs` references besides
@@ -117,11 +126,7 @@ cdef object _copy_reason(PyObject* obj, Py_ssize_t outside_refs, int copy_mode):
         exclusive = False  # foreign memory wrapped without an owner
     if not exclusive:
         return "aliasing"
-    if not PyArray_IS_C_CONTIGUOUS(arr):
-        return "non_contiguous"
-    if <uintptr_t>PyArray_DATA(arr) % ALIGNMENT != 0:
-        return "unaligned"
-    return None
+    return _layout_reason(arr)
 
 
 _COPY_REASON_TEXT = {
@@ -164,9 +169,8 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
             reason = "aliasing"
         if copy_mode == PFB_COPY_TRUE:
             reason = "copy_requested"
-        elif reason is None and arr.size > 0 and (
-                not arr.flags.c_contiguous or arr.ctypes.data % ALIGNMENT != 0):
-            reason = "non_contiguous" if not arr.flags.c_contiguous else "unaligned"
+        elif reason is None and arr.size > 0:
+            reason = _layout_reason(<PyArrayObject*>arr)
 
     cdef cnp.ndarray checked = arr
     if checked.descr is not want and checked.dtype != want:
