@@ -54,7 +54,9 @@ kernels = Extension(
     "pyfunc_bridge._kernels",
     sources=[
         "src/kernel_ops.cc",
+        "src/kernel_bridge.cc",
         "src/kernel_numpy_function.cc",
+        "src/kernel_py_function.cc",
         "src/kernel_python.cc",
     ],
     include_dirs=TF_INCLUDES + [DLPACK_INCLUDE, "src"],

@@ -20,6 +20,7 @@ _check()
 del _check
 
 from pyfunc_bridge._numpy_function import numpy_function, py_func  # noqa: E402
+from pyfunc_bridge._py_function import py_function  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["numpy_function", "py_func"]
+__all__ = ["numpy_function", "py_func", "py_function"]

@@ -55,37 +55,40 @@ def _inputs(inp):
     return tensors
 
 
-def _execute(op_name, wrapper, inputs, key, signature, copy_attr, name):
+def _execute(op_name, wrapper, inputs, key, signature, name, attrs):
     """Runs the op eagerly through TF's fast path (the generated wrapper's own
-    first step), falling back to the wrapper where the fast path declines."""
+    first step), falling back to the wrapper where the fast path declines.
+    `attrs`: the op's further attributes, as (name, value) pairs."""
     ctx = context.context()
     try:
         return _pywrap_tfe.TFE_Py_FastPathExecute(
             ctx, op_name, name, inputs, "key", key, "Tout", signature.dtypes,
-            "out_shapes", signature.shapes, "copy", copy_attr)
+            "out_shapes", signature.shapes, *[v for pair in attrs for v in pair])
     except _eager_core._NotOkStatusException as e:
         _tf_ops.raise_from_not_ok_status(e, name)
     except _eager_core._FallbackException:
         return wrapper(input=inputs, key=key, Tout=signature.dtypes,
-                       out_shapes=signature.shapes, copy=copy_attr, name=name)
+                       out_shapes=signature.shapes, name=name, **dict(attrs))
 
 
-def _run_eagerly(op_name, wrapper, func, inputs, signature, copy_attr, name):
+def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
+                record=True):
+    """Runs a bridge op eagerly; `record` goes to the entry (py_function)."""
     # The kernel of an eager op runs on this thread: the conversion layer finds
     # the function in a thread-local slot, under one constant key, so that TF's
     # eager kernel cache does not grow with every call.
     if context.context().is_async():
         entry = _registry.register(func)
-        result = _execute(op_name, wrapper, inputs, entry.key, signature, copy_attr,
-                          name)
+        entry.record = record
+        result = _execute(op_name, wrapper, inputs, entry.key, signature, name, attrs)
         context.async_wait()  # the entry must outlive the call
         return result
     conversion = _library.conversion()
     slot, key = conversion._eager, conversion.EAGER_KEY
     previous = getattr(slot, "entry", None)
-    slot.entry = _registry.Entry(func, key)
+    slot.entry = _registry.Entry(func, key, record)
     try:
-        return _execute(op_name, wrapper, inputs, key, signature, copy_attr, name)
+        return _execute(op_name, wrapper, inputs, key, signature, name, attrs)
     finally:
         slot.entry = previous
 
@@ -102,7 +105,8 @@ def _bridge_op(func, inp, Tout, stateful, name, copy):
     else:
         op_name, op = STATELESS_OP, lib.pyfunc_bridge_numpy_function_stateless
     if tf.executing_eagerly():
-        result = _run_eagerly(op_name, op, func, inputs, signature, copy_attr, name)
+        result = run_eagerly(op_name, op, func, inputs, signature, name,
+                             (("copy", copy_attr),))
     else:
         entry = _registry.register(func)
         result = op(input=inputs, key=entry.key, Tout=signature.dtypes,

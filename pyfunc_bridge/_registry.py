@@ -19,11 +19,14 @@ _GRAPH_ATTR = "_pyfunc_bridge_entries"
 class Entry:
     """A registered function; graphs that run it keep it alive."""
 
-    __slots__ = ("func", "key", "__weakref__")
+    __slots__ = ("func", "key", "record", "__weakref__")
 
-    def __init__(self, func, key):
+    def __init__(self, func, key, record=True):
         self.func = func
         self.key = key
+        # py_function: whether a call may need its gradient (eager calls
+        # decide per call; in graphs the kernel sees whether one is wired).
+        self.record = record
 
     def __repr__(self):
         return f"<pyfunc_bridge entry {self.key}>"

@@ -8,7 +8,9 @@ with 64-byte aligned NumPy allocation, and its results go back as DLPack
 tensors checked against the op's declared dtypes and shapes.
 """
 from cpython.object cimport PyTypeObject
-from cpython.pycapsule cimport PyCapsule_New
+from cpython.pycapsule cimport (
+    PyCapsule_Destructor, PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New, PyCapsule_SetName,
+)
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
@@ -48,4 +50,5 @@ include "conversion_dlpack.pxi"
 include "conversion_strings.pxi"
 include "conversion_outputs.pxi"
 include "conversion_errors.pxi"
+include "conversion_tensors.pxi"
 include "conversion_bridge.pxi"

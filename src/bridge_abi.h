@@ -12,7 +12,7 @@
 /* dlpack.h declares only the struct tag in C. */
 typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
 
-#define PFB_BRIDGE_ABI_VERSION 1
+#define PFB_BRIDGE_ABI_VERSION 2
 /* PyCapsule_Import name of the PfbBridgeApi table exported by the conversion layer. */
 #define PFB_BRIDGE_CAPSULE "pyfunc_bridge._conversion._bridge_api"
 
@@ -34,13 +34,22 @@ typedef struct PfbOutputSpec {
   DLDataType dtype;
   int32_t ndim;         /* -1: rank unknown */
   const int64_t* dims;  /* ndim entries, -1 for an unknown dimension */
+  DLDevice device;      /* where the kernel needs it: kDLCPU or the op's GPU */
 } PfbOutputSpec;
 
 /* PfbCall.flags */
 enum {
   /* The kernel runs on a thread that only TF's kernels use (the kernel made
    * its Python thread state): per-thread Python settings may stay installed. */
-  PFB_CALL_WORKER_THREAD = 1
+  PFB_CALL_WORKER_THREAD = 1,
+  /* py_function ops: inputs become EagerTensors, results may be EagerTensors. */
+  PFB_CALL_TENSORS = 2,
+  /* py_function ops whose gradient may run: record the function's TF
+   * computation and return it in PfbCall.state. */
+  PFB_CALL_RECORD = 4,
+  /* The gradient op of py_function: PfbCall.state is the recorded forward
+   * call, the inputs are the output gradients, the outputs the input ones. */
+  PFB_CALL_GRADIENT = 8
 };
 
 typedef struct PfbCall {
@@ -56,6 +65,15 @@ typedef struct PfbCall {
   /* Filled by the callee on success; the caller then owns each of them and
    * must call its deleter with the GIL held or takeable. */
   DLManagedTensorVersioned** outputs;
+  /* The op's TF device, e.g. "/job:localhost/replica:0/task:0/device:CPU:0". */
+  const char* device_name;
+  /* The op's GPU stream (a cudaStream_t) or NULL on the CPU.  Work the caller
+   * enqueued before the call is complete when the call starts. */
+  void* stream;
+  /* A PyObject*: with PFB_CALL_RECORD the callee may set it to a new
+   * reference (the forward state, released by the caller with the GIL held);
+   * with PFB_CALL_GRADIENT it is that state, borrowed. */
+  void* state;
 } PfbCall;
 
 typedef struct PfbStatus {

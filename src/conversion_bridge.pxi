@@ -101,6 +101,8 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs) 
 
 cdef int _run(PfbCall* call) except -1:
     cdef int i
+    if call.flags & (PFB_CALL_TENSORS | PFB_CALL_GRADIENT):
+        return _run_py_function(call)
     args = _input_arrays(call)
     entry = _lookup(call.key, call.key_len)
     # Fresh NumPy arrays must be 64-byte aligned to be handed over.  On TF's
@@ -126,6 +128,22 @@ cdef int _run(PfbCall* call) except -1:
     finally:
         if restore:
             cnp.PyDataMem_SetHandler(previous_handler)
+    return 0
+
+
+cdef int _run_py_function(PfbCall* call) except -1:
+    cdef int i
+    try:
+        if call.flags & PFB_CALL_GRADIENT:
+            _run_gradient(call)
+        else:
+            _run_tensors(call)
+    except BaseException:
+        for i in range(call.num_outputs):
+            if call.outputs[i] != NULL:
+                call.outputs[i].deleter(call.outputs[i])
+                call.outputs[i] = NULL
+        raise
     return 0
 
 

@@ -36,23 +36,30 @@ cdef str _declared_shape(const PfbOutputSpec* spec):
     return "(" + ", ".join(dims) + ")"
 
 
-cdef int _check_shape(cnp.ndarray arr, const PfbOutputSpec* spec, int index) except -1:
+cdef int _check_dims(int ndim, const npy_intp* shape, const PfbOutputSpec* spec,
+                     int index) except -1:
+    """Raises unless a result of this shape matches the declared one."""
     if spec.ndim < 0:
         return 0
     cdef int i
-    cdef bint ok = arr.ndim == spec.ndim
+    cdef bint ok = ndim == spec.ndim
     if ok:
         for i in range(spec.ndim):
-            if spec.dims[i] >= 0 and spec.dims[i] != arr.shape[i]:
+            if spec.dims[i] >= 0 and spec.dims[i] != shape[i]:
                 ok = False
                 break
     if not ok:
+        got = tuple([shape[i] for i in range(ndim)])
         raise _OutputError(
             f"output {index}: Tout declares shape {_declared_shape(spec)} but the "
-            f"function returned an array of shape {(<object>arr).shape}; return an array "
+            f"function returned an array of shape {got}; return an array "
             f"of the declared shape, or relax the TensorSpec (None marks a dimension "
             f"of any size)")
     return 0
+
+
+cdef inline int _check_shape(cnp.ndarray arr, const PfbOutputSpec* spec, int index) except -1:
+    return _check_dims(arr.ndim, <npy_intp*>cnp.PyArray_DIMS(arr), spec, index)
 
 
 # Python values convert to a declared dtype of the same or a wider kind.

@@ -33,6 +33,28 @@ absl::Status DeclaredOutputShapes(InferenceContext* c) {
   return absl::OkStatus();
 }
 
+// py_function: the declared shapes of the function's outputs, then the
+// scalar forward state.
+absl::Status PyFunctionShapes(InferenceContext* c) {
+  std::vector<PartialTensorShape> shapes;
+  TF_RETURN_IF_ERROR(c->GetAttr("out_shapes", &shapes));
+  const int n = c->num_outputs() - 1;
+  if (!shapes.empty() && static_cast<int>(shapes.size()) != n) {
+    return absl::InvalidArgumentError(
+        "out_shapes has " + std::to_string(shapes.size()) +
+        " entries but the function has " + std::to_string(n) + " outputs");
+  }
+  for (int i = 0; i < n; ++i) {
+    ShapeHandle handle = c->UnknownShape();
+    if (!shapes.empty()) {
+      TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &handle));
+    }
+    c->set_output(i, handle);
+  }
+  c->set_output(n, c->Scalar());
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace pyfunc_bridge
 
@@ -52,3 +74,28 @@ absl::Status DeclaredOutputShapes(InferenceContext* c) {
 
 PFB_REGISTER_BRIDGE_OP("PyfuncBridge>NumpyFunction").SetIsStateful();
 PFB_REGISTER_BRIDGE_OP("PyfuncBridge>NumpyFunctionStateless");
+
+// py_function: the function receives EagerTensors.  `forward` holds what its
+// gradient needs (recorded only when something consumes it).
+REGISTER_OP("PyfuncBridge>PyFunction")
+    .Input("input: Tin")
+    .Output("output: Tout")
+    .Output("forward: variant")
+    .Attr("key: string")
+    .Attr("Tin: list(type) >= 0")
+    .Attr("Tout: list(type) >= 0")
+    .Attr("out_shapes: list(shape) = []")
+    .SetIsStateful()
+    .SetShapeFn(::pyfunc_bridge::PyFunctionShapes);
+
+// The gradient of one py_function call: `forward` is that call's forward
+// output, `grads` the gradients of its floating outputs, `input_grads` those
+// of its floating inputs.
+REGISTER_OP("PyfuncBridge>PyFunctionGrad")
+    .Input("forward: variant")
+    .Input("grads: Tgrad")
+    .Output("input_grads: Tdx")
+    .Attr("Tgrad: list(type) >= 0")
+    .Attr("Tdx: list(type) >= 0")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::UnknownShape);

@@ -183,6 +183,13 @@ void ReleaseWithGil(DLManagedTensorVersioned* managed) {
   managed->deleter(managed);
 }
 
+void DecrefWithGil(void* object) {
+  if (object == nullptr) return;
+  GilScope gil;
+  if (!gil.ok()) return;
+  Py_DECREF(static_cast<PyObject*>(object));
+}
+
 }  // namespace pyfunc_bridge
 
 // Called (GIL held) by the package's atexit hook, which `import pyfunc_bridge`

@@ -46,6 +46,10 @@ absl::Status GetBridgeApi(const PfbBridgeApi** api);
 // After shutdown began the tensor is leaked rather than touching Python.
 void ReleaseWithGil(DLManagedTensorVersioned* managed);
 
+// Drops a reference to a Python object (a PyObject*), taking the GIL when it
+// can.  After shutdown began the object is leaked rather than touching Python.
+void DecrefWithGil(void* object);
+
 }  // namespace pyfunc_bridge
 
 #endif  // PYFUNC_BRIDGE_KERNEL_PYTHON_H_

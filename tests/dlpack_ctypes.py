@@ -37,7 +37,7 @@ DLManagedTensorVersioned._fields_ = [
 
 class PfbOutputSpec(ctypes.Structure):
     _fields_ = [("dtype", DLDataType), ("ndim", ctypes.c_int32),
-                ("dims", ctypes.POINTER(ctypes.c_int64))]
+                ("dims", ctypes.POINTER(ctypes.c_int64)), ("device", DLDevice)]
 
 
 class PfbCall(ctypes.Structure):
@@ -47,7 +47,9 @@ class PfbCall(ctypes.Structure):
                 ("inputs", ctypes.POINTER(ctypes.POINTER(DLManagedTensorVersioned))),
                 ("num_outputs", ctypes.c_int32),
                 ("output_specs", ctypes.POINTER(PfbOutputSpec)),
-                ("outputs", ctypes.POINTER(ctypes.POINTER(DLManagedTensorVersioned)))]
+                ("outputs", ctypes.POINTER(ctypes.POINTER(DLManagedTensorVersioned))),
+                ("device_name", ctypes.c_char_p), ("stream", ctypes.c_void_p),
+                ("state", ctypes.c_void_p)]
 
 
 class PfbStatus(ctypes.Structure):
@@ -124,4 +126,5 @@ def spec(code=kDLFloat, bits=32, shape=None):
     if shape is not None:
         dims = ctypes.cast((ctypes.c_int64 * max(len(shape), 1))(*shape),
                            ctypes.POINTER(ctypes.c_int64))
-    return PfbOutputSpec(DLDataType(code, bits, 1), -1 if shape is None else len(shape), dims)
+    return PfbOutputSpec(DLDataType(code, bits, 1), -1 if shape is None else len(shape), dims,
+                         DLDevice(kDLCPU, 0))

@@ -1,7 +1,7 @@
 # The one declaration of bridge_abi.h, the kernel <-> conversion contract.
 from libc.stdint cimport int32_t, int64_t
 
-from includes.dlpack cimport DLDataType, DLManagedTensorVersioned
+from includes.dlpack cimport DLDataType, DLDevice, DLManagedTensorVersioned
 
 cdef extern from "bridge_abi.h" nogil:
     enum:
@@ -12,6 +12,9 @@ cdef extern from "bridge_abi.h" nogil:
         PFB_STRING_DTYPE_CODE
         PFB_STRING_DTYPE_BITS
         PFB_CALL_WORKER_THREAD
+        PFB_CALL_TENSORS
+        PFB_CALL_RECORD
+        PFB_CALL_GRADIENT
     const char* PFB_BRIDGE_CAPSULE
 
     ctypedef struct PfbStringRef:
@@ -22,6 +25,7 @@ cdef extern from "bridge_abi.h" nogil:
         DLDataType dtype
         int32_t ndim
         const int64_t* dims
+        DLDevice device
 
     ctypedef struct PfbCall:
         const char* key
@@ -33,6 +37,9 @@ cdef extern from "bridge_abi.h" nogil:
         int32_t num_outputs
         const PfbOutputSpec* output_specs
         DLManagedTensorVersioned** outputs
+        const char* device_name
+        void* stream
+        void* state
 
     ctypedef struct PfbStatus:
         int32_t code

@@ -1,0 +1,236 @@
+"""``py_function``: a Python function of EagerTensors as a once-differentiable op.
+
+The op returns the function's results and one more, internal output: a scalar
+variant holding what the call recorded for its gradient (a tape over the
+function's TF computation).  The gradient op takes that tensor back, so every
+forward call is paired with its own backward call, and the recorded state
+lives as long as TF keeps the tensor: until the gradient has run and the tape
+(or graph) that could run it again is gone.  Where nothing can take the
+gradient (no tape watches an eager call, no gradient is wired in a graph) the
+call records nothing.
+"""
+import functools
+
+import tensorflow as tf
+from tensorflow.python.eager import record as _record
+from tensorflow.python.framework import ops as _tf_ops
+from tensorflow.python.util import nest as _nest
+
+from pyfunc_bridge import _library, _numpy_function, _registry, _tout
+
+OP = "PyfuncBridge>PyFunction"
+GRAD_OP = "PyfuncBridge>PyFunctionGrad"
+
+
+def _floating(dtype):
+    return dtype.is_floating or dtype.is_complex
+
+
+@_tf_ops.RegisterGradient(OP)
+def _py_function_grad(op, *grads):
+    """The gradient of one call: its own recorded state, its own gradients."""
+    outputs = op.outputs[:-1]
+    output_grads = []
+    for output, grad in zip(outputs, grads[:-1]):
+        if not _floating(output.dtype):
+            continue
+        if grad is None:
+            grad = tf.zeros_like(output)
+        elif not isinstance(grad, tf.Tensor):
+            grad = tf.convert_to_tensor(grad)  # IndexedSlices
+        output_grads.append(grad)
+    input_dtypes = [t.dtype for t in op.inputs]
+    floating = [dtype for dtype in input_dtypes if _floating(dtype)]
+    if not floating:
+        return [None] * len(input_dtypes)
+    input_grads = iter(_library.ops().pyfunc_bridge_py_function_grad(
+        forward=op.outputs[-1], grads=output_grads, Tdx=floating))
+    return [next(input_grads) if _floating(dtype) else None for dtype in input_dtypes]
+
+
+# Once differentiable, like TF's py_function.
+_tf_ops.no_gradient(GRAD_OP)
+
+
+class _Signature:
+    """Tout for py_function: dense specs and composite TypeSpecs, flattened to
+    the op's component tensors."""
+
+    def __init__(self, Tout):
+        self.single = Tout is not None and not isinstance(Tout, (list, tuple))
+        items = [] if Tout is None else [Tout] if self.single else list(Tout)
+        self.specs = []
+        self.components = []  # per output: its component TensorSpecs
+        for i, item in enumerate(items):
+            what = "Tout" if self.single else f"Tout[{i}]"
+            if isinstance(item, tf.TypeSpec) and not isinstance(item, tf.TensorSpec):
+                if not isinstance(item, (tf.RaggedTensorSpec, tf.SparseTensorSpec)):
+                    raise TypeError(
+                        f"{what}: py_function outputs may be dtypes, tf.TensorSpec, "
+                        f"tf.RaggedTensorSpec or tf.SparseTensorSpec, got "
+                        f"{type(item).__name__}")
+                parts = _nest.flatten(item, expand_composites=True)
+            elif isinstance(item, tf.TensorSpec):
+                parts = [item]
+            else:
+                parts = [tf.TensorSpec(None, _tout.dtype_of(item, what))]
+            self.specs.append(item)
+            self.components.append(parts)
+        flat = _tout.normalize([part for parts in self.components for part in parts])
+        self.dtypes = flat.dtypes
+        self.shapes = flat.shapes
+
+    def flatten(self, result):
+        """The function's result -> one value per component tensor."""
+        n = len(self.specs)
+        if n == 0:
+            if result is not None and not (isinstance(result, (list, tuple))
+                                           and len(result) == 0):
+                raise ValueError(
+                    f"the function returned {type(result).__name__} but Tout declares "
+                    f"no outputs; return None")
+            return []
+        values = [result] if self.single else result
+        if not self.single and (not isinstance(result, (list, tuple)) or len(result) != n):
+            count = len(result) if isinstance(result, (list, tuple)) else 1
+            raise ValueError(
+                f"the function returned {count} value(s) but Tout declares {n} "
+                f"outputs; return one value per output, as a list or tuple")
+        flat = []
+        for i, (spec, value, parts) in enumerate(zip(self.specs, values, self.components)):
+            if isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)):
+                if not isinstance(value, spec.value_type):
+                    raise ValueError(
+                        f"output {i}: Tout declares {spec} but the function returned "
+                        f"{type(value).__name__}; return a {spec.value_type.__name__}")
+                if not spec.is_compatible_with(value):
+                    raise ValueError(
+                        f"output {i}: Tout declares {spec} but the function returned a "
+                        f"{type(value).__name__} of spec {tf.type_spec_from_value(value)}; "
+                        f"match the declared dtype, shape and ragged_rank")
+                flat.extend(_nest.flatten(value, expand_composites=True))
+            elif isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
+                raise ValueError(
+                    f"output {i}: the function returned a {type(value).__name__} but "
+                    f"Tout declares a dense tensor; declare "
+                    f"Tout=tf.{'RaggedTensorSpec' if isinstance(value, tf.RaggedTensor) else 'SparseTensorSpec'}(...)")
+            else:
+                flat.append(value)
+        return flat
+
+    def pack(self, flat):
+        """The op's component tensors -> the declared structure."""
+        values = []
+        for spec, parts in zip(self.specs, self.components):
+            chunk, flat = flat[:len(parts)], flat[len(parts):]
+            if isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)):
+                values.append(_nest.pack_sequence_as(spec, chunk, expand_composites=True))
+            else:
+                values.append(chunk[0])
+        if self.single:
+            return values[0]
+        return values if self.specs else None
+
+
+def _flat_inputs(inp):
+    if inp is None:
+        return [], []
+    if not isinstance(inp, (list, tuple)):
+        raise TypeError(
+            f"inp must be a list or tuple of tensors, got {type(inp).__name__}; "
+            f"wrap a single tensor as [x]")
+    structure = []
+    for i, value in enumerate(inp):
+        if not isinstance(value, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
+            value = tf.convert_to_tensor(value)
+        structure.append(value)
+    flat = _nest.flatten(structure, expand_composites=True)
+    for i, tensor in enumerate(flat):
+        if tensor.dtype not in _tout.SUPPORTED_DTYPES:
+            _tout.dtype_of(tensor.dtype, f"inp (component {i})")  # raises
+    return structure, flat
+
+
+def _caller(func, structure, signature):
+    """What the kernel runs: component tensors in, component values out."""
+    composite = any(not isinstance(v, tf.Tensor) for v in structure)
+
+    def call(*flat):
+        if composite:
+            args = _nest.pack_sequence_as(structure, list(flat), expand_composites=True)
+        else:
+            args = flat
+        return signature.flatten(func(*args))
+    return call
+
+
+def _py_function(func, inp, Tout, name):
+    if not callable(func):
+        raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
+    signature = _Signature(Tout)
+    structure, inputs = _flat_inputs(inp)
+    call = _caller(func, structure, signature)
+    lib = _library.ops()
+    op = lib.pyfunc_bridge_py_function
+    if tf.executing_eagerly():
+        # Record the call for its gradient only when a tape watches it.
+        entry_record = _record.should_record_backprop(inputs)
+        outputs, forward = _numpy_function.run_eagerly(
+            OP, op, call, inputs, signature, name, record=entry_record)
+    else:
+        entry = _registry.register(call)
+        outputs, forward = op(input=inputs, key=entry.key, Tout=signature.dtypes,
+                              out_shapes=signature.shapes, name=name)
+        _registry.keep_alive(entry, forward.graph)
+    return signature.pack(list(outputs))
+
+
+def py_function(func=None, inp=None, Tout=None, name=None):
+    """Wraps a Python function of EagerTensors as a once-differentiable TF op.
+
+    A drop-in for ``tf.py_function``: same arguments, same results, same error
+    codes, on pyfunc_bridge's own kernel.
+
+    Args:
+      func: the Python function.  It receives one EagerTensor per input
+        (RaggedTensor/SparseTensor inputs arrive as such), wrapping the op's
+        input memory without a copy, on the op's device.  It may run TF ops and
+        returns EagerTensors, NumPy arrays, Python scalars, RaggedTensors or
+        SparseTensors as Tout declares (None when Tout declares nothing).
+      inp: a list of tensors, RaggedTensors or SparseTensors.
+      Tout: a dtype, a ``tf.TensorSpec`` (declares, and checks, the static
+        shape), a ``tf.RaggedTensorSpec``/``tf.SparseTensorSpec``, or a list
+        of those; ``[]`` or None for no outputs.
+      name: the op's name.
+
+    Returns:
+      What Tout declares: one value, or a list.
+
+    The op is differentiable once, in eager mode, in tf.function and in TF1
+    graphs: the gradient is that of the TF computation the function ran,
+    recorded per call.
+
+    >>> import tensorflow as tf
+    >>> x = tf.constant(3.0)
+    >>> with tf.GradientTape() as tape:
+    ...     tape.watch(x)
+    ...     y = py_function(lambda a: a * a, [x], tf.float32)
+    >>> float(tape.gradient(y, x))
+    6.0
+    >>> @py_function(Tout=tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1))
+    ... def split(a):
+    ...     return tf.RaggedTensor.from_row_lengths(a, [1, 2])
+    >>> split(tf.constant([1, 2, 3])).to_list()
+    [[1], [2, 3]]
+    """
+    if func is None:
+        if inp is not None:
+            raise TypeError("py_function used as a decorator takes no `inp`")
+
+        def decorate(f):
+            @functools.wraps(f)
+            def wrapper(*args):
+                return _py_function(f, list(args), Tout, name)
+            return wrapper
+        return decorate
+    return _py_function(func, inp, Tout, name)

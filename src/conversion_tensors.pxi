@@ -1,0 +1,264 @@
+# py_function calls: DLPack <-> EagerTensors, and the forward state that pairs
+# each call with its gradient.  TF 2.21 reads and writes only legacy
+# "dltensor" capsules, so the bridge's versioned tensors are wrapped in legacy
+# ones on the way in and TF's legacy ones in versioned ones on the way out.
+# TensorFlow's modules are looked up on the first such call.
+
+cdef object _tfe = None            # tensorflow.python.pywrap_tfe
+cdef object _tf_context = None     # tensorflow.python.eager.context
+cdef object _EagerTensor = None
+cdef object _GradientTape = None
+cdef object _tf_constant = None
+cdef object _tf_zeros = None
+cdef object _tf_convert = None
+cdef object _unconnected_zero = None
+
+
+cdef int _import_tensorflow() except -1:
+    global _tfe, _tf_context, _EagerTensor, _GradientTape, _tf_constant, _tf_zeros
+    global _unconnected_zero, _tf_convert
+    if _tfe is not None:
+        return 0
+    import tensorflow as tf
+    from tensorflow.python import pywrap_tfe
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import ops
+    _tf_context = context
+    _EagerTensor = ops.EagerTensor
+    _GradientTape = tf.GradientTape
+    _tf_constant = tf.constant
+    _tf_zeros = tf.zeros
+    _tf_convert = tf.convert_to_tensor
+    _unconnected_zero = tf.UnconnectedGradients.ZERO
+    _tfe = pywrap_tfe
+    return 0
+
+
+cdef void _delete_legacy(DLManagedTensor* legacy) noexcept nogil:
+    """Deleter of a legacy wrapper: releases the versioned tensor it wraps."""
+    cdef DLManagedTensorVersioned* m = <DLManagedTensorVersioned*>legacy.manager_ctx
+    if m != NULL and m.deleter != NULL:
+        m.deleter(m)
+    free(legacy)
+
+
+cdef void _legacy_capsule_destructor(object capsule) noexcept:
+    # A capsule still named "dltensor" was never consumed: its tensor is ours.
+    cdef DLManagedTensor* legacy
+    if PyCapsule_IsValid(capsule, b"dltensor"):
+        legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+        if legacy != NULL and legacy.deleter != NULL:
+            legacy.deleter(legacy)
+
+
+cdef object _legacy_capsule(DLManagedTensorVersioned* managed):
+    """A "dltensor" capsule that owns `managed` (released on every path)."""
+    cdef DLManagedTensor* legacy = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
+    if legacy == NULL:
+        managed.deleter(managed)
+        raise MemoryError("cannot allocate a DLPack tensor")
+    legacy.dl_tensor = managed.dl_tensor  # shape/strides stay with `managed`
+    legacy.manager_ctx = <void*>managed
+    legacy.deleter = _delete_legacy
+    try:
+        return PyCapsule_New(<void*>legacy, b"dltensor",
+                             <PyCapsule_Destructor>_legacy_capsule_destructor)
+    except BaseException:
+        _delete_legacy(legacy)
+        raise
+
+
+cdef tuple _input_tensors(PfbCall* call):
+    """One EagerTensor per input, viewing TF's memory (strings: converted)."""
+    cdef Py_ssize_t i, n = call.num_inputs
+    cdef list capsules = []
+    # Each input first becomes a capsule (or an owner) that frees it.
+    for i in range(n):
+        try:
+            if _is_string_dtype(call.inputs[i].dl_tensor.dtype):
+                capsules.append(_adopt(call.inputs[i]))
+            else:
+                capsules.append(_legacy_capsule(call.inputs[i]))
+        except BaseException:
+            for i in range(i + 1, n):
+                call.inputs[i].deleter(call.inputs[i])
+            raise
+    handle = _tf_context.context()._handle
+    args = []
+    for holder in capsules:
+        if type(holder) is _DLPackOwner:
+            args.append(_tf_constant(_view(<_DLPackOwner>holder, False)))
+        else:
+            args.append(_tfe.TFE_FromDlpackCapsule(holder, handle))
+    return tuple(args)
+
+
+cdef void _delete_versioned(DLManagedTensorVersioned* managed) noexcept nogil:
+    """Deleter of a versioned wrapper around a consumed legacy tensor."""
+    cdef DLManagedTensor* legacy = <DLManagedTensor*>managed.manager_ctx
+    if legacy != NULL and legacy.deleter != NULL:
+        legacy.deleter(legacy)
+    free(managed)
+
+
+cdef DLManagedTensorVersioned* _export_tensor(object tensor, int index,
+                                              const PfbOutputSpec* spec) except NULL:
+    """An EagerTensor result -> a DLPack tensor on TF's memory (TF's tensors
+    are immutable, so sharing it is always safe)."""
+    cdef cnp.dtype want = _numpy_dtype(spec.dtype)
+    if tensor.dtype.as_numpy_dtype != want:
+        raise _OutputError(
+            f"output {index}: Tout declares {want.name} but the function returned a "
+            f"tensor of dtype {tensor.dtype.name}; return tf.cast(x, tf.{want.name}) or "
+            f"declare Tout=tf.{tensor.dtype.name}")
+    capsule = _tfe.TFE_ToDlpackCapsule(tensor)
+    cdef DLManagedTensor* legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+    cdef DLTensor* t = &legacy.dl_tensor
+    # On error the capsule, still unconsumed, releases TF's tensor itself.
+    _check_dims(t.ndim, <npy_intp*>t.shape, spec, index)
+    if (t.device.device_type != spec.device.device_type
+            or t.device.device_id != spec.device.device_id):
+        raise _OutputError(
+            f"output {index}: the function returned a tensor on {tensor.device}, "
+            f"but this output must be on the op's device "
+            f"(DLPack device {spec.device.device_type}:{spec.device.device_id}); "
+            f"create it under tf.device(...) or copy it with tf.identity")
+    cdef DLManagedTensorVersioned* m = <DLManagedTensorVersioned*>malloc(
+        sizeof(DLManagedTensorVersioned))
+    if m == NULL:
+        raise MemoryError("cannot allocate a DLPack tensor")
+    # From here on the versioned wrapper owns TF's tensor; the capsule must not.
+    PyCapsule_SetName(capsule, b"used_dltensor")
+    m.version.major = DLPACK_MAJOR_VERSION
+    m.version.minor = DLPACK_MINOR_VERSION
+    m.flags = DLPACK_FLAG_BITMASK_READ_ONLY
+    m.dl_tensor = legacy.dl_tensor
+    m.dl_tensor.dtype = spec.dtype  # TF exports bool as uint8
+    m.manager_ctx = <void*>legacy
+    m.deleter = _delete_versioned
+    return m
+
+
+cdef class _Forward:
+    """What a py_function call recorded for its gradient: the tape over the
+    function's TF computation, its floating inputs and outputs."""
+    cdef readonly object tape
+    cdef readonly tuple sources
+    # One per floating output (as declared): the tensor the function returned,
+    # or None where it returned something TF did not compute (an ndarray).
+    cdef readonly list targets
+
+    def __repr__(self):
+        return (f"<pyfunc_bridge forward state: {len(self.sources)} sources, "
+                f"{len(self.targets)} targets>")
+
+
+cdef bint _differentiable(object tensor):
+    return tensor.dtype.is_floating or tensor.dtype.is_complex
+
+
+cdef inline bint _floating_spec(const PfbOutputSpec* spec):
+    return spec.dtype.code in (kDLFloat, kDLBfloat, kDLComplex)
+
+
+cdef int _export_results(PfbCall* call, object results) except -1:
+    """A py_function wrapper's flat result list -> the call's outputs."""
+    cdef int i
+    if len(results) != call.num_outputs:
+        _check_count(results, call.num_outputs)
+    for i in range(call.num_outputs):
+        value = results[i]
+        if type(value) is _EagerTensor and not _is_string_dtype(call.output_specs[i].dtype):
+            call.outputs[i] = _export_tensor(value, i, &call.output_specs[i])
+        else:
+            if isinstance(value, _EagerTensor):
+                value = value.numpy()  # strings: converted anyway
+            call.outputs[i] = _export_output(<PyObject*>value, 1, i,
+                                             &call.output_specs[i], PFB_COPY_NONE)
+    return 0
+
+
+cdef int _run_tensors(PfbCall* call) except -1:
+    """A py_function call: EagerTensors in, EagerTensors (or arrays) out."""
+    _import_tensorflow()
+    args = _input_tensors(call)
+    entry = _lookup(call.key, call.key_len)
+    # Eager kernels always see their outputs required: the op layer knows
+    # whether a tape watches the call.
+    cdef bint record = (call.flags & PFB_CALL_RECORD) and entry.record
+    ctx = _tf_context.context()
+    eager = None if ctx.executing_eagerly() else _tf_context.eager_mode()
+    device = None
+    if call.device_name != NULL:
+        name = call.device_name.decode()
+        if ctx.device_name != name:
+            device = ctx.device(name)
+    cdef _Forward forward
+    tape = None
+    if eager is not None:
+        eager.__enter__()
+    try:
+        if device is not None:
+            device.__enter__()
+        try:
+            if record:
+                tape = _GradientTape(persistent=True)
+                tape.__enter__()
+                try:
+                    sources = tuple([a for a in args if _differentiable(a)])
+                    tape.watch(sources)
+                    results = entry.func(*args)
+                finally:
+                    tape.__exit__(None, None, None)
+            else:
+                results = entry.func(*args)
+            args = None
+            _export_results(call, results)
+        finally:
+            if device is not None:
+                device.__exit__(None, None, None)
+    finally:
+        if eager is not None:
+            eager.__exit__(None, None, None)
+    if record:
+        forward = _Forward.__new__(_Forward)
+        forward.tape = tape
+        forward.sources = sources
+        forward.targets = [
+            results[i] if type(results[i]) is _EagerTensor else None
+            for i in range(call.num_outputs) if _floating_spec(&call.output_specs[i])]
+        Py_INCREF(forward)  # the new reference PfbCall.state hands to the kernel
+        call.state = <void*>forward
+    return 0
+
+
+cdef int _run_gradient(PfbCall* call) except -1:
+    """The gradient of one recorded py_function call."""
+    _import_tensorflow()
+    cdef _Forward forward = <_Forward>call.state
+    grads = _input_tensors(call)
+    ctx = _tf_context.context()
+    eager = None if ctx.executing_eagerly() else _tf_context.eager_mode()
+    if eager is not None:
+        eager.__enter__()
+    try:
+        # One gradient per floating output; those of outputs TF did not compute
+        # contribute nothing.
+        if len(grads) != len(forward.targets):
+            raise ValueError(
+                f"pyfunc_bridge: the py_function gradient got {len(grads)} output "
+                f"gradients for {len(forward.targets)} floating outputs")
+        pairs = [(t, g) for t, g in zip(forward.targets, grads) if t is not None]
+        if forward.sources and pairs:
+            results = forward.tape.gradient([t for t, _ in pairs], forward.sources,
+                                            output_gradients=[g for _, g in pairs],
+                                            unconnected_gradients=_unconnected_zero)
+            # Sparse gradients (tf.gather) become dense tensors.
+            results = [r if type(r) is _EagerTensor else _tf_convert(r) for r in results]
+        else:
+            results = [_tf_zeros(s.shape, s.dtype) for s in forward.sources]
+        _export_results(call, results)
+    finally:
+        if eager is not None:
+            eager.__exit__(None, None, None)
+    return 0

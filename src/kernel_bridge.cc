@@ -1,0 +1,437 @@
+// Shared by the bridge kernels: TF tensors <-> DLPack and the call into the
+// conversion layer (see kernel_bridge.h).
+#include "kernel_bridge.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "bridge_abi.h"
+#include "kernel_python.h"
+#include "tensorflow/core/common_runtime/dma_helper.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
+#include "tensorflow/core/framework/device_base.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.h"
+#include "xla/stream_executor/stream.h"
+
+namespace pyfunc_bridge {
+
+using ::tensorflow::DataType;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::PartialTensorShape;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::tstring;
+
+absl::Status ToDLDataType(DataType dtype, DLDataType* out) {
+  auto set = [out](uint8_t code, uint8_t bits) {
+    *out = DLDataType{code, bits, 1};
+    return absl::OkStatus();
+  };
+  switch (dtype) {
+    case tensorflow::DT_HALF: return set(kDLFloat, 16);
+    case tensorflow::DT_FLOAT: return set(kDLFloat, 32);
+    case tensorflow::DT_DOUBLE: return set(kDLFloat, 64);
+    case tensorflow::DT_BFLOAT16: return set(kDLBfloat, 16);
+    case tensorflow::DT_INT8: return set(kDLInt, 8);
+    case tensorflow::DT_INT16: return set(kDLInt, 16);
+    case tensorflow::DT_INT32: return set(kDLInt, 32);
+    case tensorflow::DT_INT64: return set(kDLInt, 64);
+    case tensorflow::DT_UINT8: return set(kDLUInt, 8);
+    case tensorflow::DT_UINT16: return set(kDLUInt, 16);
+    case tensorflow::DT_UINT32: return set(kDLUInt, 32);
+    case tensorflow::DT_UINT64: return set(kDLUInt, 64);
+    case tensorflow::DT_BOOL: return set(kDLBool, 8);
+    case tensorflow::DT_COMPLEX64: return set(kDLComplex, 64);
+    case tensorflow::DT_COMPLEX128: return set(kDLComplex, 128);
+    case tensorflow::DT_STRING:
+      return set(PFB_STRING_DTYPE_CODE, PFB_STRING_DTYPE_BITS);
+    default:
+      return absl::InvalidArgumentError(
+          "pyfunc_bridge does not support tensors of dtype " +
+          tensorflow::DataTypeString(dtype));
+  }
+}
+
+namespace {
+
+// TF needs this alignment to use a foreign buffer without copying it.
+constexpr uintptr_t kTensorAlignment = 64;
+
+bool SameDLDataType(const DLDataType& a, const DLDataType& b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+// ---------------------------------------------------------------- inputs --
+
+// One allocation per input: the DLPack struct, the shape, and a Tensor that
+// holds a reference on TF's buffer until the consumer calls the deleter.
+struct InputExport {
+  DLManagedTensorVersioned managed;
+  Tensor tensor;
+  absl::InlinedVector<int64_t, 4> shape;
+  std::vector<PfbStringRef> strings;  // string tensors only
+};
+
+void DeleteInputExport(DLManagedTensorVersioned* managed) {
+  delete static_cast<InputExport*>(managed->manager_ctx);
+}
+
+absl::Status ExportInput(const Tensor& tensor, DLDevice device,
+                         DLManagedTensorVersioned** out) {
+  auto* e = new InputExport;
+  e->tensor = tensor;  // takes a reference on the buffer
+  DLManagedTensorVersioned& m = e->managed;
+  m.version = DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+  m.manager_ctx = e;
+  m.deleter = DeleteInputExport;
+  // TF tensors are immutable: the consumer must not write through this.
+  m.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+  DLTensor& t = m.dl_tensor;
+  absl::Status s = ToDLDataType(tensor.dtype(), &t.dtype);
+  if (!s.ok()) {
+    delete e;
+    return s;
+  }
+  for (int64_t d : tensor.shape().dim_sizes()) e->shape.push_back(d);
+  t.ndim = static_cast<int32_t>(e->shape.size());
+  t.shape = e->shape.data();
+  t.strides = nullptr;  // compact row-major
+  t.byte_offset = 0;
+  t.device = device;
+  if (tensor.dtype() == tensorflow::DT_STRING) {
+    auto flat = tensor.flat<tstring>();
+    e->strings.resize(flat.size());
+    for (int64_t i = 0; i < flat.size(); ++i) {
+      e->strings[i] = PfbStringRef{flat(i).data(), flat(i).size()};
+    }
+    t.data = e->strings.data();
+  } else {
+    t.data = const_cast<char*>(tensor.tensor_data().data());
+  }
+  *out = &m;
+  return absl::OkStatus();
+}
+
+// --------------------------------------------------------------- outputs --
+
+// A TensorBuffer over memory owned by a DLPack producer (an ndarray kept alive
+// by the conversion layer).  Releasing it calls the producer's deleter.
+class DLPackBuffer : public tensorflow::TensorBuffer {
+ public:
+  DLPackBuffer(DLManagedTensorVersioned* managed, void* data, size_t size)
+      : TensorBuffer(data), managed_(managed), size_(size) {}
+  ~DLPackBuffer() override { ReleaseWithGil(managed_); }
+
+  size_t size() const override { return size_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(
+      tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(size_));
+    proto->set_allocated_bytes(static_cast<int64_t>(size_));
+    proto->set_allocator_name("pyfunc_bridge");
+  }
+  // Never let TF forward this buffer to an op that writes in place.
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  DLManagedTensorVersioned* managed_;
+  size_t size_;
+};
+
+// A view of (part of) an input tensor's buffer.  An output that is a view of
+// an input shares TF's buffer directly instead of keeping the Python view (and
+// through it the whole chain of earlier calls) alive.
+class AliasBuffer : public tensorflow::TensorBuffer {
+ public:
+  AliasBuffer(const tensorflow::TensorBuffer* root, void* data, size_t size)
+      : TensorBuffer(data), root_(root), size_(size) {
+    root_->Ref();  // released in the destructor
+  }
+  ~AliasBuffer() override { root_->Unref(); }
+
+  size_t size() const override { return size_; }
+  TensorBuffer* root_buffer() override {
+    return const_cast<tensorflow::TensorBuffer*>(root_);
+  }
+  void FillAllocationDescription(
+      tensorflow::AllocationDescription* proto) const override {
+    root_->FillAllocationDescription(proto);
+  }
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  const tensorflow::TensorBuffer* root_;
+  size_t size_;
+};
+
+// The buffer of the input whose memory holds [data, data + nbytes), if any.
+const tensorflow::TensorBuffer* InputHolding(OpKernelContext* ctx,
+                                            const char* data, size_t nbytes) {
+  for (int i = 0; i < ctx->num_inputs(); ++i) {
+    const Tensor& in = ctx->input(i);
+    // Strings and variants (py_function's forward state) hold no raw memory.
+    if (!tensorflow::DataTypeCanUseMemcpy(in.dtype())) continue;
+    const auto bytes = in.tensor_data();
+    if (bytes.empty()) continue;
+    if (data >= bytes.data() && data + nbytes <= bytes.data() + bytes.size()) {
+      // The root: aliases of aliases must not form chains.
+      return const_cast<tensorflow::TensorBuffer*>(
+                 tensorflow::DMAHelper::buffer(&in))->root_buffer();
+    }
+  }
+  return nullptr;
+}
+
+// Owns one output's DLPack tensor until it is wrapped; the GIL is held.
+struct OutputRef {
+  DLManagedTensorVersioned* managed;
+  ~OutputRef() {
+    if (managed != nullptr && managed->deleter != nullptr) {
+      managed->deleter(managed);
+    }
+  }
+  DLManagedTensorVersioned* release() {
+    DLManagedTensorVersioned* m = managed;
+    managed = nullptr;
+    return m;
+  }
+};
+
+bool IsCompactRowMajor(const DLTensor& t) {
+  if (t.strides == nullptr) return true;
+  int64_t expected = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    if (t.shape[d] != 1 && t.strides[d] != expected) return false;
+    expected *= t.shape[d];
+  }
+  return true;
+}
+
+// Element-wise copy of a strided DLPack tensor into compact row-major `dst`.
+void CopyStrided(const DLTensor& t, size_t itemsize, char* dst) {
+  const char* base = static_cast<const char*>(t.data) + t.byte_offset;
+  int64_t total = 1;
+  for (int d = 0; d < t.ndim; ++d) total *= t.shape[d];
+  std::vector<int64_t> index(t.ndim, 0);
+  for (int64_t n = 0; n < total; ++n) {
+    int64_t offset = 0;
+    for (int d = 0; d < t.ndim; ++d) offset += index[d] * t.strides[d];
+    std::memcpy(dst + n * itemsize, base + offset * itemsize, itemsize);
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      if (++index[d] < t.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+absl::Status MakeOutput(OpKernelContext* ctx, int index,
+                        const PfbOutputSpec& spec,
+                        DLManagedTensorVersioned* managed) {
+  OutputRef ref{managed};
+  const std::string where = "pyfunc_bridge: output " + std::to_string(index);
+  if (managed == nullptr) {
+    return absl::InternalError(where + ": the conversion layer returned no tensor");
+  }
+  const DLTensor& t = managed->dl_tensor;
+  if (t.device.device_type != spec.device.device_type ||
+      t.device.device_id != spec.device.device_id) {
+    return absl::InternalError(
+        where + " came back on DLPack device (" +
+        std::to_string(t.device.device_type) + ", " +
+        std::to_string(t.device.device_id) + "), the op needs it on (" +
+        std::to_string(spec.device.device_type) + ", " +
+        std::to_string(spec.device.device_id) + ")");
+  }
+  if (!SameDLDataType(t.dtype, spec.dtype)) {
+    return absl::InternalError(where + " came back with the wrong DLPack dtype");
+  }
+  if (t.ndim < 0 || (t.ndim > 0 && t.shape == nullptr)) {
+    return absl::InternalError(where + " has a malformed shape");
+  }
+  TensorShape shape;
+  TF_RETURN_IF_ERROR(tensorflow::TensorShapeUtils::MakeShape(
+      t.shape, t.ndim, &shape));
+  const DataType dtype = ctx->expected_output_dtype(index);
+  const char* data = static_cast<const char*>(t.data) + t.byte_offset;
+
+  if (dtype == tensorflow::DT_STRING) {
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &out));
+    auto flat = out->flat<tstring>();
+    const auto* records = reinterpret_cast<const PfbStringRef*>(data);
+    for (int64_t i = 0; i < flat.size(); ++i) {
+      flat(i).assign(records[i].data, records[i].size);
+    }
+    return absl::OkStatus();
+  }
+
+  const size_t itemsize = tensorflow::DataTypeSize(dtype);
+  const size_t nbytes = static_cast<size_t>(shape.num_elements()) * itemsize;
+  const bool compact = IsCompactRowMajor(t);
+  if (nbytes > 0 && compact &&
+      reinterpret_cast<uintptr_t>(data) % kTensorAlignment == 0) {
+    // Zero copy: a view of an input shares that input's TF buffer (the
+    // Python view is released now); other memory stays with its producer.
+    tensorflow::TensorBuffer* buffer;
+    if (const auto* root = InputHolding(ctx, data, nbytes)) {
+      buffer = new AliasBuffer(root, const_cast<char*>(data), nbytes);
+    } else {
+      buffer = new DLPackBuffer(ref.release(), const_cast<char*>(data), nbytes);
+    }
+    Tensor out(dtype, shape, buffer);  // takes its own reference
+    buffer->Unref();
+    ctx->set_output(index, out);
+    return absl::OkStatus();
+  }
+  if (spec.device.device_type != kDLCPU && nbytes > 0) {
+    // The conversion layer hands device memory over compact; an unaligned
+    // buffer would need a device copy, which this kernel does not make.
+    return absl::InvalidArgumentError(
+        where + " is device memory that is " +
+        (compact ? "not 64-byte aligned" : "not compact row-major") +
+        "; return a compact array allocated by its framework (e.g. "
+        "`.contiguous()` or `tf.identity`)");
+  }
+  Tensor* out = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &out));
+  if (nbytes == 0) return absl::OkStatus();
+  char* dst = const_cast<char*>(out->tensor_data().data());
+  if (compact) {
+    std::memcpy(dst, data, nbytes);
+  } else {
+    CopyStrided(t, itemsize, dst);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+BridgeKernel::BridgeKernel(OpKernelConstruction* ctx, int num_bridge_outputs)
+    : OpKernel(ctx) {
+  if (ctx->HasAttr("key")) OP_REQUIRES_OK(ctx, ctx->GetAttr("key", &key_));
+  if (ctx->HasAttr("copy")) {
+    std::string copy;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("copy", &copy));
+    copy_mode_ = copy == "true"    ? PFB_COPY_TRUE
+                 : copy == "false" ? PFB_COPY_FALSE
+                                   : PFB_COPY_NONE;
+  }
+  std::vector<PartialTensorShape> shapes;
+  if (ctx->HasAttr("out_shapes")) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("out_shapes", &shapes));
+  }
+  const int n = num_bridge_outputs < 0 ? ctx->num_outputs() : num_bridge_outputs;
+  OP_REQUIRES(ctx, shapes.empty() || static_cast<int>(shapes.size()) == n,
+              absl::InvalidArgumentError("out_shapes must be empty or have one "
+                                         "entry per output"));
+  device_name_ = ctx->device()->name();
+  on_gpu_ = ctx->device_type() == tensorflow::DEVICE_GPU;
+  if (on_gpu_) device_ = DLDevice{kDLCUDA, ctx->device()->parsed_name().id};
+  for (int i = 0; i < ctx->num_inputs(); ++i) {
+    if (ctx->input_type(i) == tensorflow::DT_VARIANT) continue;  // not handed over
+    DLDataType unused;
+    OP_REQUIRES_OK(ctx, ToDLDataType(ctx->input_type(i), &unused));
+  }
+  dims_.resize(n);
+  specs_.resize(n);
+  for (int i = 0; i < n; ++i) {
+    PfbOutputSpec& spec = specs_[i];
+    OP_REQUIRES_OK(ctx, ToDLDataType(ctx->output_type(i), &spec.dtype));
+    spec.ndim = -1;
+    spec.dims = nullptr;
+    const bool host = !on_gpu_ ||
+                      ctx->output_memory_types()[i] == tensorflow::HOST_MEMORY;
+    spec.device = host ? DLDevice{kDLCPU, 0} : device_;
+    if (!shapes.empty() && !shapes[i].unknown_rank()) {
+      for (int64_t d : shapes[i].dim_sizes()) dims_[i].push_back(d);
+      spec.ndim = shapes[i].dims();
+    }
+  }
+  for (int i = 0; i < n; ++i) specs_[i].dims = dims_[i].data();
+}
+
+bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
+                             int32_t flags, void** state) {
+  const int num_inputs = ctx->num_inputs() - first_input;
+  const int num_outputs = static_cast<int>(specs_.size());
+  absl::InlinedVector<DLManagedTensorVersioned*, 8> inputs;
+  inputs.reserve(num_inputs);
+  auto fail = [&](const absl::Status& s) {
+    for (auto* m : inputs) m->deleter(m);  // TF-only deleters: no GIL
+    ctx->SetStatus(s);
+    return false;
+  };
+  for (int i = first_input; i < ctx->num_inputs(); ++i) {
+    const bool host = !on_gpu_ ||
+                      ctx->input_memory_type(i) == tensorflow::HOST_MEMORY;
+    DLManagedTensorVersioned* managed = nullptr;
+    absl::Status s = ExportInput(ctx->input(i),
+                                 host ? DLDevice{kDLCPU, 0} : device_, &managed);
+    if (!s.ok()) return fail(s);
+    inputs.push_back(managed);
+  }
+  void* stream = nullptr;
+  if (on_gpu_ && ctx->op_device_context() != nullptr &&
+      ctx->op_device_context()->stream() != nullptr) {
+    stream_executor::Stream* s = ctx->op_device_context()->stream();
+    // Frameworks other than TF do not order their work after TF's stream:
+    // the inputs must be complete before the function sees them.
+    absl::Status done = s->BlockHostUntilDone();
+    if (!done.ok()) return fail(done);
+    stream = s->platform_specific_handle().stream;
+  }
+
+  GilScope gil;
+  if (!gil.ok()) {
+    return fail(absl::CancelledError(
+        "pyfunc_bridge: the Python interpreter is not running (it is "
+        "shutting down); the function for key '" + key_ + "' was not run"));
+  }
+  const PfbBridgeApi* api = nullptr;
+  absl::Status s = GetBridgeApi(&api);
+  if (!s.ok()) return fail(s);
+
+  absl::InlinedVector<DLManagedTensorVersioned*, 8> outputs(num_outputs,
+                                                            nullptr);
+  PfbCall call;
+  call.key = key_.data();
+  call.key_len = key_.size();
+  call.copy_mode = copy_mode_;
+  call.flags = flags | (GilScope::OnWorkerThread() ? PFB_CALL_WORKER_THREAD : 0);
+  call.num_inputs = num_inputs;
+  call.inputs = inputs.data();
+  call.num_outputs = num_outputs;
+  call.output_specs = specs_.data();
+  call.outputs = outputs.data();
+  call.device_name = device_name_.c_str();
+  call.stream = stream;
+  call.state = state != nullptr ? *state : nullptr;
+  PfbStatus status{0, nullptr};
+  api->call(&call, &status);  // consumes the inputs, on every path
+  if (status.code != 0) {
+    std::string message = status.message ? status.message : "(no message)";
+    std::free(status.message);
+    ctx->SetStatus(absl::Status(static_cast<absl::StatusCode>(status.code),
+                                message));
+    return false;
+  }
+  std::free(status.message);
+  if (state != nullptr) *state = call.state;
+  for (int i = 0; i < num_outputs; ++i) {
+    s = MakeOutput(ctx, i, specs_[i], outputs[i]);  // consumes it
+    if (!s.ok()) {
+      for (int j = i + 1; j < num_outputs; ++j) OutputRef{outputs[j]};
+      ctx->SetStatus(s);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace pyfunc_bridge

@@ -1,0 +1,47 @@
+// What every bridge kernel shares: TF tensors -> DLPack inputs, the call into
+// the conversion layer, DLPack -> TF outputs (wrapped without a copy when the
+// memory qualifies).  The numpy_function and py_function kernels build on it.
+#ifndef PYFUNC_BRIDGE_KERNEL_BRIDGE_H_
+#define PYFUNC_BRIDGE_KERNEL_BRIDGE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "bridge_abi.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace pyfunc_bridge {
+
+absl::Status ToDLDataType(tensorflow::DataType dtype, DLDataType* out);
+
+// A kernel that runs the Python function named by its `key` attribute.
+// Attributes read when present: key, Tout (or Tdx), out_shapes, copy.
+class BridgeKernel : public tensorflow::OpKernel {
+ public:
+  // `num_bridge_outputs`: the leading outputs that the function produces
+  // (-1: all of them).
+  BridgeKernel(tensorflow::OpKernelConstruction* ctx, int num_bridge_outputs);
+
+ protected:
+  // Hands inputs [first_input, num_inputs) to the conversion layer and makes
+  // the bridge outputs from its results.  `state` is PfbCall.state (in/out).
+  // Returns false (with the status set on ctx) on error.
+  bool RunBridge(tensorflow::OpKernelContext* ctx, int first_input,
+                 int32_t flags, void** state);
+
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string key_;
+  std::string device_name_;
+  bool on_gpu_ = false;
+  DLDevice device_{kDLCPU, 0};
+  int32_t copy_mode_ = PFB_COPY_NONE;
+  std::vector<PfbOutputSpec> specs_;
+  std::vector<std::vector<int64_t>> dims_;
+};
+
+}  // namespace pyfunc_bridge
+
+#endif  // PYFUNC_BRIDGE_KERNEL_BRIDGE_H_
