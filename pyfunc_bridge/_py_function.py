@@ -14,6 +14,7 @@ import functools
 import tensorflow as tf
 from tensorflow.python.eager import record as _record
 from tensorflow.python.framework import ops as _tf_ops
+from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
 from tensorflow.python.util import nest as _nest
 
 from pyfunc_bridge import _library, _numpy_function, _registry, _tout
@@ -76,6 +77,9 @@ class _Signature:
                 parts = [tf.TensorSpec(None, _tout.dtype_of(item, what))]
             self.specs.append(item)
             self.components.append(parts)
+        self.composite = frozenset(
+            i for i, spec in enumerate(self.specs)
+            if isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)))
         flat = _tout.normalize([part for parts in self.components for part in parts])
         self.dtypes = flat.dtypes
         self.shapes = flat.shapes
@@ -90,15 +94,20 @@ class _Signature:
                     f"the function returned {type(result).__name__} but Tout declares "
                     f"no outputs; return None")
             return []
-        values = [result] if self.single else result
-        if not self.single and (not isinstance(result, (list, tuple)) or len(result) != n):
+        if self.single:
+            values = (result,)
+        elif isinstance(result, (list, tuple)) and len(result) == n:
+            values = result
+        else:
             count = len(result) if isinstance(result, (list, tuple)) else 1
             raise ValueError(
                 f"the function returned {count} value(s) but Tout declares {n} "
                 f"outputs; return one value per output, as a list or tuple")
         flat = []
-        for i, (spec, value, parts) in enumerate(zip(self.specs, values, self.components)):
-            if isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)):
+        for i, (spec, value) in enumerate(zip(self.specs, values)):
+            if type(value) is _EagerTensor and i not in self.composite:
+                flat.append(value)  # the common case, checked by the kernel
+            elif i in self.composite:
                 if not isinstance(value, spec.value_type):
                     raise ValueError(
                         f"output {i}: Tout declares {spec} but the function returned "
@@ -110,10 +119,10 @@ class _Signature:
                         f"match the declared dtype, shape and ragged_rank")
                 flat.extend(_nest.flatten(value, expand_composites=True))
             elif isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
+                kind = type(value).__name__
                 raise ValueError(
-                    f"output {i}: the function returned a {type(value).__name__} but "
-                    f"Tout declares a dense tensor; declare "
-                    f"Tout=tf.{'RaggedTensorSpec' if isinstance(value, tf.RaggedTensor) else 'SparseTensorSpec'}(...)")
+                    f"output {i}: the function returned a {kind} but Tout declares a "
+                    f"dense tensor; declare Tout=tf.{kind}Spec(...)")
             else:
                 flat.append(value)
         return flat
@@ -140,11 +149,15 @@ def _flat_inputs(inp):
             f"inp must be a list or tuple of tensors, got {type(inp).__name__}; "
             f"wrap a single tensor as [x]")
     structure = []
-    for i, value in enumerate(inp):
-        if not isinstance(value, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
-            value = tf.convert_to_tensor(value)
+    dense = True
+    for value in inp:
+        if not isinstance(value, tf.Tensor):
+            if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
+                dense = False
+            else:
+                value = tf.convert_to_tensor(value)
         structure.append(value)
-    flat = _nest.flatten(structure, expand_composites=True)
+    flat = structure if dense else _nest.flatten(structure, expand_composites=True)
     for i, tensor in enumerate(flat):
         if tensor.dtype not in _tout.SUPPORTED_DTYPES:
             _tout.dtype_of(tensor.dtype, f"inp (component {i})")  # raises
@@ -167,7 +180,7 @@ def _caller(func, structure, signature):
 def _py_function(func, inp, Tout, name):
     if not callable(func):
         raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
-    signature = _Signature(Tout)
+    signature = _tout.cached(_Signature, Tout)
     structure, inputs = _flat_inputs(inp)
     call = _caller(func, structure, signature)
     lib = _library.ops()

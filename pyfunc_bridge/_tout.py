@@ -40,7 +40,24 @@ def dtype_of(value, what):
     return _supported(dtype, what)
 
 
-_cache = {}
+_caches = {}
+
+
+def cached(build, Tout):
+    """build(Tout), remembered per `build` for hashable Tout (lists by items)."""
+    cache = _caches.setdefault(build, {})
+    key = (type(Tout), tuple(Tout)) if isinstance(Tout, (list, tuple)) else Tout
+    try:
+        return cache[key]
+    except TypeError:  # unhashable: build every time
+        return build(Tout)
+    except KeyError:
+        pass
+    value = build(Tout)
+    if len(cache) > 4096:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def normalize(Tout):
@@ -51,18 +68,7 @@ def normalize(Tout):
     >>> normalize([tf.TensorSpec([None, 2], tf.int32), tf.string]).shapes
     [TensorShape([None, 2]), TensorShape(None)]
     """
-    key = (type(Tout), tuple(Tout)) if isinstance(Tout, (list, tuple)) else Tout
-    try:
-        return _cache[key]
-    except TypeError:  # unhashable: normalize every time
-        return _normalize(Tout)
-    except KeyError:
-        pass
-    signature = _normalize(Tout)
-    if len(_cache) > 4096:
-        _cache.clear()
-    _cache[key] = signature
-    return signature
+    return cached(_normalize, Tout)
 
 
 def _normalize(Tout):

@@ -105,16 +105,22 @@ cdef DLManagedTensorVersioned* _export_tensor(object tensor, int index,
                                               const PfbOutputSpec* spec) except NULL:
     """An EagerTensor result -> a DLPack tensor on TF's memory (TF's tensors
     are immutable, so sharing it is always safe)."""
-    cdef cnp.dtype want = _numpy_dtype(spec.dtype)
-    if tensor.dtype.as_numpy_dtype != want:
-        raise _OutputError(
-            f"output {index}: Tout declares {want.name} but the function returned a "
-            f"tensor of dtype {tensor.dtype.name}; return tf.cast(x, tf.{want.name}) or "
-            f"declare Tout=tf.{tensor.dtype.name}")
     capsule = _tfe.TFE_ToDlpackCapsule(tensor)
     cdef DLManagedTensor* legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
     cdef DLTensor* t = &legacy.dl_tensor
     # On error the capsule, still unconsumed, releases TF's tensor itself.
+    cdef bint same = (t.dtype.code == spec.dtype.code and t.dtype.bits == spec.dtype.bits
+                      and t.dtype.lanes == spec.dtype.lanes)
+    if not same and spec.dtype.code == kDLBool:
+        same = tensor.dtype.is_bool  # TF exports bool as uint8
+    elif same and t.dtype.code == kDLUInt and t.dtype.bits == 8:
+        same = not tensor.dtype.is_bool
+    if not same:
+        want = _numpy_dtype(spec.dtype).name
+        raise _OutputError(
+            f"output {index}: Tout declares {want} but the function returned a "
+            f"tensor of dtype {tensor.dtype.name}; return tf.cast(x, tf.{want}) or "
+            f"declare Tout=tf.{tensor.dtype.name}")
     _check_dims(t.ndim, <npy_intp*>t.shape, spec, index)
     if (t.device.device_type != spec.device.device_type
             or t.device.device_id != spec.device.device_id):
@@ -178,6 +184,59 @@ cdef int _export_results(PfbCall* call, object results) except -1:
     return 0
 
 
+# TF's worker threads run nothing but kernels: the eager mode and device scope
+# a py_function needs stay entered there (re-entered when the device changes);
+# on Python's own threads they are entered and left around every call.
+_worker_scopes = threading.local()
+
+
+cdef class _Scopes:
+    """Eager mode plus the op's device, entered for one py_function call."""
+    cdef list entered
+    cdef bint persistent
+    cdef bytes device  # the op device it entered
+
+    def __cinit__(self):
+        self.entered = []
+
+    cdef int enter(self, PfbCall* call) except -1:
+        ctx = _tf_context.context()
+        self.persistent = call.flags & PFB_CALL_WORKER_THREAD
+        name = call.device_name if call.device_name != NULL else None  # bytes
+        if self.persistent:
+            installed = getattr(_worker_scopes, "scopes", None)
+            if (installed is not None and (<_Scopes>installed).device == name
+                    and ctx.executing_eagerly()):
+                return 0
+            if installed is not None:
+                (<_Scopes>installed).exit()
+            _worker_scopes.scopes = self
+        self.device = name
+        if not ctx.executing_eagerly():
+            self._enter(_tf_context.eager_mode())
+        if name is not None:
+            text = name.decode()
+            if ctx.device_name != text:
+                self._enter(ctx.device(text))
+        return 0
+
+    cdef int _enter(self, manager) except -1:
+        manager.__enter__()
+        self.entered.append(manager)
+        return 0
+
+    cdef int exit(self) except -1:
+        while self.entered:
+            self.entered.pop().__exit__(None, None, None)
+        return 0
+
+    cdef int leave(self) except -1:
+        """The end of one call: only Python's threads leave the scopes."""
+        if not self.persistent:
+            self.exit()
+        return 0
+
+
 cdef int _run_tensors(PfbCall* call) except -1:
     """A py_function call: EagerTensors in, EagerTensors (or arrays) out."""
     _import_tensorflow()
@@ -186,40 +245,25 @@ cdef int _run_tensors(PfbCall* call) except -1:
     # Eager kernels always see their outputs required: the op layer knows
     # whether a tape watches the call.
     cdef bint record = (call.flags & PFB_CALL_RECORD) and entry.record
-    ctx = _tf_context.context()
-    eager = None if ctx.executing_eagerly() else _tf_context.eager_mode()
-    device = None
-    if call.device_name != NULL:
-        name = call.device_name.decode()
-        if ctx.device_name != name:
-            device = ctx.device(name)
     cdef _Forward forward
-    tape = None
-    if eager is not None:
-        eager.__enter__()
+    cdef _Scopes scopes = _Scopes()
+    scopes.enter(call)
     try:
-        if device is not None:
-            device.__enter__()
-        try:
-            if record:
-                tape = _GradientTape(persistent=True)
-                tape.__enter__()
-                try:
-                    sources = tuple([a for a in args if _differentiable(a)])
-                    tape.watch(sources)
-                    results = entry.func(*args)
-                finally:
-                    tape.__exit__(None, None, None)
-            else:
+        if record:
+            tape = _GradientTape(persistent=True)
+            tape.__enter__()
+            try:
+                sources = tuple([a for a in args if _differentiable(a)])
+                tape.watch(sources)
                 results = entry.func(*args)
-            args = None
-            _export_results(call, results)
-        finally:
-            if device is not None:
-                device.__exit__(None, None, None)
+            finally:
+                tape.__exit__(None, None, None)
+        else:
+            results = entry.func(*args)
+        args = None
+        _export_results(call, results)
     finally:
-        if eager is not None:
-            eager.__exit__(None, None, None)
+        scopes.leave()
     if record:
         forward = _Forward.__new__(_Forward)
         forward.tape = tape
@@ -237,10 +281,8 @@ cdef int _run_gradient(PfbCall* call) except -1:
     _import_tensorflow()
     cdef _Forward forward = <_Forward>call.state
     grads = _input_tensors(call)
-    ctx = _tf_context.context()
-    eager = None if ctx.executing_eagerly() else _tf_context.eager_mode()
-    if eager is not None:
-        eager.__enter__()
+    cdef _Scopes scopes = _Scopes()
+    scopes.enter(call)
     try:
         # One gradient per floating output; those of outputs TF did not compute
         # contribute nothing.
@@ -259,6 +301,5 @@ cdef int _run_gradient(PfbCall* call) except -1:
             results = [_tf_zeros(s.shape, s.dtype) for s in forward.sources]
         _export_results(call, results)
     finally:
-        if eager is not None:
-            eager.__exit__(None, None, None)
+        scopes.leave()
     return 0

@@ -85,7 +85,7 @@ def registered():
 
 
 def test_abi_version(api):
-    assert api.abi_version == 1
+    assert api.abi_version == 2
 
 
 def test_call_converts_and_consumes_inputs(api, registered):
