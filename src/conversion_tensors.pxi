@@ -83,14 +83,40 @@ cdef tuple _input_tensors(PfbCall* call):
             for i in range(i + 1, n):
                 call.inputs[i].deleter(call.inputs[i])
             raise
-    handle = _tf_context.context()._handle
+    ctx = _tf_context.context()
+    ctx.ensure_initialized()  # a TF1 graph run by a Session may not have done it
+    handle = ctx._handle
     args = []
+    cdef DLManagedTensor* legacy
     for holder in capsules:
         if type(holder) is _DLPackOwner:
             args.append(_tf_constant(_view(<_DLPackOwner>holder, False)))
-        else:
-            args.append(_tfe.TFE_FromDlpackCapsule(holder, handle))
+            continue
+        legacy = <DLManagedTensor*>PyCapsule_GetPointer(holder, b"dltensor")
+        if (legacy.dl_tensor.device.device_type == kDLCPU
+                and (<uintptr_t>legacy.dl_tensor.data + legacy.dl_tensor.byte_offset)
+                % ALIGNMENT != 0):
+            # TF's kernels assume aligned memory (an unaligned slice of a TF
+            # buffer can reach us): such an input gets an aligned copy.
+            holder = _aligned_copy_capsule(holder)
+        args.append(_tfe.TFE_FromDlpackCapsule(holder, handle))
     return tuple(args)
+
+
+cdef object _aligned_copy_capsule(object capsule):
+    """A "dltensor" capsule over an aligned copy of the capsule's tensor."""
+    cdef DLManagedTensor* legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+    PyCapsule_SetName(capsule, b"used_dltensor")
+    # From here on the owner releases the tensor, once the copy is made.
+    cdef _DLPackOwner owner = _adopt(<DLManagedTensorVersioned*>legacy.manager_ctx)
+    legacy.manager_ctx = NULL
+    _delete_legacy(legacy)
+    previous = cnp.PyDataMem_SetHandler(_aligned_handler_capsule)
+    try:
+        copy = np.array(_view(owner, False), copy=True)
+    finally:
+        cnp.PyDataMem_SetHandler(previous)
+    return copy.__dlpack__()
 
 
 cdef void _delete_versioned(DLManagedTensorVersioned* managed) noexcept nogil:

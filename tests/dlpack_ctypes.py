@@ -3,7 +3,8 @@ dlpack.h and bridge_abi.h layouts, used to feed the conversion layer malformed
 tensors and count deleter calls."""
 import ctypes
 
-kDLCPU = 1
+kDLCPU, kDLCUDA = 1, 2
+PFB_CALL_TENSORS = 2
 kDLInt, kDLUInt, kDLFloat, kDLOpaqueHandle, kDLBfloat, kDLComplex, kDLBool = 0, 1, 2, 3, 4, 5, 6
 
 
@@ -105,14 +106,15 @@ class Producer:
         return m
 
 
-def call(api, key, inputs, out_specs, copy_mode=0):
+def call(api, key, inputs, out_specs, copy_mode=0, flags=0):
     """Runs api.call; returns (code, message, outputs)."""
     key_b = key.encode()
     in_arr = (ctypes.POINTER(DLManagedTensorVersioned) * max(len(inputs), 1))(
         *[ctypes.pointer(m) for m in inputs])
     specs = (PfbOutputSpec * max(len(out_specs), 1))(*out_specs)
     outs = (ctypes.POINTER(DLManagedTensorVersioned) * max(len(out_specs), 1))()
-    c = PfbCall(key_b, len(key_b), copy_mode, 0, len(inputs), in_arr, len(out_specs), specs, outs)
+    c = PfbCall(key_b, len(key_b), copy_mode, flags, len(inputs), in_arr, len(out_specs), specs,
+                outs)
     status = PfbStatus()
     code = api.call(ctypes.byref(c), ctypes.byref(status))
     message = ctypes.string_at(status.message).decode() if status.message else None
@@ -121,10 +123,10 @@ def call(api, key, inputs, out_specs, copy_mode=0):
     return code, message, [outs[i] for i in range(len(out_specs))]
 
 
-def spec(code=kDLFloat, bits=32, shape=None):
+def spec(code=kDLFloat, bits=32, shape=None, device=(kDLCPU, 0)):
     dims = None
     if shape is not None:
         dims = ctypes.cast((ctypes.c_int64 * max(len(shape), 1))(*shape),
                            ctypes.POINTER(ctypes.c_int64))
     return PfbOutputSpec(DLDataType(code, bits, 1), -1 if shape is None else len(shape), dims,
-                         DLDevice(kDLCPU, 0))
+                         DLDevice(*device))
