@@ -4,7 +4,8 @@ import importlib
 
 import pytest
 
-MODULES = ["pyfunc_bridge", "pyfunc_bridge._numpy_function", "pyfunc_bridge._tout",
+MODULES = ["pyfunc_bridge", "pyfunc_bridge._numpy_function", "pyfunc_bridge._py_function",
+           "pyfunc_bridge._tout",
            "pyfunc_bridge._conversion"]
 
 
