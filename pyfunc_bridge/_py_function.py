@@ -49,8 +49,13 @@ def _py_function_grad(op, *grads):
     return [next(input_grads) if _floating(dtype) else None for dtype in input_dtypes]
 
 
-# Once differentiable, like TF's py_function.
-_tf_ops.no_gradient(GRAD_OP)
+@_tf_ops.RegisterGradient(GRAD_OP)
+def _py_function_grad_grad(op, *grads):
+    # A second derivative would need the gradient's own recorded computation;
+    # answering None would read as "no dependence", a silently wrong result.
+    raise LookupError(
+        "pfb.py_function is differentiable once: its gradient has no gradient. "
+        "Compute higher derivatives inside the function, or with TF ops outside it")
 
 
 class _Signature:
@@ -94,15 +99,23 @@ class _Signature:
                     f"the function returned {type(result).__name__} but Tout declares "
                     f"no outputs; return None")
             return []
-        if self.single:
-            values = (result,)
-        elif isinstance(result, (list, tuple)) and len(result) == n:
+        # A list or tuple holds one value per output; anything else is the one
+        # output (as for numpy_function).
+        if isinstance(result, (list, tuple)):
             values = result
+            if len(result) != n:
+                noun = "output" if n == 1 else "outputs"
+                hint = ("wrap a list meant as one tensor in tf.constant(...)" if n == 1
+                        else "return one value per output, as a list or tuple")
+                raise ValueError(
+                    f"the function returned {len(result)} value(s) but Tout declares "
+                    f"{n} {noun}; {hint}")
+        elif n == 1:
+            values = (result,)
         else:
-            count = len(result) if isinstance(result, (list, tuple)) else 1
             raise ValueError(
-                f"the function returned {count} value(s) but Tout declares {n} "
-                f"outputs; return one value per output, as a list or tuple")
+                f"the function returned one {type(result).__name__} but Tout declares "
+                f"{n} outputs; return one value per output, as a list or tuple")
         flat = []
         for i, (spec, value) in enumerate(zip(self.specs, values)):
             if type(value) is _EagerTensor and i not in self.composite:

@@ -210,6 +210,20 @@ cdef int _export_results(PfbCall* call, object results) except -1:
     return 0
 
 
+cdef object _sole_device_name = None
+
+
+cdef bytes _sole_device(ctx):
+    """The name (``/device:CPU:0``) of the process's only TF device, if it has
+    just one: every TF op runs there, so no device scope is needed."""
+    global _sole_device_name
+    if _sole_device_name is None:
+        devices = ctx.list_logical_devices()
+        # b"\0" matches no device name.
+        _sole_device_name = devices[0].name.encode() if len(devices) == 1 else b"\0"
+    return _sole_device_name
+
+
 # TF's worker threads run nothing but kernels: the eager mode and device scope
 # a py_function needs stay entered there (re-entered when the device changes);
 # on Python's own threads they are entered and left around every call.
@@ -240,7 +254,7 @@ cdef class _Scopes:
         self.device = name
         if not ctx.executing_eagerly():
             self._enter(_tf_context.eager_mode())
-        if name is not None:
+        if name is not None and not name.endswith(_sole_device(ctx)):
             text = name.decode()
             if ctx.device_name != text:
                 self._enter(ctx.device(text))
