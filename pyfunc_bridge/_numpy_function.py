@@ -70,12 +70,12 @@ def _execute(op_name, wrapper, inputs, key, signature, copy_attr, name):
                        out_shapes=signature.shapes, copy=copy_attr, name=name)
 
 
-def _run_eagerly(op_name, wrapper, func, inputs, signature, copy_attr, name):
+def _run_eagerly(op_name, wrapper, func, inputs, signature, copy_attr, name, framework):
     # The kernel of an eager op runs on this thread: the conversion layer finds
     # the function in a thread-local slot, under one constant key, so that TF's
     # eager kernel cache does not grow with every call.
     if context.context().is_async():
-        entry = _registry.register(func)
+        entry = _registry.register(func, framework)
         result = _execute(op_name, wrapper, inputs, entry.key, signature, copy_attr,
                           name)
         context.async_wait()  # the entry must outlive the call
@@ -83,14 +83,15 @@ def _run_eagerly(op_name, wrapper, func, inputs, signature, copy_attr, name):
     conversion = _library.conversion()
     slot, key = conversion._eager, conversion.EAGER_KEY
     previous = getattr(slot, "entry", None)
-    slot.entry = _registry.Entry(func, key)
+    slot.entry = _registry.Entry(func, key, framework)
     try:
         return _execute(op_name, wrapper, inputs, key, signature, copy_attr, name)
     finally:
         slot.entry = previous
 
 
-def _bridge_op(func, inp, Tout, stateful, name, copy):
+def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
+    """The op for `func`; `framework`: None (NumPy) or an array_function adapter."""
     if not callable(func):
         raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
     copy_attr = _copy_attr(copy)
@@ -102,9 +103,10 @@ def _bridge_op(func, inp, Tout, stateful, name, copy):
     else:
         op_name, op = STATELESS_OP, lib.pyfunc_bridge_numpy_function_stateless
     if tf.executing_eagerly():
-        result = _run_eagerly(op_name, op, func, inputs, signature, copy_attr, name)
+        result = _run_eagerly(op_name, op, func, inputs, signature, copy_attr, name,
+                              framework)
     else:
-        entry = _registry.register(func)
+        entry = _registry.register(func, framework)
         result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
                     out_shapes=signature.shapes, copy=copy_attr, name=name)
         graph = (result[0].graph if isinstance(result, list) and result

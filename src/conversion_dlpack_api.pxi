@@ -1,12 +1,6 @@
 # The public conversion API (re-exported by pyfunc_bridge): TensorFlow tensors
 # <-> DLPack producers and NumPy arrays, zero-copy where the memory allows.
 
-_REASON_TEXT = {
-    "non_contiguous": "the memory is not compact row-major (strided or transposed)",
-    "unaligned": "the memory is not 64-byte aligned, which TensorFlow needs to share it",
-    "aliasing": "the array is writable, so Python could change the tensor later",
-}
-
 cdef object _has_gpu = None
 
 
@@ -40,7 +34,7 @@ cdef object _tensor_from_owner(_DLPackOwner owner, object copy, object reason, s
         reason = _dl_layout_reason(t)
     if reason is not None and copy is False:
         raise BufferError(
-            f"{api} would need a copy because {_REASON_TEXT[reason]}; copy=False "
+            f"{api} would need a copy because {_COPY_REASON_TEXT[reason]}; copy=False "
             f"forbids copies (use copy=None to copy once)")
     empty = False
     for i in range(t.ndim):
@@ -73,7 +67,7 @@ def from_dlpack(obj, *, copy=None):
     >>> from_dlpack(a[:, ::2], copy=False)
     Traceback (most recent call last):
     ...
-    BufferError: from_dlpack would need a copy because the memory is not compact row-major (strided or transposed); copy=False forbids copies (use copy=None to copy once)
+    BufferError: from_dlpack would need a copy because it is not C-contiguous (a strided or transposed view); copy=False forbids copies (use copy=None to copy once)
     """
     _check_copy(copy)
     cdef DLManagedTensorVersioned* m = _consume(obj, _tf_has_gpu())

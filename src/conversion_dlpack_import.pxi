@@ -190,12 +190,17 @@ cdef DLManagedTensorVersioned* _consume_capsule(object capsule, bint allow_cuda)
 cdef object _eager_tensor_type = None
 
 
-cdef bint _is_eager_tensor(object obj):
+cdef object _eager_type():
+    """TensorFlow's EagerTensor class (imported on first use)."""
     global _eager_tensor_type
     if _eager_tensor_type is None:
         from tensorflow.python.framework.ops import EagerTensor
         _eager_tensor_type = EagerTensor
-    return isinstance(obj, _eager_tensor_type)
+    return _eager_tensor_type
+
+
+cdef bint _is_eager_tensor(object obj):
+    return isinstance(obj, _eager_type())
 
 
 cdef DLManagedTensorVersioned* _consume(object obj, bint allow_cuda) except NULL:
