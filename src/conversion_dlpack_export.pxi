@@ -3,23 +3,33 @@
 # kinds with destructors that free only unconsumed tensors, and the exports of
 # TensorFlow tensors (READ_ONLY, bool as kDLBool).
 
+from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.pycapsule cimport PyCapsule_IsValid
+
+# Capsule destructors may run while an exception is being raised: the pending
+# exception is set aside so that deleters that call into Python work.
 
 cdef void _versioned_capsule_destructor(object capsule) noexcept:
     # Only a capsule nobody consumed still owns its tensor (consumers rename it).
     cdef DLManagedTensorVersioned* m
+    cdef PyObject *exc_type, *exc_value, *exc_tb
     if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
         m = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
         if m != NULL and m.deleter != NULL:
+            PyErr_Fetch(&exc_type, &exc_value, &exc_tb)
             m.deleter(m)
+            PyErr_Restore(exc_type, exc_value, exc_tb)
 
 
 cdef void _legacy_capsule_destructor(object capsule) noexcept:
     cdef DLManagedTensor* m
+    cdef PyObject *exc_type, *exc_value, *exc_tb
     if PyCapsule_IsValid(capsule, b"dltensor"):
         m = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
         if m != NULL and m.deleter != NULL:
+            PyErr_Fetch(&exc_type, &exc_value, &exc_tb)
             m.deleter(m)
+            PyErr_Restore(exc_type, exc_value, exc_tb)
 
 
 cdef void _free_versioned_in_legacy(DLManagedTensor* legacy) noexcept nogil:
@@ -52,12 +62,11 @@ cdef object _capsule(DLManagedTensorVersioned* m, bint versioned):
 cdef bint _wants_versioned(object max_version) except -1:
     if max_version is None:
         return False
-    try:
-        major = max_version[0]
-    except (TypeError, IndexError):
-        raise TypeError(f"max_version must be None or a (major, minor) tuple, "
-                        f"got {max_version!r}") from None
-    return major >= 1
+    if (type(max_version) is not tuple or len(max_version) != 2
+            or not all([type(v) is int for v in max_version])):
+        raise TypeError(f"max_version must be None or a (major, minor) tuple of ints, "
+                        f"got {max_version!r}")
+    return max_version[0] >= 1
 
 
 cdef int _check_stream(const DLTensor* t, object stream) except -1:
@@ -148,6 +157,7 @@ cdef _load_tf():
     if _tfe is None:
         from tensorflow.python import pywrap_tfe
         from tensorflow.python.eager import context
+        context.context().ensure_initialized()  # what tf.experimental.dlpack does first
         _tf_context = context.context
         _tfe = pywrap_tfe
 
