@@ -131,7 +131,15 @@ class JaxAdapter(Adapter):
         self._from_dlpack = jax.dlpack.from_dlpack
 
     def wrap_input(self, owner, copy):
-        return self._from_dlpack(owner, copy=True if copy else None)
+        dtype = owner.dtype
+        array = self._from_dlpack(owner, copy=True if copy else None)
+        if array.dtype != dtype:
+            # Without jax_enable_x64, JAX turns 64-bit inputs into 32-bit ones.
+            raise TypeError(
+                f"JAX converted a {dtype} input to {array.dtype}, losing range or "
+                f"precision; enable 64-bit types with "
+                f"jax.config.update('jax_enable_x64', True) or cast the input first")
+        return array
 
     def writable_elsewhere(self, obj, outside_refs):
         return False  # jax.Array is immutable

@@ -149,7 +149,8 @@ cdef int _run(PfbCall* call) except -1:
     except BaseException:
         for i in range(call.num_outputs):
             if call.outputs[i] != NULL:
-                _release_exported(call.outputs[i])
+                # Its own deleter: array_function outputs may be foreign tensors.
+                call.outputs[i].deleter(call.outputs[i])
                 call.outputs[i] = NULL
         raise
     finally:

@@ -27,6 +27,11 @@ cdef class _DLPackOwner:
         """A DLPack capsule of the tensor (versioned when ``max_version >= (1, 0)``)."""
         return _owner_dlpack(self, stream, max_version, dl_device, copy)
 
+    @property
+    def dtype(self):
+        """The NumPy dtype of the tensor (for adapters that check conversions)."""
+        return _numpy_dtype(_owner_tensor(self).dtype)
+
     def __dlpack_device__(self):
         """``(device_type, device_id)`` of the memory, as DLPack numbers it."""
         cdef DLDevice d = _owner_tensor(self).device

@@ -131,7 +131,7 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
             f"output {index}: Tout declares {_dtype_name(spec.dtype)} but the function "
             f"returned a {tp.__name__} of dtype {_dtype_name(t.dtype)}; convert it to "
             f"{_dtype_name(spec.dtype)} or declare Tout=tf.{_dtype_name(t.dtype)}")
-    _check_dims(t.ndim, t.shape, spec, index, tp.__name__)
+    _check_dims(t.ndim, t.shape, spec, index, f"a {tp.__name__}")
     if reason == "aliasing" and _inside(t, ranges):
         reason = None  # a view of an input: TensorFlow's memory, which nobody may write
     if reason is None:

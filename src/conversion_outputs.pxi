@@ -38,7 +38,7 @@ cdef str _declared_shape(const PfbOutputSpec* spec):
 
 cdef int _check_shape(cnp.ndarray arr, const PfbOutputSpec* spec, int index) except -1:
     # npy_intp and int64_t are the same size on the 64-bit platforms TF runs on.
-    return _check_dims(arr.ndim, <const int64_t*>cnp.PyArray_DIMS(arr), spec, index, "array")
+    return _check_dims(arr.ndim, <const int64_t*>cnp.PyArray_DIMS(arr), spec, index, "an array")
 
 
 cdef int _check_dims(int ndim, const int64_t* shape, const PfbOutputSpec* spec, int index,
@@ -56,7 +56,7 @@ cdef int _check_dims(int ndim, const int64_t* shape, const PfbOutputSpec* spec, 
         got = tuple([shape[i] for i in range(ndim)])
         raise _OutputError(
             f"output {index}: Tout declares shape {_declared_shape(spec)} but the "
-            f"function returned an {what} of shape {got}; return an array "
+            f"function returned {what} of shape {got}; return an array "
             f"of the declared shape, or relax the TensorSpec (None marks a dimension "
             f"of any size)")
     return 0
