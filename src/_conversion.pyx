@@ -13,7 +13,7 @@ from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcmp, memcpy, memset, strncpy
+from libc.string cimport memcmp, memcpy, memset, strcmp, strncpy
 
 cimport numpy as cnp
 

@@ -182,14 +182,11 @@ cdef int _check_tensor_arg(object tensor, str api) except -1:
 cdef _DLPackOwner _tf_export(object tensor, object copy):
     """An owner of a TF tensor's memory (zero-copy), READ_ONLY, bool as kDLBool."""
     _load_tf()
-    if tensor.dtype.is_bool:
-        code = kDLBool
-    elif tensor.dtype == _tf_string():
+    cdef int datatype = tensor._datatype_enum()  # cheaper than tensor.dtype
+    if datatype == TF_DT_STRING:
         raise TypeError(
             "tf.string tensors have no DLPack form; use pfb.to_numpy (an object "
             "array of bytes)")
-    else:
-        code = -1
     capsule = _tfe.TFE_ToDlpackCapsule(tensor)
     cdef DLManagedTensorVersioned* m = _consume_capsule(capsule, True)
     cdef _DLPackOwner owner
@@ -200,8 +197,8 @@ cdef _DLPackOwner _tf_export(object tensor, object copy):
         raise
     # TF's memory is immutable: no consumer may write it.
     m.flags |= DLPACK_FLAG_BITMASK_READ_ONLY
-    if code >= 0:
-        m.dl_tensor.dtype.code = <uint8_t>code  # TF exports bool as kDLUInt
+    if datatype == TF_DT_BOOL:
+        m.dl_tensor.dtype.code = kDLBool  # TF exports bool as kDLUInt
     if m.dl_tensor.device.device_type != kDLCPU:
         owner.synchronize = _sync_tf_devices
     if copy is True:
@@ -217,15 +214,10 @@ cdef _DLPackOwner _adopt_checked(DLManagedTensorVersioned* m):
         raise
 
 
-cdef object _tf_string_dtype = None
-
-
-cdef object _tf_string():
-    global _tf_string_dtype
-    if _tf_string_dtype is None:
-        from tensorflow.python.framework import dtypes
-        _tf_string_dtype = dtypes.string
-    return _tf_string_dtype
+# TensorFlow's DataType enum (types.proto), as EagerTensor._datatype_enum() gives it.
+cdef enum:
+    TF_DT_STRING = 7
+    TF_DT_BOOL = 10
 
 
 cdef object _tf_tensor(_DLPackOwner owner):

@@ -163,21 +163,21 @@ cdef DLManagedTensorVersioned* _consume_capsule(object capsule, bint allow_cuda)
             f"expected a DLPack capsule or an object with __dlpack__, got "
             f"{type(capsule).__name__}")
     cdef const char* name = PyCapsule_GetName(capsule)
-    cdef bytes kind = b"" if name == NULL else <bytes>name
     cdef DLManagedTensorVersioned* m
     cdef DLManagedTensor* legacy
-    if kind == b"dltensor_versioned":
+    if name != NULL and strcmp(name, b"dltensor_versioned") == 0:
         m = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, name)
         _check_version(m)  # before reading fields whose layout the version fixes
         _check_tensor(&m.dl_tensor, allow_cuda)
         PyCapsule_SetName(capsule, b"used_dltensor_versioned")  # consumed: ours now
         return m
-    if kind == b"dltensor":
+    if name != NULL and strcmp(name, b"dltensor") == 0:
         legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, name)
         _check_tensor(&legacy.dl_tensor, allow_cuda)
         m = _wrap_legacy(legacy)
         PyCapsule_SetName(capsule, b"used_dltensor")  # consumed: ours now
         return m
+    cdef bytes kind = b"" if name == NULL else <bytes>name
     if kind.startswith(b"used_"):
         raise BufferError(
             f"this DLPack capsule was already consumed (its name is {kind.decode()!r}); "
