@@ -347,3 +347,13 @@ def test_graphs_release_their_functions(torch, registry):
                                                  framework="torch"))(tf.constant(X))
     collect()
     assert len(registry) == before
+
+
+def test_torch_result_that_requires_grad_is_refused_by_torch(torch):
+    weight = torch.ones(16, requires_grad=True)
+    with pytest.raises(tf.errors.UnknownError, match="require gradient.*detach"):
+        pfb.array_function(lambda a: weight * 2, [tf.constant(X)], tf.float32,
+                           framework="torch")
+    ok = pfb.array_function(lambda a: (weight * 2).detach(), [tf.constant(X)],
+                            tf.float32, framework="torch")
+    np.testing.assert_array_equal(ok.numpy(), np.full(16, 2.0))
