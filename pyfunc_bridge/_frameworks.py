@@ -127,6 +127,7 @@ class TorchAdapter(Adapter):
     def to_capsule(self, t):
         # torch.utils.dlpack.to_dlpack (C) instead of Tensor.__dlpack__ (Python,
         # ~8 us with __dlpack_device__); device tensors take the generic path.
+        self.load()
         if isinstance(t, self._tensor) and t.is_cpu and not t.requires_grad:
             return self._to_dlpack(t)
         return None
@@ -163,9 +164,19 @@ ADAPTERS = {"torch": TorchAdapter(), "jax": JaxAdapter()}
 _registered = False
 
 
+def register_all(conversion):
+    """Lets the conversion layer judge (and export) every framework's arrays.
+
+    Called when the conversion module is first loaded; imports no framework.
+    """
+    global _registered
+    for each in ADAPTERS.values():
+        conversion.register_framework(each)
+    _registered = True
+
+
 def adapter(framework):
     """The loaded adapter for `framework` (None for "numpy")."""
-    global _registered
     if framework == "numpy":
         return None
     if framework == "cupy":
@@ -178,8 +189,5 @@ def adapter(framework):
         raise ValueError(f"framework must be one of {names}, got {framework!r}")
     found.load()
     if not _registered:
-        conversion = _library.conversion()
-        for each in ADAPTERS.values():
-            conversion.register_framework(each)
-        _registered = True
+        _library.conversion()  # registers the adapters
     return found

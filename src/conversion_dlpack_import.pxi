@@ -215,6 +215,9 @@ cdef DLManagedTensorVersioned* _consume(object obj, bint allow_cuda) except NULL
         return _consume_capsule(obj, allow_cuda)
     if _is_eager_tensor(obj):
         return _consume_owner(_tf_export(obj, None))
+    capsule = (<tuple>_handler(type(obj)))[1](obj)  # a framework adapter's fast path
+    if capsule is not None:
+        return _consume_capsule(capsule, allow_cuda)
     dlpack = getattr(obj, "__dlpack__", None)
     if dlpack is None:
         raise TypeError(
