@@ -21,6 +21,19 @@ del _check
 
 from pyfunc_bridge._numpy_function import numpy_function, py_func  # noqa: E402
 from pyfunc_bridge._py_function import py_function  # noqa: E402
+from pyfunc_bridge._array_function import array_function  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["numpy_function", "py_func", "py_function"]
+# The conversion API lives in the conversion layer (src/conversion_dlpack_api.pxi),
+# which is imported on first access.
+_CONVERSION_API = ("from_dlpack", "to_dlpack", "to_numpy", "from_numpy")
+__all__ = ["numpy_function", "py_func", "py_function", "array_function", *_CONVERSION_API]
+
+
+def __getattr__(name):
+    if name in _CONVERSION_API:
+        from pyfunc_bridge import _library
+        function = getattr(_library.conversion(), name)
+        globals()[name] = function  # later lookups skip this hook
+        return function
+    raise AttributeError(f"module 'pyfunc_bridge' has no attribute {name!r}")

@@ -1,4 +1,6 @@
-from typing import Any, Callable, Literal, Sequence, TypeVar, overload
+from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar, overload
+
+import numpy as np
 
 import tensorflow as tf
 
@@ -34,3 +36,23 @@ def py_function(
     func: Callable[..., Any], inp: Sequence[Any] | None, Tout: _PyTout | None,
     name: str | None = ...,
 ) -> Any: ...
+
+_Framework = Literal["numpy", "torch", "jax"]
+
+def array_function(
+    func: Callable[..., Any], inp: Sequence[Any] | None, Tout: _Tout, *,
+    framework: _Framework, stateful: bool = ..., name: str | None = ..., copy: _Copy = ...,
+) -> Any: ...
+
+class DLPackExporter(Protocol):
+    """What pfb.to_dlpack returns: the DLPack protocol, consumable once."""
+    def __dlpack__(
+        self, *, stream: int | None = ..., max_version: tuple[int, int] | None = ...,
+        dl_device: tuple[int, int] | None = ..., copy: bool | None = ...,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+
+def from_dlpack(obj: Any, *, copy: _Copy = ...) -> tf.Tensor: ...
+def to_dlpack(tensor: tf.Tensor, *, copy: _Copy = ...) -> DLPackExporter: ...
+def to_numpy(tensor: tf.Tensor, *, copy: _Copy = ...) -> np.ndarray: ...
+def from_numpy(array: np.ndarray, *, copy: _Copy = ...) -> tf.Tensor: ...

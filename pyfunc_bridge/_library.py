@@ -85,5 +85,7 @@ def conversion():
     global _conversion
     if _conversion is None:
         from pyfunc_bridge import _conversion as module
+        from pyfunc_bridge import _frameworks
+        _frameworks.register_all(module)  # framework arrays judged by their adapters
         _conversion = module
     return _conversion

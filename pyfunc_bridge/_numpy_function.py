@@ -72,13 +72,13 @@ def _execute(op_name, wrapper, inputs, key, signature, name, attrs):
 
 
 def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
-                record=True):
-    """Runs a bridge op eagerly; `record` goes to the entry (py_function)."""
+                framework=None, record=True):
+    """Runs a bridge op eagerly; `framework` and `record` go to the entry."""
     # The kernel of an eager op runs on this thread: the conversion layer finds
     # the function in a thread-local slot, under one constant key, so that TF's
     # eager kernel cache does not grow with every call.
     if context.context().is_async():
-        entry = _registry.register(func)
+        entry = _registry.register(func, framework)
         entry.record = record
         result = _execute(op_name, wrapper, inputs, entry.key, signature, name, attrs)
         context.async_wait()  # the entry must outlive the call
@@ -86,14 +86,15 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     conversion = _library.conversion()
     slot, key = conversion._eager, conversion.EAGER_KEY
     previous = getattr(slot, "entry", None)
-    slot.entry = _registry.Entry(func, key, record)
+    slot.entry = _registry.Entry(func, key, framework, record)
     try:
         return _execute(op_name, wrapper, inputs, key, signature, name, attrs)
     finally:
         slot.entry = previous
 
 
-def _bridge_op(func, inp, Tout, stateful, name, copy):
+def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
+    """The op for `func`; `framework`: None (NumPy) or an array_function adapter."""
     if not callable(func):
         raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
     copy_attr = _copy_attr(copy)
@@ -106,9 +107,9 @@ def _bridge_op(func, inp, Tout, stateful, name, copy):
         op_name, op = STATELESS_OP, lib.pyfunc_bridge_numpy_function_stateless
     if tf.executing_eagerly():
         result = run_eagerly(op_name, op, func, inputs, signature, name,
-                             (("copy", copy_attr),))
+                             (("copy", copy_attr),), framework)
     else:
-        entry = _registry.register(func)
+        entry = _registry.register(func, framework)
         result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
                     out_shapes=signature.shapes, copy=copy_attr, name=name)
         graph = (result[0].graph if isinstance(result, list) and result

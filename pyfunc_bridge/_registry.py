@@ -17,15 +17,20 @@ _GRAPH_ATTR = "_pyfunc_bridge_entries"
 
 
 class Entry:
-    """A registered function; graphs that run it keep it alive."""
+    """A registered function; graphs that run it keep it alive.
 
-    __slots__ = ("func", "key", "record", "__weakref__")
+    ``framework`` is None for NumPy functions, else the framework adapter of an
+    array_function (pyfunc_bridge/_frameworks.py), read by the conversion layer.
+    ``record`` (py_function): whether a call may need its gradient (eager
+    calls decide per call; in graphs the kernel sees whether one is wired).
+    """
 
-    def __init__(self, func, key, record=True):
+    __slots__ = ("func", "key", "framework", "record", "__weakref__")
+
+    def __init__(self, func, key, framework=None, record=True):
         self.func = func
         self.key = key
-        # py_function: whether a call may need its gradient (eager calls
-        # decide per call; in graphs the kernel sees whether one is wired).
+        self.framework = framework
         self.record = record
 
     def __repr__(self):
@@ -45,11 +50,11 @@ def _forget(functions, key, ref):
         del functions[key]
 
 
-def register(func):
+def register(func, framework=None):
     """Registers `func` under a new key and returns its Entry."""
     functions = _library.conversion().registry()
     key = f"{function_reference(func)}@{uuid.uuid4().hex}"
-    entry = Entry(func, key)
+    entry = Entry(func, key, framework)
     functions[key] = weakref.ref(entry, lambda ref: _forget(functions, key, ref))
     return entry
 

@@ -13,9 +13,9 @@ from cpython.pycapsule cimport (
 )
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
-from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcmp, memcpy, memset, strncpy
+from libc.string cimport memcmp, memcpy, memset, strcmp, strncpy
 
 cimport numpy as cnp
 
@@ -47,8 +47,12 @@ cdef extern from "Python.h":
 include "conversion_alloc.pxi"
 include "conversion_dtypes.pxi"
 include "conversion_dlpack.pxi"
+include "conversion_dlpack_import.pxi"
+include "conversion_dlpack_export.pxi"
 include "conversion_strings.pxi"
 include "conversion_outputs.pxi"
+include "conversion_frameworks.pxi"
 include "conversion_errors.pxi"
 include "conversion_tensors.pxi"
 include "conversion_bridge.pxi"
+include "conversion_dlpack_api.pxi"

@@ -33,8 +33,8 @@ cdef object _lookup(const char* key, size_t key_len):
     return entry
 
 
-cdef tuple _input_arrays(PfbCall* call):
-    """One argument per input: read-only views, or private copies (copy=True)."""
+cdef tuple _adopt_inputs(PfbCall* call):
+    """One owner per input, each freeing its input on every path."""
     cdef Py_ssize_t i, n = call.num_inputs
     cdef tuple args
     cdef _DLPackOwner owner
@@ -55,7 +55,13 @@ cdef tuple _input_arrays(PfbCall* call):
             raise
         Py_INCREF(owner)  # PyTuple_SET_ITEM steals it
         PyTuple_SET_ITEM(args, i, owner)
-    cdef bint private = call.copy_mode == PFB_COPY_TRUE
+    return args
+
+
+cdef tuple _input_arrays(tuple args, int copy_mode):
+    """Swaps each owner for an ndarray: a read-only view, or a private copy (copy=True)."""
+    cdef Py_ssize_t i, n = len(args)
+    cdef bint private = copy_mode == PFB_COPY_TRUE
     for i in range(n):
         view = _view(<_DLPackOwner>args[i], False)
         if private and cnp.PyArray_TYPE(view) != cnp.NPY_OBJECT:
@@ -67,16 +73,25 @@ cdef tuple _input_arrays(PfbCall* call):
     return args
 
 
-cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs) except -1:
+cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
+                         list ranges) except -1:
     """Checks the results against the declaration and exports them.
 
     `outside_refs`: references to `result` that the bridge does not hold.
+    `ranges`: None for NumPy functions; for array_function the inputs' memory
+    ranges, and results exporting __dlpack__ are taken through DLPack.
     """
     cdef int i, j, held, n = call.num_outputs
+    cdef Py_ssize_t refs
     cdef PyObject* item
     if n == 1 and not isinstance(result, (list, tuple)):
-        call.outputs[0] = _export_output(<PyObject*>result, outside_refs, 0,
-                                         &call.output_specs[0], call.copy_mode)
+        if ranges is None or PyArray_Check(<PyObject*>result):
+            call.outputs[0] = _export_output(<PyObject*>result, outside_refs, 0,
+                                             &call.output_specs[0], call.copy_mode)
+        else:
+            call.outputs[0] = _export_dlpack_output(<PyObject*>result, outside_refs, 0,
+                                                    &call.output_specs[0], call.copy_mode,
+                                                    ranges)
         return 0
     if isinstance(result, (list, tuple)) and len(result) == n:
         # The bridge holds each item once per occurrence in `items` (twice for
@@ -91,9 +106,13 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs) 
             for j in range(n):
                 if PyTuple_GET_ITEM(items, j) == item:
                     held += per_item + (1 if j < i else 0)
-            call.outputs[i] = _export_output(
-                item, Py_REFCNT(item) - held + (1 if outside_refs > 0 else 0),
-                i, &call.output_specs[i], call.copy_mode)
+            refs = Py_REFCNT(item) - held + (1 if outside_refs > 0 else 0)
+            if ranges is None or PyArray_Check(item):
+                call.outputs[i] = _export_output(item, refs, i, &call.output_specs[i],
+                                                 call.copy_mode)
+            else:
+                call.outputs[i] = _export_dlpack_output(item, refs, i, &call.output_specs[i],
+                                                        call.copy_mode, ranges)
         return 0
     _check_count(result, n)  # raises unless n == 0 and result is None
     return 0
@@ -103,8 +122,16 @@ cdef int _run(PfbCall* call) except -1:
     cdef int i
     if call.flags & (PFB_CALL_TENSORS | PFB_CALL_GRADIENT):
         return _run_py_function(call)
-    args = _input_arrays(call)
+    args = _adopt_inputs(call)
     entry = _lookup(call.key, call.key_len)
+    # None: a NumPy function; else the framework adapter of an array_function
+    # (conversion_frameworks.pxi).
+    adapter = entry.framework
+    cdef list ranges = None
+    if adapter is None:
+        _input_arrays(args, call.copy_mode)
+    else:
+        ranges = _framework_inputs(args, adapter, call.copy_mode)
     # Fresh NumPy arrays must be 64-byte aligned to be handed over.  On TF's
     # worker threads (no user Python runs there) the handler stays installed;
     # on Python's own threads it is restored after the call.
@@ -116,13 +143,16 @@ cdef int _run(PfbCall* call) except -1:
         cnp.PyDataMem_SetHandler(_aligned_handler_capsule)
     try:
         result = entry.func(*args)
+        if adapter is not None and call.copy_mode != PFB_COPY_TRUE:
+            adapter.check_inputs(args)
         args = None  # the inputs are no longer ours
         # `result` is our only reference: the rest belong to someone else.
-        _export_outputs(call, result, Py_REFCNT(<PyObject*>result) - 1)
+        _export_outputs(call, result, Py_REFCNT(<PyObject*>result) - 1, ranges)
     except BaseException:
         for i in range(call.num_outputs):
             if call.outputs[i] != NULL:
-                _release_exported(call.outputs[i])
+                # Its own deleter: array_function outputs may be foreign tensors.
+                call.outputs[i].deleter(call.outputs[i])
                 call.outputs[i] = NULL
         raise
     finally:

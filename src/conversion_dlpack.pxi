@@ -3,19 +3,47 @@
 # Producing: one malloc holds the managed struct, its shape and its strides.
 
 cdef class _DLPackOwner:
-    """Base object of ndarrays that view a DLPack tensor's memory.
+    """Owner of one DLPack tensor: the base object of the ndarrays that view
+    its memory, and an exporter with the full DLPack protocol
+    (``__dlpack__``/``__dlpack_device__``, conversion_dlpack_export.pxi).
 
     It implements no buffer protocol, so NumPy cannot make a read-only view
-    of it writable again.
+    of it writable again.  ``pyfunc_bridge.to_dlpack`` returns one.
     """
     cdef DLManagedTensorVersioned* managed
     cdef readonly bint writable
+    # A view or an earlier export still uses `managed`: exports share it.
+    cdef bint shared
+    # Called with the consumer's stream before CUDA memory is exported (None: nothing to wait for).
+    cdef object synchronize
 
     def __dealloc__(self):
         cdef DLManagedTensorVersioned* m = self.managed
         self.managed = NULL
         if m != NULL and m.deleter != NULL:
             m.deleter(m)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule of the tensor (versioned when ``max_version >= (1, 0)``)."""
+        return _owner_dlpack(self, stream, max_version, dl_device, copy)
+
+    @property
+    def dtype(self):
+        """The NumPy dtype of the tensor (for adapters that check conversions)."""
+        return _numpy_dtype(_owner_tensor(self).dtype)
+
+    def __dlpack_device__(self):
+        """``(device_type, device_id)`` of the memory, as DLPack numbers it."""
+        cdef DLDevice d = _owner_tensor(self).device
+        return (<int>d.device_type, d.device_id)
+
+    def __repr__(self):
+        if self.managed == NULL:
+            return "<pyfunc_bridge DLPack tensor (exported)>"
+        cdef DLTensor* t = &self.managed.dl_tensor
+        shape = tuple([t.shape[i] for i in range(t.ndim)])
+        return (f"<pyfunc_bridge DLPack tensor {_dtype_name(t.dtype)}{list(shape)} "
+                f"on device {_device_name(t.device)}>")
 
 
 cdef _DLPackOwner _adopt(DLManagedTensorVersioned* managed):
@@ -25,19 +53,22 @@ cdef _DLPackOwner _adopt(DLManagedTensorVersioned* managed):
     return owner
 
 
+cdef DLTensor* _owner_tensor(_DLPackOwner owner) except NULL:
+    if owner.managed == NULL:
+        raise BufferError(
+            "this DLPack tensor was already exported (handed to a consumer, which "
+            "now owns it); an exporter can be consumed once")
+    return &owner.managed.dl_tensor
+
+
 cdef object _view(_DLPackOwner owner, bint writable):
     """An ndarray viewing the owner's tensor (strings: a converted object array)."""
-    cdef DLTensor* t = &owner.managed.dl_tensor
+    cdef DLTensor* t = _owner_tensor(owner)
     cdef npy_intp dims[64]
     cdef npy_intp strides[64]
     cdef int i
-    if t.ndim < 0 or t.ndim > 64:
-        raise BufferError(f"DLPack tensor has ndim {t.ndim}; expected 0 to 64")
-    if t.ndim > 0 and t.shape == NULL:
-        raise BufferError("DLPack tensor has a NULL shape")
+    _check_shape_fields(t)
     for i in range(t.ndim):
-        if t.shape[i] < 0:
-            raise BufferError(f"DLPack tensor has a negative dimension {t.shape[i]}")
         dims[i] = <npy_intp>t.shape[i]
     if _is_string_dtype(t.dtype):
         return _strings_from_records(t)
@@ -58,6 +89,7 @@ cdef object _view(_DLPackOwner owner, bint writable):
         data, NPY_ARRAY_WRITEABLE if writable else 0, NULL)
     Py_XDECREF(<PyObject*>arr)  # the cast above took a second reference
     owner.writable = writable
+    owner.shared = True  # the view needs the memory: later exports may not hand it out
     cnp.set_array_base(arr, owner)  # the view keeps the producer's memory alive
     return arr
 

@@ -36,9 +36,13 @@ cdef str _declared_shape(const PfbOutputSpec* spec):
     return "(" + ", ".join(dims) + ")"
 
 
-cdef int _check_dims(int ndim, const npy_intp* shape, const PfbOutputSpec* spec,
-                     int index) except -1:
-    """Raises unless a result of this shape matches the declared one."""
+cdef int _check_shape(cnp.ndarray arr, const PfbOutputSpec* spec, int index) except -1:
+    # npy_intp and int64_t are the same size on the 64-bit platforms TF runs on.
+    return _check_dims(arr.ndim, <const int64_t*>cnp.PyArray_DIMS(arr), spec, index, "an array")
+
+
+cdef int _check_dims(int ndim, const int64_t* shape, const PfbOutputSpec* spec, int index,
+                     str what) except -1:
     if spec.ndim < 0:
         return 0
     cdef int i
@@ -52,14 +56,10 @@ cdef int _check_dims(int ndim, const npy_intp* shape, const PfbOutputSpec* spec,
         got = tuple([shape[i] for i in range(ndim)])
         raise _OutputError(
             f"output {index}: Tout declares shape {_declared_shape(spec)} but the "
-            f"function returned an array of shape {got}; return an array "
+            f"function returned {what} of shape {got}; return an array "
             f"of the declared shape, or relax the TensorSpec (None marks a dimension "
             f"of any size)")
     return 0
-
-
-cdef inline int _check_shape(cnp.ndarray arr, const PfbOutputSpec* spec, int index) except -1:
-    return _check_dims(arr.ndim, <npy_intp*>cnp.PyArray_DIMS(arr), spec, index)
 
 
 # Python values convert to a declared dtype of the same or a wider kind.
@@ -145,6 +145,14 @@ _COPY_REASON_TEXT = {
 }
 
 
+cdef int _raise_copy_forbidden(int index, str reason) except -1:
+    raise _OutputError(
+        f"output {index} would need a copy because "
+        f"{_COPY_REASON_TEXT[reason]}; copy=False forbids copies. Return a "
+        f"fresh, C-contiguous array (e.g. np.ascontiguousarray(x) or x.copy()), "
+        f"or use copy=None to let the bridge copy once")
+
+
 cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_refs,
                                               int index, const PfbOutputSpec* spec,
                                               int copy_mode) except NULL:
@@ -191,10 +199,6 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
     _check_shape(checked, spec, index)
     if reason is not None:
         if copy_mode == PFB_COPY_FALSE:
-            raise _OutputError(
-                f"output {index} would need a copy because "
-                f"{_COPY_REASON_TEXT[reason]}; copy=False forbids copies. Return a "
-                f"fresh, C-contiguous array (e.g. np.ascontiguousarray(x) or x.copy()), "
-                f"or use copy=None to let the bridge copy once")
+            _raise_copy_forbidden(index, reason)
         checked = np.array(checked, order="C", copy=True)
     return _export_array(checked, spec.dtype)

@@ -4,171 +4,49 @@
 # ones on the way in and TF's legacy ones in versioned ones on the way out.
 # TensorFlow's modules are looked up on the first such call.
 
-cdef object _tfe = None            # tensorflow.python.pywrap_tfe
-cdef object _tf_context = None     # tensorflow.python.eager.context
-cdef object _EagerTensor = None
 cdef object _GradientTape = None
 cdef object _tf_constant = None
 cdef object _tf_zeros = None
 cdef object _tf_convert = None
 cdef object _unconnected_zero = None
+cdef object _eager_mode = None
 
 
 cdef int _import_tensorflow() except -1:
-    global _tfe, _tf_context, _EagerTensor, _GradientTape, _tf_constant, _tf_zeros
-    global _unconnected_zero, _tf_convert
-    if _tfe is not None:
+    global _GradientTape, _tf_constant, _tf_zeros, _tf_convert, _unconnected_zero
+    global _eager_mode
+    if _GradientTape is not None:
         return 0
+    _load_tf()
     import tensorflow as tf
-    from tensorflow.python import pywrap_tfe
     from tensorflow.python.eager import context
-    from tensorflow.python.framework import ops
-    _tf_context = context
-    _EagerTensor = ops.EagerTensor
-    _GradientTape = tf.GradientTape
+    _eager_mode = context.eager_mode
     _tf_constant = tf.constant
     _tf_zeros = tf.zeros
     _tf_convert = tf.convert_to_tensor
     _unconnected_zero = tf.UnconnectedGradients.ZERO
-    _tfe = pywrap_tfe
+    _GradientTape = tf.GradientTape
     return 0
-
-
-cdef void _delete_legacy(DLManagedTensor* legacy) noexcept nogil:
-    """Deleter of a legacy wrapper: releases the versioned tensor it wraps."""
-    cdef DLManagedTensorVersioned* m = <DLManagedTensorVersioned*>legacy.manager_ctx
-    if m != NULL and m.deleter != NULL:
-        m.deleter(m)
-    free(legacy)
-
-
-cdef void _legacy_capsule_destructor(object capsule) noexcept:
-    # A capsule still named "dltensor" was never consumed: its tensor is ours.
-    cdef DLManagedTensor* legacy
-    if PyCapsule_IsValid(capsule, b"dltensor"):
-        legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
-        if legacy != NULL and legacy.deleter != NULL:
-            legacy.deleter(legacy)
-
-
-cdef object _legacy_capsule(DLManagedTensorVersioned* managed):
-    """A "dltensor" capsule that owns `managed` (released on every path)."""
-    cdef DLManagedTensor* legacy = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
-    if legacy == NULL:
-        managed.deleter(managed)
-        raise MemoryError("cannot allocate a DLPack tensor")
-    legacy.dl_tensor = managed.dl_tensor  # shape/strides stay with `managed`
-    legacy.manager_ctx = <void*>managed
-    legacy.deleter = _delete_legacy
-    try:
-        return PyCapsule_New(<void*>legacy, b"dltensor",
-                             <PyCapsule_Destructor>_legacy_capsule_destructor)
-    except BaseException:
-        _delete_legacy(legacy)
-        raise
 
 
 cdef tuple _input_tensors(PfbCall* call):
     """One EagerTensor per input, viewing TF's memory (strings: converted)."""
-    cdef Py_ssize_t i, n = call.num_inputs
-    cdef list capsules = []
-    # Each input first becomes a capsule (or an owner) that frees it.
-    for i in range(n):
-        try:
-            if _is_string_dtype(call.inputs[i].dl_tensor.dtype):
-                capsules.append(_adopt(call.inputs[i]))
-            else:
-                capsules.append(_legacy_capsule(call.inputs[i]))
-        except BaseException:
-            for i in range(i + 1, n):
-                call.inputs[i].deleter(call.inputs[i])
-            raise
-    ctx = _tf_context.context()
-    ctx.ensure_initialized()  # a TF1 graph run by a Session may not have done it
-    handle = ctx._handle
-    args = []
-    cdef DLManagedTensor* legacy
-    for holder in capsules:
-        if type(holder) is _DLPackOwner:
-            args.append(_tf_constant(_view(<_DLPackOwner>holder, False)))
-            continue
-        legacy = <DLManagedTensor*>PyCapsule_GetPointer(holder, b"dltensor")
-        if (legacy.dl_tensor.device.device_type == kDLCPU
-                and (<uintptr_t>legacy.dl_tensor.data + legacy.dl_tensor.byte_offset)
-                % ALIGNMENT != 0):
+    args = _adopt_inputs(call)  # each owner frees its input on every path
+    cdef list tensors = []
+    cdef _DLPackOwner owner
+    cdef DLTensor* t
+    for owner in args:
+        t = &owner.managed.dl_tensor
+        if _is_string_dtype(t.dtype):
+            tensors.append(_tf_constant(_view(owner, False)))
+        elif (t.device.device_type == kDLCPU
+                and (<uintptr_t>t.data + t.byte_offset) % ALIGNMENT != 0):
             # TF's kernels assume aligned memory (an unaligned slice of a TF
             # buffer can reach us): such an input gets an aligned copy.
-            holder = _aligned_copy_capsule(holder)
-        args.append(_tfe.TFE_FromDlpackCapsule(holder, handle))
-    return tuple(args)
-
-
-cdef object _aligned_copy_capsule(object capsule):
-    """A "dltensor" capsule over an aligned copy of the capsule's tensor."""
-    cdef DLManagedTensor* legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
-    PyCapsule_SetName(capsule, b"used_dltensor")
-    # From here on the owner releases the tensor, once the copy is made.
-    cdef _DLPackOwner owner = _adopt(<DLManagedTensorVersioned*>legacy.manager_ctx)
-    legacy.manager_ctx = NULL
-    _delete_legacy(legacy)
-    previous = cnp.PyDataMem_SetHandler(_aligned_handler_capsule)
-    try:
-        copy = np.array(_view(owner, False), copy=True)
-    finally:
-        cnp.PyDataMem_SetHandler(previous)
-    return copy.__dlpack__()
-
-
-cdef void _delete_versioned(DLManagedTensorVersioned* managed) noexcept nogil:
-    """Deleter of a versioned wrapper around a consumed legacy tensor."""
-    cdef DLManagedTensor* legacy = <DLManagedTensor*>managed.manager_ctx
-    if legacy != NULL and legacy.deleter != NULL:
-        legacy.deleter(legacy)
-    free(managed)
-
-
-cdef DLManagedTensorVersioned* _export_tensor(object tensor, int index,
-                                              const PfbOutputSpec* spec) except NULL:
-    """An EagerTensor result -> a DLPack tensor on TF's memory (TF's tensors
-    are immutable, so sharing it is always safe)."""
-    capsule = _tfe.TFE_ToDlpackCapsule(tensor)
-    cdef DLManagedTensor* legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
-    cdef DLTensor* t = &legacy.dl_tensor
-    # On error the capsule, still unconsumed, releases TF's tensor itself.
-    cdef bint same = (t.dtype.code == spec.dtype.code and t.dtype.bits == spec.dtype.bits
-                      and t.dtype.lanes == spec.dtype.lanes)
-    if not same and spec.dtype.code == kDLBool:
-        same = tensor.dtype.is_bool  # TF exports bool as uint8
-    elif same and t.dtype.code == kDLUInt and t.dtype.bits == 8:
-        same = not tensor.dtype.is_bool
-    if not same:
-        want = _numpy_dtype(spec.dtype).name
-        raise _OutputError(
-            f"output {index}: Tout declares {want} but the function returned a "
-            f"tensor of dtype {tensor.dtype.name}; return tf.cast(x, tf.{want}) or "
-            f"declare Tout=tf.{tensor.dtype.name}")
-    _check_dims(t.ndim, <npy_intp*>t.shape, spec, index)
-    if (t.device.device_type != spec.device.device_type
-            or t.device.device_id != spec.device.device_id):
-        raise _OutputError(
-            f"output {index}: the function returned a tensor on {tensor.device}, "
-            f"but this output must be on the op's device "
-            f"(DLPack device {spec.device.device_type}:{spec.device.device_id}); "
-            f"create it under tf.device(...) or copy it with tf.identity")
-    cdef DLManagedTensorVersioned* m = <DLManagedTensorVersioned*>malloc(
-        sizeof(DLManagedTensorVersioned))
-    if m == NULL:
-        raise MemoryError("cannot allocate a DLPack tensor")
-    # From here on the versioned wrapper owns TF's tensor; the capsule must not.
-    PyCapsule_SetName(capsule, b"used_dltensor")
-    m.version.major = DLPACK_MAJOR_VERSION
-    m.version.minor = DLPACK_MINOR_VERSION
-    m.flags = DLPACK_FLAG_BITMASK_READ_ONLY
-    m.dl_tensor = legacy.dl_tensor
-    m.dl_tensor.dtype = spec.dtype  # TF exports bool as uint8
-    m.manager_ctx = <void*>legacy
-    m.deleter = _delete_versioned
-    return m
+            tensors.append(_tf_tensor(_adopt_checked(_private_copy(owner))))
+        else:
+            tensors.append(_tf_tensor(owner))
+    return tuple(tensors)
 
 
 cdef class _Forward:
@@ -194,19 +72,20 @@ cdef inline bint _floating_spec(const PfbOutputSpec* spec):
 
 
 cdef int _export_results(PfbCall* call, object results) except -1:
-    """A py_function wrapper's flat result list -> the call's outputs."""
+    """A py_function wrapper's flat result list -> the call's outputs.
+
+    EagerTensors are TF's immutable memory: handed over without a copy.  The
+    list holds other results too, so NumPy arrays count as referenced
+    elsewhere and are copied."""
     cdef int i
     if len(results) != call.num_outputs:
         _check_count(results, call.num_outputs)
     for i in range(call.num_outputs):
         value = results[i]
-        if type(value) is _EagerTensor and not _is_string_dtype(call.output_specs[i].dtype):
-            call.outputs[i] = _export_tensor(value, i, &call.output_specs[i])
-        else:
-            if isinstance(value, _EagerTensor):
-                value = value.numpy()  # strings: converted anyway
-            call.outputs[i] = _export_output(<PyObject*>value, 1, i,
-                                             &call.output_specs[i], PFB_COPY_NONE)
+        if _is_string_dtype(call.output_specs[i].dtype) and _is_eager_tensor(value):
+            value = value.numpy()  # strings are converted anyway
+        call.outputs[i] = _export_dlpack_output(<PyObject*>value, 1, i, &call.output_specs[i],
+                                                PFB_COPY_NONE, [])
     return 0
 
 
@@ -240,7 +119,7 @@ cdef class _Scopes:
         self.entered = []
 
     cdef int enter(self, PfbCall* call) except -1:
-        ctx = _tf_context.context()
+        ctx = _tf_context()
         self.persistent = call.flags & PFB_CALL_WORKER_THREAD
         name = call.device_name if call.device_name != NULL else None  # bytes
         if self.persistent:
@@ -253,7 +132,7 @@ cdef class _Scopes:
             _worker_scopes.scopes = self
         self.device = name
         if not ctx.executing_eagerly():
-            self._enter(_tf_context.eager_mode())
+            self._enter(_eager_mode())
         if name is not None and not name.endswith(_sole_device(ctx)):
             text = name.decode()
             if ctx.device_name != text:
@@ -309,7 +188,7 @@ cdef int _run_tensors(PfbCall* call) except -1:
         forward.tape = tape
         forward.sources = sources
         forward.targets = [
-            results[i] if type(results[i]) is _EagerTensor else None
+            results[i] if _is_eager_tensor(results[i]) else None
             for i in range(call.num_outputs) if _floating_spec(&call.output_specs[i])]
         Py_INCREF(forward)  # the new reference PfbCall.state hands to the kernel
         call.state = <void*>forward
@@ -336,7 +215,7 @@ cdef int _run_gradient(PfbCall* call) except -1:
                                             output_gradients=[g for _, g in pairs],
                                             unconnected_gradients=_unconnected_zero)
             # Sparse gradients (tf.gather) become dense tensors.
-            results = [r if type(r) is _EagerTensor else _tf_convert(r) for r in results]
+            results = [r if _is_eager_tensor(r) else _tf_convert(r) for r in results]
         else:
             results = [_tf_zeros(s.shape, s.dtype) for s in forward.sources]
         _export_results(call, results)

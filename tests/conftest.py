@@ -25,3 +25,18 @@ def address(array_like):
 def collect():
     for _ in range(3):
         gc.collect()
+
+
+# Optional frameworks (the `test` extra installs them): imported once, by the
+# tests that ask for them, skipped cleanly when absent.
+@pytest.fixture(scope="session")
+def torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="session")
+def jax():
+    jax = pytest.importorskip("jax")
+    import jax.dlpack  # noqa: F401
+    import jax.numpy  # noqa: F401
+    return jax

@@ -36,6 +36,44 @@ DLManagedTensorVersioned._fields_ = [
     ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
 
 
+class DLManagedTensor(ctypes.Structure):  # legacy (pre-1.0) layout
+    pass
+
+
+LEGACY_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [
+    ("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", LEGACY_DELETER)]
+
+READ_ONLY, IS_COPIED = 1, 2
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_capsule_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_name.restype = ctypes.c_char_p
+_capsule_name.argtypes = [ctypes.py_object]
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# The destructor sees a capsule whose reference count is already 0: it takes a
+# raw pointer, never a py_object (which would revive and free it again).
+CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_capsule_name_raw = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_GetName", ctypes.pythonapi))
+
+
+def capsule_name(capsule):
+    return _capsule_name(capsule).decode()
+
+
+def capsule_tensor(capsule):
+    """(managed struct, its DLTensor) of an unconsumed capsule of either kind."""
+    name = _capsule_name(capsule)
+    kind = DLManagedTensorVersioned if name == b"dltensor_versioned" else DLManagedTensor
+    managed = ctypes.cast(_capsule_pointer(capsule, name), ctypes.POINTER(kind)).contents
+    return managed, managed.dl_tensor
+
+
 class PfbOutputSpec(ctypes.Structure):
     _fields_ = [("dtype", DLDataType), ("ndim", ctypes.c_int32),
                 ("dims", ctypes.POINTER(ctypes.c_int64)), ("device", DLDevice)]
@@ -74,27 +112,41 @@ def bridge_api(capsule):
 
 
 class Producer:
-    """Makes DLManagedTensorVersioned structs over NumPy arrays; counts deletes."""
+    """Makes DLPack tensors (structs or capsules of either kind) over NumPy
+    arrays, malformed on request; counts deleter calls."""
 
     def __init__(self):
         self.deleted = 0
         self._keep = []
         self._deleter = DELETER(self._delete)
+        self._legacy_deleter = LEGACY_DELETER(self._delete)
+        self._destructor = CAPSULE_DESTRUCTOR(self._destroy)
 
     def _delete(self, managed):
         self.deleted += 1
 
+    def _destroy(self, capsule):
+        # Like real producers: only a capsule nobody consumed frees its tensor.
+        if _capsule_name_raw(capsule) in (b"dltensor", b"dltensor_versioned"):
+            self.deleted += 1
+
     def tensor(self, array, *, ndim=None, shape=None, dtype=None, null_shape=False,
-               strides=None):
+               strides=None, versioned=True, version=(1, 1), device=(kDLCPU, 0),
+               null_data=False, flags=READ_ONLY, byte_offset=0):
         shape = list(array.shape) if shape is None else shape
         shape_arr = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-        m = DLManagedTensorVersioned()
-        m.version = DLPackVersion(1, 1)
-        m.deleter = self._deleter
-        m.flags = 1  # READ_ONLY
+        if versioned:
+            m = DLManagedTensorVersioned()
+            m.version = DLPackVersion(*version)
+            m.deleter = self._deleter
+            m.flags = flags
+        else:
+            m = DLManagedTensor()
+            m.deleter = self._legacy_deleter
         t = m.dl_tensor
-        t.data = array.ctypes.data
-        t.device = DLDevice(kDLCPU, 0)
+        t.data = None if null_data else array.ctypes.data
+        t.byte_offset = byte_offset
+        t.device = DLDevice(*device)
         t.ndim = len(shape) if ndim is None else ndim
         t.dtype = dtype or DLDataType(kDLFloat, 32, 1)
         t.shape = None if null_shape else ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64))
@@ -104,6 +156,34 @@ class Producer:
             t.strides = ctypes.cast(strides_arr, ctypes.POINTER(ctypes.c_int64))
         self._keep += [array, shape_arr, m]
         return m
+
+    def capsule(self, array, *, versioned=True, name=None, **kwargs):
+        """A capsule over `array` (float32 unless dtype= says otherwise)."""
+        m = self.tensor(array, versioned=versioned, **kwargs)
+        name = name or (b"dltensor_versioned" if versioned else b"dltensor")
+        self._keep.append(name)
+        return _capsule_new(ctypes.addressof(m), name,
+                            ctypes.cast(self._destructor, ctypes.c_void_p))
+
+
+class Exporter:
+    """An object with the DLPack protocol around one capsule; records the
+    keywords its consumer passed."""
+
+    def __init__(self, capsule, device=(kDLCPU, 0), legacy_only=False):
+        self.capsule = capsule
+        self.device = device
+        self.legacy_only = legacy_only
+        self.calls = []
+
+    def __dlpack__(self, **kwargs):
+        if self.legacy_only and "max_version" in kwargs:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        self.calls.append(kwargs)
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return self.device
 
 
 def call(api, key, inputs, out_specs, copy_mode=0, flags=0):

@@ -718,6 +718,8 @@ _SUBPROCESS = textwrap.dedent("""
     import json, os, sys
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
+    # TensorFlow itself imports jax when it is installed: only new imports count.
+    already = {m for m in ("torch", "jax", "jaxlib") if m in sys.modules}
 
     def state():
         with open("/proc/self/maps") as f:
@@ -725,7 +727,8 @@ _SUBPROCESS = textwrap.dedent("""
         return {
             "conversion": "pyfunc_bridge._conversion" in sys.modules,
             "kernels": kernels,
-            "heavy": sorted(m for m in ("torch", "jax", "jaxlib") if m in sys.modules),
+            "heavy": sorted(m for m in ("torch", "jax", "jaxlib")
+                            if m in sys.modules and m not in already),
         }
 
     real = tf.__version__

@@ -148,7 +148,7 @@ def test_state_freed_when_tape_dropped_without_gradient():
 def raw_call(func, inputs, Tout, record=True):
     """The forward op run eagerly by hand: (outputs, forward state tensor)."""
     conversion = pfb._library.conversion()
-    conversion._eager.entry = pfb._registry.Entry(func, conversion.EAGER_KEY, record)
+    conversion._eager.entry = pfb._registry.Entry(func, conversion.EAGER_KEY, record=record)
     try:
         return pfb._library.ops().pyfunc_bridge_py_function(
             input=inputs, key=conversion.EAGER_KEY, Tout=Tout)

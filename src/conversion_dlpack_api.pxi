@@ -1,0 +1,192 @@
+# The public conversion API (re-exported by pyfunc_bridge): TensorFlow tensors
+# <-> DLPack producers and NumPy arrays, zero-copy where the memory allows.
+
+cdef object _has_gpu = None
+
+
+cdef bint _tf_has_gpu() except -1:
+    """Whether TensorFlow sees a GPU (then CUDA memory may become a tensor)."""
+    global _has_gpu
+    if _has_gpu is None:
+        import tensorflow as tf
+        _has_gpu = bool(tf.config.list_physical_devices("GPU"))
+    return _has_gpu
+
+
+cdef int _check_copy(object copy) except -1:
+    if copy is not None and type(copy) is not bool:
+        raise ValueError(f"copy must be None, True or False, got {copy!r}")
+    return 0
+
+
+cdef object _tensor_from_owner(_DLPackOwner owner, object copy, object reason, str api):
+    """An EagerTensor of the owner's memory: zero-copy, or one aligned copy."""
+    cdef DLTensor* t = _owner_tensor(owner)
+    cdef int i
+    if t.device.device_type != kDLCPU:
+        if copy is True:
+            raise BufferError(f"{api}: copy=True of device memory is not supported; "
+                              f"copy it with TensorFlow after the import")
+        return _tf_tensor(owner)
+    if copy is True:
+        reason = "copy_requested"
+    elif reason is None:
+        reason = _dl_layout_reason(t)
+    if reason is not None and copy is False:
+        raise BufferError(
+            f"{api} would need a copy because {_COPY_REASON_TEXT[reason]}; copy=False "
+            f"forbids copies (use copy=None to copy once)")
+    empty = False
+    for i in range(t.ndim):
+        empty = empty or t.shape[i] == 0
+    if reason is not None or empty:
+        owner = _adopt_checked(_private_copy(owner))  # empty: TF wants a real pointer
+    return _tf_tensor(owner)
+
+
+def from_dlpack(obj, *, copy=None):
+    """A ``tf.Tensor`` from any DLPack producer or capsule.
+
+    ``obj`` is an object with ``__dlpack__``/``__dlpack_device__`` (NumPy,
+    torch, JAX, CuPy, a ``tf.Tensor``, ``pfb.to_dlpack``'s exporter) or a raw
+    capsule of either kind (``"dltensor"``, ``"dltensor_versioned"``).  The
+    tensor shares the producer's memory when it is 64-byte aligned and
+    compact row-major; otherwise it is copied once.  ``copy=True`` always
+    copies; ``copy=False`` never does (BufferError saying why).  Malformed
+    tensors and consumed capsules are a BufferError.
+
+    >>> import numpy as np
+    >>> from pyfunc_bridge._conversion import aligned_allocation
+    >>> with aligned_allocation():
+    ...     a = np.arange(6.0).reshape(2, 3)
+    >>> t = from_dlpack(a)
+    >>> t.shape, t.dtype.name
+    (TensorShape([2, 3]), 'float64')
+    >>> np.shares_memory(to_numpy(t), a)
+    True
+    >>> from_dlpack(a[:, ::2], copy=False)
+    Traceback (most recent call last):
+    ...
+    BufferError: from_dlpack would need a copy because it is not C-contiguous (a strided or transposed view); copy=False forbids copies (use copy=None to copy once)
+    """
+    _check_copy(copy)
+    cdef DLManagedTensorVersioned* m = _consume(obj, _tf_has_gpu())
+    return _tensor_from_owner(_adopt_checked(m), copy, None, "from_dlpack")
+
+
+cdef bint _readonly_memory(object arr):
+    """Whether nobody can write the array's memory through Python: every array
+    on the base chain is read-only and the chain ends at memory that cannot be
+    made writable again (a read-only bridge view of TF memory, or bytes)."""
+    cdef PyObject* obj = <PyObject*>arr
+    while PyArray_Check(obj):
+        if PyArray_FLAGS(<PyArrayObject*>obj) & NPY_ARRAY_WRITEABLE:
+            return False
+        obj = PyArray_BASE(<PyArrayObject*>obj)
+        if obj == NULL:
+            return False  # owns its data: its WRITEABLE flag can be set again
+    if Py_TYPE(obj) == <PyTypeObject*>_DLPackOwner:
+        return not (<_DLPackOwner>obj).writable
+    return Py_TYPE(obj) == <PyTypeObject*>bytes
+
+
+def from_numpy(array, *, copy=None):
+    """A ``tf.Tensor`` from an ndarray, zero-copy when that is safe.
+
+    ``copy=None`` shares the memory only when nothing can write it through
+    Python afterwards (a read-only view made by :func:`to_numpy`, an array
+    over bytes) and it is 64-byte aligned and C-contiguous; a writable array
+    is copied once.  ``copy=False`` shares any aligned, C-contiguous array
+    (do not write to it while the tensor lives) and is a BufferError
+    otherwise; ``copy=True`` always copies.  String arrays (``S``, ``U``,
+    object) become ``tf.string`` tensors, always by conversion.
+
+    >>> import numpy as np, tensorflow as tf
+    >>> t = tf.constant([1.0, 2.0])
+    >>> view = to_numpy(t)             # read-only, TensorFlow's memory
+    >>> u = from_numpy(view)           # back to TensorFlow without a copy
+    >>> np.shares_memory(to_numpy(u), view)
+    True
+    >>> a = np.arange(3)
+    >>> np.shares_memory(to_numpy(from_numpy(a)), a)   # writable: copied
+    False
+    """
+    _check_copy(copy)
+    if not isinstance(array, np.ndarray):
+        raise TypeError(
+            f"from_numpy takes an ndarray, got {type(array).__name__}; use "
+            f"pfb.from_dlpack for other DLPack producers")
+    kind = array.dtype.kind
+    if kind in "OSU":
+        import tensorflow as tf
+        return tf.convert_to_tensor(array, tf.string)
+    if copy is True:
+        reason = "copy_requested"
+    elif copy is None and not _readonly_memory(array):
+        reason = "aliasing"
+    else:
+        reason = None
+    cdef bint bf16 = array.dtype == _BFLOAT16
+    # NumPy exports only its builtin dtypes: bfloat16 travels as uint16.
+    cdef DLManagedTensorVersioned* m = _consume(array.view(np.uint16) if bf16 else array,
+                                                False)
+    if bf16:
+        m.dl_tensor.dtype.code = kDLBfloat
+    return _tensor_from_owner(_adopt_checked(m), copy, reason, "from_numpy")
+
+
+def to_dlpack(tensor, *, copy=None):
+    """A DLPack exporter of an eager ``tf.Tensor``'s memory.
+
+    The result implements the full protocol: ``__dlpack__(*, stream=None,
+    max_version=None, dl_device=None, copy=None)`` and
+    ``__dlpack_device__()``.  Consumers asking with ``max_version >= (1, 0)``
+    get a versioned capsule flagged ``READ_ONLY`` (TensorFlow's memory must
+    not be written), others a legacy one; bool is exported as ``kDLBool``.
+    It can be consumed once, like a capsule.  ``copy=True`` exports a private
+    writable copy flagged ``IS_COPIED``.
+
+    >>> import numpy as np, tensorflow as tf
+    >>> t = tf.constant([True, False])
+    >>> a = np.from_dlpack(to_dlpack(t))
+    >>> a, a.flags.writeable
+    (array([ True, False]), False)
+    >>> np.shares_memory(a, to_numpy(t))
+    True
+    """
+    _check_copy(copy)
+    _check_tensor_arg(tensor, "to_dlpack")
+    return _tf_export(tensor, copy)
+
+
+def to_numpy(tensor, *, copy=None):
+    """An ndarray of an eager ``tf.Tensor``: a read-only zero-copy view by default.
+
+    ``copy=True`` gives a private writable copy.  ``copy=False`` insists on
+    the view (BufferError for device memory).  ``tf.string`` tensors become
+    object arrays of bytes (always converted).
+
+    >>> import tensorflow as tf
+    >>> v = to_numpy(tf.constant([[1, 2], [3, 4]]))
+    >>> v, v.flags.writeable
+    (array([[1, 2],
+           [3, 4]], dtype=int32), False)
+    >>> to_numpy(tf.constant([1, 2]), copy=True).flags.writeable
+    True
+    """
+    _check_copy(copy)
+    _check_tensor_arg(tensor, "to_numpy")
+    if tensor._datatype_enum() == TF_DT_STRING:
+        return tensor.numpy()
+    cdef _DLPackOwner owner = _tf_export(tensor, None)
+    cdef DLTensor* t = _owner_tensor(owner)
+    if t.device.device_type != kDLCPU:
+        if copy is False:
+            raise BufferError(
+                f"to_numpy(copy=False): the tensor is on device {_device_name(t.device)}; "
+                f"NumPy arrays live in host memory")
+        return tensor.numpy()
+    if copy is True:
+        owner = _adopt_checked(_private_copy(owner))
+        return _view(owner, True)
+    return _view(owner, False)
