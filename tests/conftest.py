@@ -17,6 +17,45 @@ def registry():
     return pfb._library.conversion().registry()
 
 
+@pytest.fixture
+def api():
+    """The conversion layer's bridge API table, callable through ctypes."""
+    import dlpack_ctypes as dl
+    return dl.bridge_api(pfb._library.conversion()._bridge_api)
+
+
+@pytest.fixture
+def registered():
+    """Registers functions for a test; returns their keys."""
+    entries = []
+
+    def register(func):
+        entry = pfb._registry.register(func)
+        entries.append(entry)
+        return entry.key
+
+    yield register
+    entries.clear()
+
+
+class UserValueError(ValueError):
+    pass
+
+
+# Python exception -> TF error class, DESIGN's table (subclasses map as their base).
+EXCEPTION_TABLE = [
+    (ValueError, tf.errors.InvalidArgumentError),
+    (UserValueError, tf.errors.InvalidArgumentError),
+    (TypeError, tf.errors.InvalidArgumentError),
+    (StopIteration, tf.errors.OutOfRangeError),
+    (MemoryError, tf.errors.ResourceExhaustedError),
+    (NotImplementedError, tf.errors.UnimplementedError),
+    (KeyError, tf.errors.UnknownError),
+    (RuntimeError, tf.errors.UnknownError),
+    (ZeroDivisionError, tf.errors.UnknownError),
+]
+
+
 def address(array_like):
     """Data address of an ndarray, or of a tensor viewed through NumPy."""
     return np.asarray(array_like).__array_interface__["data"][0]

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
-from conftest import collect
+from conftest import EXCEPTION_TABLE, collect
 
 STATEFUL_OP = "PyfuncBridge>NumpyFunction"
 STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
@@ -518,22 +518,6 @@ def test_value_returned_for_no_outputs(mode):
 
 # --------------------------------------------------------------------------
 # Python exceptions -> TF error classes, with the traceback.
-
-class _MyValueError(ValueError):
-    pass
-
-
-EXCEPTION_TABLE = [
-    (ValueError, tf.errors.InvalidArgumentError),
-    (_MyValueError, tf.errors.InvalidArgumentError),
-    (TypeError, tf.errors.InvalidArgumentError),
-    (StopIteration, tf.errors.OutOfRangeError),
-    (MemoryError, tf.errors.ResourceExhaustedError),
-    (NotImplementedError, tf.errors.UnimplementedError),
-    (KeyError, tf.errors.UnknownError),
-    (RuntimeError, tf.errors.UnknownError),
-]
-
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("exc_type,tf_error", EXCEPTION_TABLE,

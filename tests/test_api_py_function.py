@@ -10,7 +10,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record
 
 import pyfunc_bridge as pfb
-from conftest import address
+from conftest import EXCEPTION_TABLE, address
 
 OP = "PyfuncBridge>PyFunction"
 X = tf.constant([0.5, -1.0, 2.0, 3.0])
@@ -617,23 +617,6 @@ def test_composite_mismatch(mode, returned, Tout, words):
 
 # --------------------------------------------------------------------------
 # Python exceptions -> TF error classes, with the traceback.
-
-class _MyValueError(ValueError):
-    pass
-
-
-EXCEPTION_TABLE = [
-    (ValueError, tf.errors.InvalidArgumentError),
-    (_MyValueError, tf.errors.InvalidArgumentError),
-    (TypeError, tf.errors.InvalidArgumentError),
-    (StopIteration, tf.errors.OutOfRangeError),
-    (MemoryError, tf.errors.ResourceExhaustedError),
-    (NotImplementedError, tf.errors.UnimplementedError),
-    (KeyError, tf.errors.UnknownError),
-    (RuntimeError, tf.errors.UnknownError),
-    (ZeroDivisionError, tf.errors.UnknownError),
-]
-
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("exc_type,tf_error", EXCEPTION_TABLE,

@@ -66,24 +66,6 @@ def test_error_message_carries_the_traceback():
 
 # ------------------------------------------- the entry point, via ctypes --
 
-@pytest.fixture
-def api():
-    return dl.bridge_api(conv._bridge_api)
-
-
-@pytest.fixture
-def registered():
-    entries = []
-
-    def register(func):
-        entry = pfb._registry.register(func)
-        entries.append(entry)
-        return entry.key
-
-    yield register
-    entries.clear()
-
-
 def test_abi_version(api):
     assert api.abi_version == 2
 

@@ -14,24 +14,6 @@ from conftest import address, collect
 conv = pfb._library.conversion()
 
 
-@pytest.fixture
-def api():
-    return dl.bridge_api(conv._bridge_api)
-
-
-@pytest.fixture
-def registered():
-    entries = []
-
-    def register(func):
-        entry = pfb._registry.register(func)
-        entries.append(entry)
-        return entry.key
-
-    yield register
-    entries.clear()
-
-
 def release(outputs):
     for m in outputs:
         if m:
