@@ -20,6 +20,7 @@ _check()
 del _check
 
 from pyfunc_bridge._numpy_function import numpy_function, py_func  # noqa: E402
+from pyfunc_bridge._stats import enable_stats, reset_stats, stats  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["numpy_function", "py_func"]
+__all__ = ["numpy_function", "py_func", "stats", "reset_stats", "enable_stats"]

@@ -23,3 +23,22 @@ def py_func(
     func: Callable[..., Any], inp: Sequence[Any] | None, Tout: _Tout,
     stateful: bool = ..., name: str | None = ..., *, copy: _Copy = ...,
 ) -> Any: ...
+
+class FunctionStats:
+    calls: int
+    errors: int
+    bytes_zero_copy: int
+    bytes_copied: dict[str, int]
+    seconds_in_function: float
+    seconds_marshalling: float
+    @property
+    def bytes_copied_total(self) -> int: ...
+
+class StatsSnapshot:
+    functions: dict[str, FunctionStats]
+    total: FunctionStats
+    enabled: bool
+
+def stats() -> StatsSnapshot: ...
+def reset_stats() -> None: ...
+def enable_stats(flag: bool = ...) -> bool: ...

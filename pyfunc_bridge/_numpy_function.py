@@ -75,7 +75,7 @@ def _run_eagerly(op_name, wrapper, func, inputs, signature, copy_attr, name):
     # the function in a thread-local slot, under one constant key, so that TF's
     # eager kernel cache does not grow with every call.
     if context.context().is_async():
-        entry = _registry.register(func)
+        entry = _registry.register(func, name)
         result = _execute(op_name, wrapper, inputs, entry.key, signature, copy_attr,
                           name)
         context.async_wait()  # the entry must outlive the call
@@ -83,7 +83,7 @@ def _run_eagerly(op_name, wrapper, func, inputs, signature, copy_attr, name):
     conversion = _library.conversion()
     slot, key = conversion._eager, conversion.EAGER_KEY
     previous = getattr(slot, "entry", None)
-    slot.entry = _registry.Entry(func, key)
+    slot.entry = _registry.Entry(func, key, name)
     try:
         return _execute(op_name, wrapper, inputs, key, signature, copy_attr, name)
     finally:
@@ -104,7 +104,7 @@ def _bridge_op(func, inp, Tout, stateful, name, copy):
     if tf.executing_eagerly():
         result = _run_eagerly(op_name, op, func, inputs, signature, copy_attr, name)
     else:
-        entry = _registry.register(func)
+        entry = _registry.register(func, name)
         result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
                     out_shapes=signature.shapes, copy=copy_attr, name=name)
         graph = (result[0].graph if isinstance(result, list) and result

@@ -17,13 +17,18 @@ _GRAPH_ATTR = "_pyfunc_bridge_entries"
 
 
 class Entry:
-    """A registered function; graphs that run it keep it alive."""
+    """A registered function; graphs that run it keep it alive.
 
-    __slots__ = ("func", "key", "__weakref__")
+    `name` is the op's ``name=``, under which the statistics count its calls
+    (None: the function's ``__qualname__``).
+    """
 
-    def __init__(self, func, key):
+    __slots__ = ("func", "key", "name", "__weakref__")
+
+    def __init__(self, func, key, name=None):
         self.func = func
         self.key = key
+        self.name = name
 
     def __repr__(self):
         return f"<pyfunc_bridge entry {self.key}>"
@@ -42,11 +47,11 @@ def _forget(functions, key, ref):
         del functions[key]
 
 
-def register(func):
+def register(func, name=None):
     """Registers `func` under a new key and returns its Entry."""
     functions = _library.conversion().registry()
     key = f"{function_reference(func)}@{uuid.uuid4().hex}"
-    entry = Entry(func, key)
+    entry = Entry(func, key, name)
     functions[key] = weakref.ref(entry, lambda ref: _forget(functions, key, ref))
     return entry
 

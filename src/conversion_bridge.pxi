@@ -67,16 +67,18 @@ cdef tuple _input_arrays(PfbCall* call):
     return args
 
 
-cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs) except -1:
+cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
+                         _CallCounts* counts) except -1:
     """Checks the results against the declaration and exports them.
 
-    `outside_refs`: references to `result` that the bridge does not hold.
+    `outside_refs`: references to `result` that the bridge does not hold;
+    `counts`: where to count the bytes (NULL: statistics are off).
     """
     cdef int i, j, held, n = call.num_outputs
     cdef PyObject* item
     if n == 1 and not isinstance(result, (list, tuple)):
         call.outputs[0] = _export_output(<PyObject*>result, outside_refs, 0,
-                                         &call.output_specs[0], call.copy_mode)
+                                         &call.output_specs[0], call.copy_mode, counts)
         return 0
     if isinstance(result, (list, tuple)) and len(result) == n:
         # The bridge holds each item once per occurrence in `items` (twice for
@@ -93,7 +95,7 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs) 
                     held += per_item + (1 if j < i else 0)
             call.outputs[i] = _export_output(
                 item, Py_REFCNT(item) - held + (1 if outside_refs > 0 else 0),
-                i, &call.output_specs[i], call.copy_mode)
+                i, &call.output_specs[i], call.copy_mode, counts)
         return 0
     _check_count(result, n)  # raises unless n == 0 and result is None
     return 0
@@ -101,6 +103,8 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs) 
 
 cdef int _run(PfbCall* call) except -1:
     cdef int i
+    cdef _CallCounts counts
+    cdef _CallCounts* counting = _stats_begin(&counts)  # NULL: statistics off
     args = _input_arrays(call)
     entry = _lookup(call.key, call.key_len)
     # Fresh NumPy arrays must be 64-byte aligned to be handed over.  On TF's
@@ -113,19 +117,27 @@ cdef int _run(PfbCall* call) except -1:
     elif cnp.PyDataMem_GetHandler() is not _aligned_handler_capsule:
         cnp.PyDataMem_SetHandler(_aligned_handler_capsule)
     try:
+        if counting != NULL:
+            _stats_call(counting, args, call.copy_mode)
         result = entry.func(*args)
+        if counting != NULL:
+            counting.returned = _now()
         args = None  # the inputs are no longer ours
         # `result` is our only reference: the rest belong to someone else.
-        _export_outputs(call, result, Py_REFCNT(<PyObject*>result) - 1)
+        _export_outputs(call, result, Py_REFCNT(<PyObject*>result) - 1, counting)
     except BaseException:
         for i in range(call.num_outputs):
             if call.outputs[i] != NULL:
                 _release_exported(call.outputs[i])
                 call.outputs[i] = NULL
+        if counting != NULL:
+            _stats_end(counting, entry, True)
         raise
     finally:
         if restore:
             cnp.PyDataMem_SetHandler(previous_handler)
+    if counting != NULL:
+        _stats_end(counting, entry, False)
     return 0
 
 

@@ -5,6 +5,7 @@ import importlib
 import pytest
 
 MODULES = ["pyfunc_bridge", "pyfunc_bridge._numpy_function", "pyfunc_bridge._tout",
+           "pyfunc_bridge._stats",
            "pyfunc_bridge._conversion"]
 
 
