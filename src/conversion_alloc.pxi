@@ -7,13 +7,31 @@ cdef extern from "<stdlib.h>" nogil:
 cdef extern from "<malloc.h>" nogil:
     size_t malloc_usable_size(void* ptr)
 
+cdef extern from "<sys/mman.h>" nogil:
+    int madvise(void* addr, size_t length, int advice)
+    enum: MADV_HUGEPAGE
+
+cdef extern from "<unistd.h>" nogil:
+    long sysconf(int name)
+    enum: _SC_PAGESIZE
+
 cdef enum:
     ALIGNMENT = 64
+    # Like NumPy's own allocator: blocks this large ask for transparent huge
+    # pages, so that filling a fresh 64 MiB output takes 32 page faults, not 16k.
+    HUGEPAGE_THRESHOLD = 4 << 20
+
+cdef size_t _page_size = <size_t>sysconf(_SC_PAGESIZE)
 
 cdef void* _aligned_malloc(void* ctx, size_t size) noexcept nogil:
     cdef void* p = NULL
     if posix_memalign(&p, ALIGNMENT, size if size > 0 else 1) != 0:
         return NULL
+    cdef uintptr_t start, end
+    if size >= HUGEPAGE_THRESHOLD:
+        start = (<uintptr_t>p + _page_size - 1) & ~(<uintptr_t>_page_size - 1)
+        end = <uintptr_t>p + size
+        madvise(<void*>start, end - start, MADV_HUGEPAGE)  # advice only: errors ignored
     return p
 
 cdef void* _aligned_calloc(void* ctx, size_t nelem, size_t elsize) noexcept nogil:

@@ -1,0 +1,127 @@
+"""Per-call overhead inside a graph: pyfunc_bridge vs TF's builtins.
+
+Each variant runs N iterations of a ``tf.range`` loop inside one tf.function;
+the loop body applies the op to a small float32 tensor (16 elements).  The
+overhead of a bridge is its per-iteration time minus that of a bare
+``x * 1.0`` loop, so the loop itself is not counted.  Two user functions:
+`identity` (returns a view of TF's memory) and `plus_one` (a fresh array).
+The statistics' own cost is measured too: pfb identity with counting off.
+
+    python -m benchmarks.graph_overhead [--iterations N] [--repeats R]
+"""
+import argparse
+
+import numpy as np
+import tensorflow as tf
+
+import pyfunc_bridge as pfb
+from benchmarks import _timing as T
+
+BARE = "bare op (x * 1.0)"
+STATS_OFF = "pfb numpy_function identity, stats off"
+
+
+def _loop(body):
+    @tf.function
+    def run(x, n):
+        for _ in tf.range(n):
+            y = body(x)
+            y.set_shape(x.shape)
+            x = y
+        return x
+    return run
+
+
+def variants():
+    """name -> loop body; (family, function) -> (ours' name, TF's name)."""
+    bodies = {BARE: lambda x: x * 1.0}
+    pairs = {}
+    for family in T.families():
+        for fn in T.FUNCTIONS:
+            ours = f"pfb {family.name} {fn.__name__}"
+            theirs = f"tf {family.name} {fn.__name__}"
+            bodies[ours] = lambda x, f=family.ours, fn=fn: f(fn, [x], tf.float32)
+            bodies[theirs] = lambda x, f=family.tf, fn=fn: f(fn, [x], tf.float32)
+            pairs[(family.name, fn.__name__)] = (ours, theirs)
+    bodies[STATS_OFF] = lambda x: pfb.numpy_function(T.identity, [x], tf.float32)
+    return bodies, pairs
+
+
+def measure(iterations, repeats, label="graph_overhead"):
+    """name -> seconds per iteration, one sample per repetition."""
+    x = tf.constant(np.arange(16, dtype=np.float32))
+    n = tf.constant(iterations)
+    bodies, pairs = variants()
+    runs = {}
+    for name, body in bodies.items():
+        loop = _loop(body)
+        loop(x, tf.constant(2))  # trace
+
+        def run(loop=loop, stats_off=(name == STATS_OFF)):
+            previous = pfb.enable_stats(False) if stats_off else None
+            try:
+                return T.timed(lambda: loop(x, n)) / iterations
+            finally:
+                if stats_off:
+                    pfb.enable_stats(previous)
+        runs[name] = run
+    return T.alternate(runs, repeats, label), pairs
+
+
+def summarize(samples, pairs):
+    """results.json's graph_overhead: per case ours/TF overhead (us) and ratio."""
+    bare = samples[BARE]
+
+    def overhead(name):
+        return [(t - b) * 1e6 for t, b in zip(samples[name], bare)]
+
+    cases = {}
+    for (family, fn), (ours, theirs) in pairs.items():
+        cases[f"{family} {fn}"] = T.compare(overhead(ours), overhead(theirs))
+    stats_on = overhead(pairs[("numpy_function", "identity")][0])
+    stats_off = overhead(STATS_OFF)
+    return {
+        "unit": "microseconds of overhead per call (per-iteration time minus a bare x * 1.0 "
+                "loop); ratio = TF's overhead / ours",
+        "bare_op_us": T.median(bare) * 1e6,
+        "cases": cases,
+        "stats_cost": {
+            "stats_on_us": T.median(stats_on), "stats_off_us": T.median(stats_off),
+            "on_over_off": T.safe_ratio(T.median(stats_on), T.median(stats_off)),
+            "on_over_off_range": T.span([T.safe_ratio(a, b)
+                                         for a, b in zip(stats_on, stats_off)]),
+        },
+    }
+
+
+def table(result):
+    lines = [f"graph_overhead (us per call above a bare op of "
+             f"{result['bare_op_us']:.2f} us; ratio = TF / ours)",
+             f"  {'case':<30}{'ours':>9}{'TF':>9}{'ratio':>8}  ratio range"]
+    for name, c in result["cases"].items():
+        lines.append(f"  {name:<30}{c['ours']:>9.2f}{c['tf']:>9.2f}{c['ratio']:>7.1f}x"
+                     f"  {T.fmt_range(c['ratio_range'])}")
+    s = result["stats_cost"]
+    lines.append(f"  statistics on/off (numpy_function identity): {s['stats_on_us']:.2f} / "
+                 f"{s['stats_off_us']:.2f} us = {s['on_over_off']:.2f}x "
+                 f"(range {T.fmt_range(s['on_over_off_range'], 2)})")
+    return "\n".join(lines)
+
+
+def run(quick=False, repeats=None):
+    iterations = 3000 if quick else 20000
+    samples, pairs = measure(iterations, repeats or (3 if quick else 5))
+    return summarize(samples, pairs)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=20000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    samples, pairs = measure(args.iterations, args.repeats)
+    print(table(summarize(samples, pairs)))
+
+
+if __name__ == "__main__":
+    main()
