@@ -59,9 +59,12 @@ def table(result):
     return "\n".join(lines)
 
 
-def run(quick=False, repeats=None):
-    samples, pairs = measure(300 if quick else 2000, repeats or (3 if quick else 5))
-    return summarize(samples, pairs)
+# mode -> (calls per run, repetitions)
+MODES = {"smoke": (50, 1), "quick": (300, 3), "full": (2000, 7)}
+
+
+def run(mode="full"):
+    return summarize(*measure(*MODES[mode]))
 
 
 def main(argv=None):

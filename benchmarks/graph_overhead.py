@@ -108,9 +108,12 @@ def table(result):
     return "\n".join(lines)
 
 
-def run(quick=False, repeats=None):
-    iterations = 3000 if quick else 20000
-    samples, pairs = measure(iterations, repeats or (3 if quick else 5))
+# mode -> (iterations per run, repetitions)
+MODES = {"smoke": (300, 1), "quick": (3000, 3), "full": (20000, 7)}
+
+
+def run(mode="full"):
+    samples, pairs = measure(*MODES[mode])
     return summarize(samples, pairs)
 
 

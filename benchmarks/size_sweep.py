@@ -12,7 +12,7 @@ bare, in a Python loop on an ndarray, and the bridge's marshalling is
 1 KiB)``: 1.0 when the bridge adds nothing at that size beyond what it adds
 at 1 KiB (for pass-through numpy is 0, so it is ours(size) / ours(1 KiB)).
 
-    python -m benchmarks.size_sweep [--quick] [--repeats R]
+    python -m benchmarks.size_sweep [--mode smoke|quick|full]
 """
 import argparse
 
@@ -39,16 +39,16 @@ def _loop(body):
     return run
 
 
-def _calls(kind, size, quick):
+def _calls(kind, size, mode):
     """Calls per timed run: enough that the tf.function's own dispatch (tens
     of us per run) is negligible next to the calls."""
-    most = 500 if quick else 2000
+    most = {"smoke": 50, "quick": 500, "full": 2000}[mode]
     if kind == "pass-through":
         return most
     return int(min(most, max(4, (256 * MIB) // size)))
 
 
-def measure(sizes, repeats, quick=False, label="size_sweep"):
+def measure(sizes, repeats, mode="full", label="size_sweep"):
     """(kind, variant, size) -> seconds per call, one sample per repetition."""
     loops = {}
     for kind, fn in KINDS.items():
@@ -60,12 +60,12 @@ def measure(sizes, repeats, quick=False, label="size_sweep"):
         a = x.numpy()
         runs = {}
         for (kind, variant), loop in loops.items():
-            calls = _calls(kind, size, quick)
+            calls = _calls(kind, size, mode)
             runs[(kind, variant, size)] = (
                 lambda loop=loop, calls=calls, n=tf.constant(calls):
                 T.timed(lambda: loop(x, n)) / calls)
 
-        def bare(a=a, calls=_calls("fresh a*2", size, quick)):
+        def bare(a=a, calls=_calls("fresh a*2", size, mode)):
             def work():
                 for _ in range(calls):
                     T.times_two(a)
@@ -125,17 +125,20 @@ def table(result):
     return "\n".join(lines)
 
 
-def run(quick=False, repeats=None):
-    sizes = QUICK_SIZES if quick else SIZES
-    return summarize(measure(sizes, repeats or (2 if quick else 3), quick), sizes)
+# mode -> (sizes, repetitions)
+MODES = {"smoke": (QUICK_SIZES, 1), "quick": (QUICK_SIZES, 2), "full": (SIZES, 3)}
+
+
+def run(mode="full"):
+    sizes, repeats = MODES[mode]
+    return summarize(measure(sizes, repeats, mode), sizes)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--mode", choices=list(MODES), default="full")
     args = parser.parse_args(argv)
-    print(table(run(args.quick, args.repeats)))
+    print(table(run(args.mode)))
 
 
 if __name__ == "__main__":

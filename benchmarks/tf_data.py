@@ -70,8 +70,12 @@ def table(result):
     return "\n".join(lines)
 
 
-def run(quick=False, repeats=None):
-    return summarize(measure(2000 if quick else 20000, repeats or (2 if quick else 3)))
+# mode -> (elements, repetitions)
+RUN_MODES = {"smoke": (200, 1), "quick": (2000, 2), "full": (20000, 3)}
+
+
+def run(mode="full"):
+    return summarize(measure(*RUN_MODES[mode]))
 
 
 def main(argv=None):

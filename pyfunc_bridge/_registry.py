@@ -20,15 +20,17 @@ class Entry:
     """A registered function; graphs that run it keep it alive.
 
     `name` is the op's ``name=``, under which the statistics count its calls
-    (None: the function's ``__qualname__``).
+    (None: the function's ``__qualname__``); `stats_record` is where the
+    conversion layer counts them.
     """
 
-    __slots__ = ("func", "key", "name", "__weakref__")
+    __slots__ = ("func", "key", "name", "stats_record", "__weakref__")
 
     def __init__(self, func, key, name=None):
         self.func = func
         self.key = key
         self.name = name
+        self.stats_record = None
 
     def __repr__(self):
         return f"<pyfunc_bridge entry {self.key}>"

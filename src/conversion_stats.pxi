@@ -46,6 +46,11 @@ cdef class _FunctionStats:
     cdef double in_function
     cdef double marshalling
 
+    cdef clear(self):
+        memset(self.copied, 0, sizeof(self.copied))
+        self.calls = self.errors = self.zero_copy = 0
+        self.in_function = self.marshalling = 0.0
+
     cdef tuple snapshot(self):
         return (self.calls, self.errors, self.zero_copy,
                 tuple([self.copied[i] for i in range(_NUM_REASONS)]),
@@ -53,7 +58,8 @@ cdef class _FunctionStats:
 
 
 cdef bint _stats_on = True
-# display name -> _FunctionStats
+# display name -> _FunctionStats.  Records are cleared in place, never
+# dropped, so that an entry may keep its record (Entry.stats_record).
 cdef dict _stats_records = {}
 
 
@@ -131,11 +137,17 @@ cdef int _stats_end(_CallCounts* counts, object entry, bint failed) except -1:
     """Adds one call to its function's record."""
     cdef double end = _now()
     cdef double returned = counts.returned if counts.returned != 0 else end
-    name = _display_name(entry)
-    cdef _FunctionStats record = _stats_records.get(name)
+    cdef _FunctionStats record = getattr(entry, "stats_record", None)
     if record is None:
-        record = _FunctionStats.__new__(_FunctionStats)
-        _stats_records[name] = record
+        name = _display_name(entry)
+        record = _stats_records.get(name)
+        if record is None:
+            record = _FunctionStats.__new__(_FunctionStats)
+            _stats_records[name] = record
+        try:
+            entry.stats_record = record  # found without a name next time
+        except AttributeError:
+            pass
     cdef int i
     record.calls += 1
     if failed:
@@ -155,12 +167,13 @@ def stats_snapshot():
     """name -> (calls, errors, bytes_zero_copy, bytes_copied by COPY_REASONS,
     seconds_in_function, seconds_marshalling), for functions with calls."""
     return {name: (<_FunctionStats>record).snapshot()
-            for name, record in _stats_records.items()}
+            for name, record in _stats_records.items() if (<_FunctionStats>record).calls}
 
 
 def reset_stats():
     """Clears every function's counters."""
-    _stats_records.clear()
+    for record in _stats_records.values():
+        (<_FunctionStats>record).clear()
 
 
 def enable_stats(bint flag=True):
