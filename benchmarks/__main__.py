@@ -76,7 +76,8 @@ def plot(results, path):
     labels, values, spans = [], [], []
     for name in ("graph_overhead", "eager_overhead"):
         for case, c in results.get(name, {}).get("cases", {}).items():
-            labels.append(f"{name.split('_')[0]}\n{case}")
+            short = case.replace("numpy_function", "np_fn").replace("py_function", "py_fn")
+            labels.append(f"{name.split('_')[0]}\n{short}")
             values.append(c["ratio"])
             spans.append(c["ratio_range"])
     for mode, c in results.get("tf_data", {}).get("cases", {}).items():
