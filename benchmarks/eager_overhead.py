@@ -1,7 +1,8 @@
 """Eager call overhead: pyfunc_bridge vs TF's builtins, called from Python.
 
 Each variant calls the op N times in a Python loop on a small float32 tensor;
-its overhead is the per-call time minus that of a bare eager ``x * 1.0``.
+its overhead is the per-call time minus that of a bare eager ``x * one``
+(``one`` a tensor made beforehand, so the bare op is one op dispatch).
 
     python -m benchmarks.eager_overhead [--calls N] [--repeats R]
 """
@@ -12,12 +13,13 @@ import tensorflow as tf
 
 from benchmarks import _timing as T
 
-BARE = "bare eager op (x * 1.0)"
+BARE = "bare eager op (x * one)"
 
 
 def measure(calls, repeats, label="eager_overhead"):
     x = tf.constant(np.arange(16, dtype=np.float32))
-    ops = {BARE: lambda: x * 1.0}
+    one = tf.constant(1.0)
+    ops = {BARE: lambda: x * one}
     pairs = {}
     for family in T.families():
         for fn in T.FUNCTIONS:
@@ -41,21 +43,24 @@ def summarize(samples, pairs):
     def overhead(name):
         return [(t - b) * 1e6 for t, b in zip(samples[name], bare)]
 
-    cases = {f"{family} {fn}": T.compare(overhead(ours), overhead(theirs))
+    cases = {f"{family} {fn}": T.add_best(T.compare(overhead(ours), overhead(theirs)),
+                                          samples[ours], samples[theirs], bare)
              for (family, fn), (ours, theirs) in pairs.items()}
     per_call = {name: T.median(s) * 1e6 for name, s in samples.items()}
     return {"unit": "microseconds of overhead per eager call (per-call time minus a bare eager "
-                    "x * 1.0); ratio = TF's overhead / ours",
+                    "x * one); ratio = TF's overhead / ours",
             "bare_op_us": per_call[BARE], "per_call_us": per_call, "cases": cases}
 
 
 def table(result):
     lines = [f"eager_overhead (us per call above a bare eager op of "
              f"{result['bare_op_us']:.2f} us; ratio = TF / ours)",
-             f"  {'case':<30}{'ours':>9}{'TF':>9}{'ratio':>8}  ratio range"]
+             f"  {'case':<30}{'ours':>9}{'TF':>9}{'ratio':>8}{'range':>12}"
+             f"{'best: ours':>12}{'TF':>9}{'ratio':>8}"]
     for name, c in result["cases"].items():
         lines.append(f"  {name:<30}{c['ours']:>9.2f}{c['tf']:>9.2f}{c['ratio']:>7.1f}x"
-                     f"  {T.fmt_range(c['ratio_range'])}")
+                     f"{T.fmt_range(c['ratio_range']):>12}"
+                     f"{c['ours_best']:>12.2f}{c['tf_best']:>9.2f}{c['ratio_best']:>7.1f}x")
     return "\n".join(lines)
 
 
