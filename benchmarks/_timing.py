@@ -5,6 +5,7 @@ Every scenario runs ours and TF's variant in the same process, alternating,
 several repetitions; the ratio of the medians (and its range over the
 repetitions, each paired within one repetition) is the result.
 """
+import argparse
 import collections
 import statistics
 import sys
@@ -121,3 +122,48 @@ def add_best(case, ours, theirs, bare):
 def fmt_range(values, digits=1):
     lo, hi = values
     return f"{lo:.{digits}f}-{hi:.{digits}f}"
+
+
+def graph_loop(body):
+    """A tf.function running `body` n times in a ``tf.range`` loop, each
+    output (given the input's static shape) feeding the next call."""
+    @tf.function
+    def run(x, n):
+        for _ in tf.range(n):
+            y = body(x)
+            y.set_shape(x.shape)
+            x = y
+        return x
+    return run
+
+
+def overhead_us(samples, name, bare):
+    """Per-repetition overhead of `name` over the bare variant, in us."""
+    return [(t - b) * 1e6 for t, b in zip(samples[name], samples[bare])]
+
+
+def overhead_cases(samples, pairs, bare):
+    """'family function' -> ours/TF overheads, ratio, ranges and best runs."""
+    return {f"{family} {fn}": add_best(
+                compare(overhead_us(samples, ours, bare), overhead_us(samples, theirs, bare)),
+                samples[ours], samples[theirs], samples[bare])
+            for (family, fn), (ours, theirs) in pairs.items()}
+
+
+def overhead_table(title, cases):
+    lines = [title,
+             f"  {'case':<30}{'ours':>9}{'TF':>9}{'ratio':>8}{'range':>12}"
+             f"{'best: ours':>12}{'TF':>9}{'ratio':>8}"]
+    for name, c in cases.items():
+        lines.append(f"  {name:<30}{c['ours']:>9.2f}{c['tf']:>9.2f}{c['ratio']:>7.1f}x"
+                     f"{fmt_range(c['ratio_range']):>12}"
+                     f"{c['ours_best']:>12.2f}{c['tf_best']:>9.2f}{c['ratio_best']:>7.1f}x")
+    return lines
+
+
+def scenario_main(module, argv=None):
+    """``python -m benchmarks.<scenario> [--mode smoke|quick|full]``."""
+    parser = argparse.ArgumentParser(description=module.__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=list(module.MODES), default="full")
+    args = parser.parse_args(argv)
+    print(module.table(module.run(args.mode)))

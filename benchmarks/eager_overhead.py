@@ -4,9 +4,9 @@ Each variant calls the op N times in a Python loop on a small float32 tensor;
 its overhead is the per-call time minus that of a bare eager ``Identity`` op
 through TF's generated wrapper (one op dispatch, no Python operator overloads).
 
-    python -m benchmarks.eager_overhead [--calls N] [--repeats R]
+    python -m benchmarks.eager_overhead [--mode smoke|quick|full]
 """
-import argparse
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -38,14 +38,7 @@ def measure(calls, repeats, label="eager_overhead"):
 
 
 def summarize(samples, pairs):
-    bare = samples[BARE]
-
-    def overhead(name):
-        return [(t - b) * 1e6 for t, b in zip(samples[name], bare)]
-
-    cases = {f"{family} {fn}": T.add_best(T.compare(overhead(ours), overhead(theirs)),
-                                          samples[ours], samples[theirs], bare)
-             for (family, fn), (ours, theirs) in pairs.items()}
+    cases = T.overhead_cases(samples, pairs, BARE)
     per_call = {name: T.median(s) * 1e6 for name, s in samples.items()}
     return {"unit": "microseconds of overhead per eager call (per-call time minus a bare eager "
                     "Identity op); ratio = TF's overhead / ours",
@@ -53,15 +46,9 @@ def summarize(samples, pairs):
 
 
 def table(result):
-    lines = [f"eager_overhead (us per call above a bare eager op of "
-             f"{result['bare_op_us']:.2f} us; ratio = TF / ours)",
-             f"  {'case':<30}{'ours':>9}{'TF':>9}{'ratio':>8}{'range':>12}"
-             f"{'best: ours':>12}{'TF':>9}{'ratio':>8}"]
-    for name, c in result["cases"].items():
-        lines.append(f"  {name:<30}{c['ours']:>9.2f}{c['tf']:>9.2f}{c['ratio']:>7.1f}x"
-                     f"{T.fmt_range(c['ratio_range']):>12}"
-                     f"{c['ours_best']:>12.2f}{c['tf_best']:>9.2f}{c['ratio_best']:>7.1f}x")
-    return "\n".join(lines)
+    return "\n".join(T.overhead_table(
+        f"eager_overhead (us per call above a bare eager op of "
+        f"{result['bare_op_us']:.2f} us; ratio = TF / ours)", result["cases"]))
 
 
 # mode -> (calls per run, repetitions)
@@ -72,13 +59,5 @@ def run(mode="full"):
     return summarize(*measure(*MODES[mode]))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-    print(table(summarize(*measure(args.calls, args.repeats))))
-
-
 if __name__ == "__main__":
-    main()
+    T.scenario_main(sys.modules[__name__])

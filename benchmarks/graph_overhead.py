@@ -7,9 +7,9 @@ overhead of a bridge is its per-iteration time minus that of a bare
 `identity` (returns a view of TF's memory) and `plus_one` (a fresh array).
 The statistics' own cost is measured too: pfb identity with counting off.
 
-    python -m benchmarks.graph_overhead [--iterations N] [--repeats R]
+    python -m benchmarks.graph_overhead [--mode smoke|quick|full]
 """
-import argparse
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -19,17 +19,6 @@ from benchmarks import _timing as T
 
 BARE = "bare op (x * 1.0)"
 STATS_OFF = "pfb numpy_function identity, stats off"
-
-
-def _loop(body):
-    @tf.function
-    def run(x, n):
-        for _ in tf.range(n):
-            y = body(x)
-            y.set_shape(x.shape)
-            x = y
-        return x
-    return run
 
 
 def variants():
@@ -54,7 +43,7 @@ def measure(iterations, repeats, label="graph_overhead"):
     bodies, pairs = variants()
     runs = {}
     for name, body in bodies.items():
-        loop = _loop(body)
+        loop = T.graph_loop(body)
         loop(x, tf.constant(2))  # trace
 
         def run(loop=loop, stats_off=(name == STATS_OFF)):
@@ -71,16 +60,10 @@ def measure(iterations, repeats, label="graph_overhead"):
 def summarize(samples, pairs):
     """results.json's graph_overhead: per case ours/TF overhead (us) and ratio."""
     bare = samples[BARE]
-
-    def overhead(name):
-        return [(t - b) * 1e6 for t, b in zip(samples[name], bare)]
-
-    cases = {}
-    for (family, fn), (ours, theirs) in pairs.items():
-        cases[f"{family} {fn}"] = T.add_best(
-            T.compare(overhead(ours), overhead(theirs)), samples[ours], samples[theirs], bare)
+    cases = T.overhead_cases(samples, pairs, BARE)
     on_name = pairs[("numpy_function", "identity")][0]
-    stats_on, stats_off = overhead(on_name), overhead(STATS_OFF)
+    stats_on = T.overhead_us(samples, on_name, BARE)
+    stats_off = T.overhead_us(samples, STATS_OFF, BARE)
     best_on = (min(samples[on_name]) - min(bare)) * 1e6
     best_off = (min(samples[STATS_OFF]) - min(bare)) * 1e6
     return {
@@ -100,14 +83,9 @@ def summarize(samples, pairs):
 
 
 def table(result):
-    lines = [f"graph_overhead (us per call above a bare op of "
-             f"{result['bare_op_us']:.2f} us; ratio = TF / ours)",
-             f"  {'case':<30}{'ours':>9}{'TF':>9}{'ratio':>8}{'range':>12}"
-             f"{'best: ours':>12}{'TF':>9}{'ratio':>8}"]
-    for name, c in result["cases"].items():
-        lines.append(f"  {name:<30}{c['ours']:>9.2f}{c['tf']:>9.2f}{c['ratio']:>7.1f}x"
-                     f"{T.fmt_range(c['ratio_range']):>12}"
-                     f"{c['ours_best']:>12.2f}{c['tf_best']:>9.2f}{c['ratio_best']:>7.1f}x")
+    lines = T.overhead_table(f"graph_overhead (us per call above a bare op of "
+                             f"{result['bare_op_us']:.2f} us; ratio = TF / ours)",
+                             result["cases"])
     s = result["stats_cost"]
     lines.append(f"  statistics on/off (numpy_function identity): {s['stats_on_us']:.2f} / "
                  f"{s['stats_off_us']:.2f} us = {s['on_over_off']:.2f}x "
@@ -125,14 +103,5 @@ def run(mode="full"):
     return summarize(samples, pairs)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=20000)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-    samples, pairs = measure(args.iterations, args.repeats)
-    print(table(summarize(samples, pairs)))
-
-
 if __name__ == "__main__":
-    main()
+    T.scenario_main(sys.modules[__name__])

@@ -6,10 +6,10 @@ set size during the loop minus the resident size just before it (Linux: the
 peak is reset through /proc/self/clear_refs before every run).  Zero copies
 mean a peak increase near 0; each copy alive at once adds 64 MiB.
 
-    python -m benchmarks.memory [--repeats R]
+    python -m benchmarks.memory [--mode smoke|quick|full]
 """
-import argparse
 import re
+import sys
 
 import tensorflow as tf
 
@@ -30,26 +30,15 @@ def _reset_peak():
         f.write("5")
 
 
-def _loop(body):
-    @tf.function
-    def run(x, n):
-        for _ in tf.range(n):
-            y = body(x)
-            y.set_shape(x.shape)
-            x = y
-        return tf.reduce_sum(x[:1])
-    return run
-
-
 def measure(calls, repeats, label="memory"):
     """variant -> peak RSS increase in bytes, one sample per repetition."""
     x = tf.zeros([SIZE // 4], tf.float32)
     n = tf.constant(calls)
     loops = {
-        "ours": _loop(lambda v: pfb.numpy_function(T.identity, [v], tf.float32)),
-        "tf": _loop(lambda v: tf.numpy_function(T.identity, [v], tf.float32)),
+        "ours": T.graph_loop(lambda v: pfb.numpy_function(T.identity, [v], tf.float32)),
+        "tf": T.graph_loop(lambda v: tf.numpy_function(T.identity, [v], tf.float32)),
         # Shows that the measurement sees copies: two per call (in and out).
-        "ours copy=True": _loop(
+        "ours copy=True": T.graph_loop(
             lambda v: pfb.numpy_function(T.identity, [v], tf.float32, copy=True)),
     }
 
@@ -57,7 +46,7 @@ def measure(calls, repeats, label="memory"):
         def run():
             before = _status("VmRSS")
             _reset_peak()
-            loop(x, n).numpy()
+            loop(x, n)
             return max(0, _status("VmHWM") - before)
         return run
     return T.alternate({name: peak(loop) for name, loop in loops.items()}, repeats, label)
@@ -92,12 +81,5 @@ def run(mode="full"):
     return summarize(measure(*MODES[mode]))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
-    print(table(summarize(measure(20, args.repeats))))
-
-
 if __name__ == "__main__":
-    main()
+    T.scenario_main(sys.modules[__name__])

@@ -14,9 +14,8 @@ at 1 KiB (for pass-through numpy is 0, so it is ours(size) / ours(1 KiB)).
 
     python -m benchmarks.size_sweep [--mode smoke|quick|full]
 """
-import argparse
+import sys
 
-import numpy as np
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
@@ -139,12 +138,5 @@ def run(mode="full"):
     return summarize(measure(sizes, repeats, mode), sizes)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=list(MODES), default="full")
-    args = parser.parse_args(argv)
-    print(table(run(args.mode)))
-
-
 if __name__ == "__main__":
-    main()
+    T.scenario_main(sys.modules[__name__])

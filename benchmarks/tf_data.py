@@ -5,16 +5,16 @@ tf.numpy_function, and as a native TF op.
 ``reduce``, with num_parallel_calls 1 and AUTOTUNE; f adds one to the
 element (``a + 1`` in NumPy for the bridges, ``x + 1`` natively).
 
-    python -m benchmarks.tf_data [--elements N] [--repeats R]
+    python -m benchmarks.tf_data [--mode smoke|quick|full]
 """
-import argparse
+import sys
 
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
 from benchmarks import _timing as T
 
-MODES = {"1 thread": 1, "AUTOTUNE": tf.data.AUTOTUNE}
+PARALLELISM = {"1 thread": 1, "AUTOTUNE": tf.data.AUTOTUNE}
 MAPS = {
     "ours": lambda x: pfb.numpy_function(T.plus_one, [x], tf.int64),
     "tf": lambda x: tf.numpy_function(T.plus_one, [x], tf.int64),
@@ -34,7 +34,7 @@ def measure(elements, repeats, label="tf_data"):
     """'mode/variant' -> elements per second, one sample per repetition."""
     n = tf.constant(elements, tf.int64)
     runs = {}
-    for mode, parallel in MODES.items():
+    for mode, parallel in PARALLELISM.items():
         for variant, f in MAPS.items():
             consume = _pipeline(f, parallel)
             consume(tf.constant(10, tf.int64))  # trace
@@ -45,7 +45,7 @@ def measure(elements, repeats, label="tf_data"):
 
 def summarize(samples):
     cases = {}
-    for mode in MODES:
+    for mode in PARALLELISM:
         ours, theirs, native = (samples[f"{mode}/{v}"] for v in ("ours", "tf", "native"))
         case = T.compare(ours, theirs, higher_is_better=True)
         case["native"] = T.median(native)
@@ -71,20 +71,12 @@ def table(result):
 
 
 # mode -> (elements, repetitions)
-RUN_MODES = {"smoke": (200, 1), "quick": (2000, 2), "full": (20000, 3)}
+MODES = {"smoke": (200, 1), "quick": (2000, 2), "full": (20000, 3)}
 
 
 def run(mode="full"):
-    return summarize(measure(*RUN_MODES[mode]))
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--elements", type=int, default=20000)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
-    print(table(summarize(measure(args.elements, args.repeats))))
+    return summarize(measure(*MODES[mode]))
 
 
 if __name__ == "__main__":
-    main()
+    T.scenario_main(sys.modules[__name__])
