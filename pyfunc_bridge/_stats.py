@@ -1,10 +1,11 @@
 """Runtime statistics: what each bridged function cost and whether it copied.
 
-The conversion layer counts every call of every bridge op; these functions
-read, clear and switch those counters.
+The conversion layer counts every call of every bridge op while counting is
+on (it is off by default); these functions switch, read and clear the counters.
 
 >>> import numpy as np, tensorflow as tf
 >>> import pyfunc_bridge as pfb
+>>> previous = pfb.enable_stats(True)
 >>> pfb.reset_stats()
 >>> _ = pfb.numpy_function(lambda a: a * 2, [tf.zeros([256])], tf.float32, name="double")
 >>> snapshot = pfb.stats()
@@ -13,6 +14,7 @@ read, clear and switch those counters.
 (1, 2048, 0)
 >>> snapshot.total.calls
 1
+>>> _ = pfb.enable_stats(previous)
 """
 import dataclasses
 
@@ -125,6 +127,8 @@ def reset_stats():
 
 def enable_stats(flag=True):
     """Switches counting on (``True``) or off; returns the previous setting.
+
+    Counting is off by default: it costs about 1 us per call.
 
     >>> import pyfunc_bridge as pfb
     >>> previous = pfb.enable_stats(False)

@@ -2,6 +2,8 @@
 
 Counts and byte categories are exact for known inputs and outputs.
 """
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -181,6 +183,17 @@ def test_graph_function_keeps_counting_after_reset():
     pfb.reset_stats()
     double(X)
     assert pfb.stats().functions["kept"].calls == 1
+
+
+def test_counting_is_off_by_default():
+    code = ("import tensorflow as tf, pyfunc_bridge as pfb\n"
+            "pfb.numpy_function(lambda a: a, [tf.zeros(3)], tf.float32, name='f')\n"
+            "s = pfb.stats()\n"
+            "print(s.enabled, s.functions)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[-2] == "False {}"
 
 
 def test_enable_stats_switches_counting():
