@@ -85,10 +85,15 @@ def plot(results, path):
         values.append(c["ratio"])
         spans.append(c["ratio_range"])
     if labels:
-        finite = [min(v, 1e3) for v in values]
-        errors = [[max(0.0, f - min(lo, 1e3)) for f, (lo, _) in zip(finite, spans)],
-                  [max(0.0, min(hi, 1e3) - f) for f, (_, hi) in zip(finite, spans)]]
+        # Log scale; a range that a noisy repetition stretched to 0 or inf is
+        # drawn clipped to 10x either side of the median.
+        finite = [min(max(v, 1e-2), 1e3) for v in values]
+        lows = [max(min(lo, f), f / 10) for f, (lo, _) in zip(finite, spans)]
+        highs = [min(max(hi, f), f * 10) for f, (_, hi) in zip(finite, spans)]
+        errors = [[f - lo for f, lo in zip(finite, lows)],
+                  [hi - f for f, hi in zip(finite, highs)]]
         ratios.bar(range(len(labels)), finite, yerr=errors, color="C0", capsize=3)
+        ratios.set_yscale("log")
         ratios.axhline(1.0, color="gray", lw=1)
         ratios.set_xticks(range(len(labels)), labels, fontsize=7)
         ratios.set_ylabel("TF's cost / ours (tf.data: ours' throughput / TF's)")
