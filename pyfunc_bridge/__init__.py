@@ -22,12 +22,14 @@ del _check
 from pyfunc_bridge._numpy_function import numpy_function, py_func  # noqa: E402
 from pyfunc_bridge._py_function import py_function  # noqa: E402
 from pyfunc_bridge._array_function import array_function  # noqa: E402
+from pyfunc_bridge._stats import enable_stats, reset_stats, stats  # noqa: E402
 
 __version__ = "0.1.0"
 # The conversion API lives in the conversion layer (src/conversion_dlpack_api.pxi),
 # which is imported on first access.
 _CONVERSION_API = ("from_dlpack", "to_dlpack", "to_numpy", "from_numpy")
-__all__ = ["numpy_function", "py_func", "py_function", "array_function", *_CONVERSION_API]
+__all__ = ["numpy_function", "py_func", "py_function", "array_function",
+           "stats", "reset_stats", "enable_stats", *_CONVERSION_API]
 
 
 def __getattr__(name):

@@ -78,7 +78,7 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     # the function in a thread-local slot, under one constant key, so that TF's
     # eager kernel cache does not grow with every call.
     if context.context().is_async():
-        entry = _registry.register(func, framework)
+        entry = _registry.register(func, framework, name)
         entry.record = record
         result = _execute(op_name, wrapper, inputs, entry.key, signature, name, attrs)
         context.async_wait()  # the entry must outlive the call
@@ -86,7 +86,7 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     conversion = _library.conversion()
     slot, key = conversion._eager, conversion.EAGER_KEY
     previous = getattr(slot, "entry", None)
-    slot.entry = _registry.Entry(func, key, framework, record)
+    slot.entry = _registry.Entry(func, key, framework, record, name)
     try:
         return _execute(op_name, wrapper, inputs, key, signature, name, attrs)
     finally:
@@ -109,7 +109,7 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
         result = run_eagerly(op_name, op, func, inputs, signature, name,
                              (("copy", copy_attr),), framework)
     else:
-        entry = _registry.register(func, framework)
+        entry = _registry.register(func, framework, name)
         result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
                     out_shapes=signature.shapes, copy=copy_attr, name=name)
         graph = (result[0].graph if isinstance(result, list) and result

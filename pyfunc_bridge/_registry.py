@@ -23,15 +23,21 @@ class Entry:
     array_function (pyfunc_bridge/_frameworks.py), read by the conversion layer.
     ``record`` (py_function): whether a call may need its gradient (eager
     calls decide per call; in graphs the kernel sees whether one is wired).
+    `name` is the op's ``name=``, under which the statistics count its calls
+    (None: the function's ``__qualname__``); `stats_record` is where the
+    conversion layer counts them.
     """
 
-    __slots__ = ("func", "key", "framework", "record", "__weakref__")
+    __slots__ = ("func", "key", "framework", "record", "name", "stats_record",
+                 "__weakref__")
 
-    def __init__(self, func, key, framework=None, record=True):
+    def __init__(self, func, key, framework=None, record=True, name=None):
         self.func = func
         self.key = key
         self.framework = framework
         self.record = record
+        self.name = name
+        self.stats_record = None
 
     def __repr__(self):
         return f"<pyfunc_bridge entry {self.key}>"
@@ -50,11 +56,11 @@ def _forget(functions, key, ref):
         del functions[key]
 
 
-def register(func, framework=None):
+def register(func, framework=None, name=None):
     """Registers `func` under a new key and returns its Entry."""
     functions = _library.conversion().registry()
     key = f"{function_reference(func)}@{uuid.uuid4().hex}"
-    entry = Entry(func, key, framework)
+    entry = Entry(func, key, framework, name=name)
     functions[key] = weakref.ref(entry, lambda ref: _forget(functions, key, ref))
     return entry
 

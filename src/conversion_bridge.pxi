@@ -74,12 +74,13 @@ cdef tuple _input_arrays(tuple args, int copy_mode):
 
 
 cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
-                         list ranges) except -1:
+                         list ranges, _CallCounts* counts) except -1:
     """Checks the results against the declaration and exports them.
 
     `outside_refs`: references to `result` that the bridge does not hold.
     `ranges`: None for NumPy functions; for array_function the inputs' memory
     ranges, and results exporting __dlpack__ are taken through DLPack.
+    `counts`: where to count the bytes (NULL: statistics are off).
     """
     cdef int i, j, held, n = call.num_outputs
     cdef Py_ssize_t refs
@@ -87,11 +88,11 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
     if n == 1 and not isinstance(result, (list, tuple)):
         if ranges is None or PyArray_Check(<PyObject*>result):
             call.outputs[0] = _export_output(<PyObject*>result, outside_refs, 0,
-                                             &call.output_specs[0], call.copy_mode)
+                                             &call.output_specs[0], call.copy_mode, counts)
         else:
             call.outputs[0] = _export_dlpack_output(<PyObject*>result, outside_refs, 0,
                                                     &call.output_specs[0], call.copy_mode,
-                                                    ranges)
+                                                    ranges, counts)
         return 0
     if isinstance(result, (list, tuple)) and len(result) == n:
         # The bridge holds each item once per occurrence in `items` (twice for
@@ -109,10 +110,10 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
             refs = Py_REFCNT(item) - held + (1 if outside_refs > 0 else 0)
             if ranges is None or PyArray_Check(item):
                 call.outputs[i] = _export_output(item, refs, i, &call.output_specs[i],
-                                                 call.copy_mode)
+                                                 call.copy_mode, counts)
             else:
                 call.outputs[i] = _export_dlpack_output(item, refs, i, &call.output_specs[i],
-                                                        call.copy_mode, ranges)
+                                                        call.copy_mode, ranges, counts)
         return 0
     _check_count(result, n)  # raises unless n == 0 and result is None
     return 0
@@ -120,8 +121,10 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
 
 cdef int _run(PfbCall* call) except -1:
     cdef int i
+    cdef _CallCounts counts
+    cdef _CallCounts* counting = _stats_begin(&counts)  # NULL: statistics off
     if call.flags & (PFB_CALL_TENSORS | PFB_CALL_GRADIENT):
-        return _run_py_function(call)
+        return _run_py_function(call, counting)
     args = _adopt_inputs(call)
     entry = _lookup(call.key, call.key_len)
     # None: a NumPy function; else the framework adapter of an array_function
@@ -142,32 +145,40 @@ cdef int _run(PfbCall* call) except -1:
     elif cnp.PyDataMem_GetHandler() is not _aligned_handler_capsule:
         cnp.PyDataMem_SetHandler(_aligned_handler_capsule)
     try:
+        if counting != NULL:
+            _stats_call(counting, args, call.copy_mode)
         result = entry.func(*args)
+        if counting != NULL:
+            counting.returned = _now()
         if adapter is not None and call.copy_mode != PFB_COPY_TRUE:
             adapter.check_inputs(args)
         args = None  # the inputs are no longer ours
         # `result` is our only reference: the rest belong to someone else.
-        _export_outputs(call, result, Py_REFCNT(<PyObject*>result) - 1, ranges)
+        _export_outputs(call, result, Py_REFCNT(<PyObject*>result) - 1, ranges, counting)
     except BaseException:
         for i in range(call.num_outputs):
             if call.outputs[i] != NULL:
                 # Its own deleter: array_function outputs may be foreign tensors.
                 call.outputs[i].deleter(call.outputs[i])
                 call.outputs[i] = NULL
+        if counting != NULL:
+            _stats_end(counting, entry, True)
         raise
     finally:
         if restore:
             cnp.PyDataMem_SetHandler(previous_handler)
+    if counting != NULL:
+        _stats_end(counting, entry, False)
     return 0
 
 
-cdef int _run_py_function(PfbCall* call) except -1:
+cdef int _run_py_function(PfbCall* call, _CallCounts* counting) except -1:
     cdef int i
     try:
         if call.flags & PFB_CALL_GRADIENT:
             _run_gradient(call)
         else:
-            _run_tensors(call)
+            _run_tensors(call, counting)
     except BaseException:
         for i in range(call.num_outputs):
             if call.outputs[i] != NULL:

@@ -112,7 +112,7 @@ cdef bint _inside(const DLTensor* t, list ranges):
 
 cdef DLManagedTensorVersioned* _export_dlpack_output(
         PyObject* raw, Py_ssize_t outside_refs, int index, const PfbOutputSpec* spec,
-        int copy_mode, list ranges) except NULL:
+        int copy_mode, list ranges, _CallCounts* counts) except NULL:
     """One result of an array_function -> a DLPack tensor for the kernel.
 
     Objects exporting __dlpack__ go through the validated import: handed over
@@ -124,7 +124,7 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
     tp = type(value)
     if (_is_string_dtype(spec.dtype) or PyArray_Check(raw)
             or getattr(tp, "__dlpack__", None) is None or isinstance(value, np.generic)):
-        return _export_output(raw, outside_refs, index, spec, copy_mode)
+        return _export_output(raw, outside_refs, index, spec, copy_mode, counts)
     writable_elsewhere, to_capsule = _handler(tp)
     if copy_mode == PFB_COPY_TRUE:
         reason = "copy_requested"
@@ -160,6 +160,8 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
         reason = None  # a view of an input: TensorFlow's memory, which nobody may write
     if reason is None:
         reason = _dl_layout_reason(t)
+    if counts != NULL:
+        _count_bytes(counts, reason, _nbytes(t))
     if reason is not None:
         if copy_mode == PFB_COPY_FALSE:
             _raise_copy_forbidden(index, reason)

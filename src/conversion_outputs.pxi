@@ -155,19 +155,24 @@ cdef int _raise_copy_forbidden(int index, str reason) except -1:
 
 cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_refs,
                                               int index, const PfbOutputSpec* spec,
-                                              int copy_mode) except NULL:
+                                              int copy_mode, _CallCounts* counts) except NULL:
     """One result -> a DLPack tensor for the kernel.
 
     `raw` is borrowed; `outside_refs` counts the references to it that the
     bridge does not hold (computed by the caller before any local reference).
+    `counts` (NULL: statistics off) receives the bytes, copied or not.
     """
+    cdef DLManagedTensorVersioned* exported
     if _is_string_dtype(spec.dtype):
         arr = _as_string_array(<object>raw, index)
         _check_shape(arr, spec, index)
-        return _export_strings(arr)
+        exported = _export_strings(arr)
+        if counts != NULL:
+            _count_string_records(counts, exported)
+        return exported
 
     cdef cnp.dtype want = _numpy_dtype(spec.dtype)
-    reason = None
+    reason = converted = None
     if PyArray_Check(raw):
         # Decided before any local reference to the array exists.
         if PyArray_SIZE(<PyArrayObject*>raw) > 0:
@@ -179,6 +184,7 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
             arr = np.asarray(value)  # fresh; its dtype must match
         elif isinstance(value, (bool, int, float, complex, list, tuple)):
             arr = _coerce(value, want, index)  # fresh
+            converted = "dtype_conversion"
         else:
             arr = np.asarray(value)  # an object exporting an array: memory not ours
             reason = "aliasing"
@@ -201,4 +207,7 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
         if copy_mode == PFB_COPY_FALSE:
             _raise_copy_forbidden(index, reason)
         checked = np.array(checked, order="C", copy=True)
+    if counts != NULL:
+        _count_bytes(counts, reason if reason is not None else converted,
+                     cnp.PyArray_NBYTES(checked))
     return _export_array(checked, spec.dtype)

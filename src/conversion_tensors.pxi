@@ -29,7 +29,7 @@ cdef int _import_tensorflow() except -1:
     return 0
 
 
-cdef tuple _input_tensors(PfbCall* call):
+cdef tuple _input_tensors(PfbCall* call, _CallCounts* counts):
     """One EagerTensor per input, viewing TF's memory (strings: converted)."""
     args = _adopt_inputs(call)  # each owner frees its input on every path
     cdef list tensors = []
@@ -38,14 +38,21 @@ cdef tuple _input_tensors(PfbCall* call):
     for owner in args:
         t = &owner.managed.dl_tensor
         if _is_string_dtype(t.dtype):
-            tensors.append(_tf_constant(_view(owner, False)))
-        elif (t.device.device_type == kDLCPU
-                and (<uintptr_t>t.data + t.byte_offset) % ALIGNMENT != 0):
+            strings = _view(owner, False)
+            if counts != NULL:
+                counts.copied[_STRING] += sum([len(b) for b in strings.flat])
+            tensors.append(_tf_constant(strings))
+            continue
+        aligned = (t.device.device_type != kDLCPU
+                   or (<uintptr_t>t.data + t.byte_offset) % ALIGNMENT == 0)
+        if counts != NULL:
+            _count_bytes(counts, None if aligned else "unaligned", _nbytes(t))
+        if aligned:
+            tensors.append(_tf_tensor(owner))
+        else:
             # TF's kernels assume aligned memory (an unaligned slice of a TF
             # buffer can reach us): such an input gets an aligned copy.
             tensors.append(_tf_tensor(_adopt_checked(_private_copy(owner))))
-        else:
-            tensors.append(_tf_tensor(owner))
     return tuple(tensors)
 
 
@@ -71,7 +78,7 @@ cdef inline bint _floating_spec(const PfbOutputSpec* spec):
     return spec.dtype.code in (kDLFloat, kDLBfloat, kDLComplex)
 
 
-cdef int _export_results(PfbCall* call, object results) except -1:
+cdef int _export_results(PfbCall* call, object results, _CallCounts* counts) except -1:
     """A py_function wrapper's flat result list -> the call's outputs.
 
     EagerTensors are TF's immutable memory: handed over without a copy.  The
@@ -85,7 +92,7 @@ cdef int _export_results(PfbCall* call, object results) except -1:
         if _is_string_dtype(call.output_specs[i].dtype) and _is_eager_tensor(value):
             value = value.numpy()  # strings are converted anyway
         call.outputs[i] = _export_dlpack_output(<PyObject*>value, 1, i, &call.output_specs[i],
-                                                PFB_COPY_NONE, [])
+                                                PFB_COPY_NONE, [], counts)
     return 0
 
 
@@ -156,17 +163,32 @@ cdef class _Scopes:
         return 0
 
 
-cdef int _run_tensors(PfbCall* call) except -1:
+cdef int _run_tensors(PfbCall* call, _CallCounts* counting) except -1:
     """A py_function call: EagerTensors in, EagerTensors (or arrays) out."""
     _import_tensorflow()
-    args = _input_tensors(call)
+    args = _input_tensors(call, counting)
     entry = _lookup(call.key, call.key_len)
+    try:
+        _call_tensors(call, entry, args, counting)
+    except BaseException:
+        if counting != NULL:
+            _stats_end(counting, entry, True)
+        raise
+    if counting != NULL:
+        _stats_end(counting, entry, False)
+    return 0
+
+
+cdef int _call_tensors(PfbCall* call, object entry, tuple args,
+                       _CallCounts* counting) except -1:
     # Eager kernels always see their outputs required: the op layer knows
     # whether a tape watches the call.
     cdef bint record = (call.flags & PFB_CALL_RECORD) and entry.record
     cdef _Forward forward
     cdef _Scopes scopes = _Scopes()
     scopes.enter(call)
+    if counting != NULL:
+        counting.called = _now()
     try:
         if record:
             tape = _GradientTape(persistent=True)
@@ -179,8 +201,10 @@ cdef int _run_tensors(PfbCall* call) except -1:
                 tape.__exit__(None, None, None)
         else:
             results = entry.func(*args)
+        if counting != NULL:
+            counting.returned = _now()
         args = None
-        _export_results(call, results)
+        _export_results(call, results, counting)
     finally:
         scopes.leave()
     if record:
@@ -199,7 +223,7 @@ cdef int _run_gradient(PfbCall* call) except -1:
     """The gradient of one recorded py_function call."""
     _import_tensorflow()
     cdef _Forward forward = <_Forward>call.state
-    grads = _input_tensors(call)
+    grads = _input_tensors(call, NULL)
     cdef _Scopes scopes = _Scopes()
     scopes.enter(call)
     try:
@@ -218,7 +242,7 @@ cdef int _run_gradient(PfbCall* call) except -1:
             results = [r if _is_eager_tensor(r) else _tf_convert(r) for r in results]
         else:
             results = [_tf_zeros(s.shape, s.dtype) for s in forward.sources]
-        _export_results(call, results)
+        _export_results(call, results, NULL)
     finally:
         scopes.leave()
     return 0

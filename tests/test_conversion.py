@@ -40,6 +40,52 @@ def test_handler_is_restored_and_arrays_outlive_it():
     gc.collect()
 
 
+MIB = 1 << 20
+
+
+def _cached(size):
+    """How many cached blocks could serve an allocation of `size` bytes."""
+    return sum(1 for usable in conv._allocator_cache() if size <= usable <= size * 9 // 8)
+
+
+def test_large_freed_blocks_are_kept_reused_and_zeroed_by_calloc():
+    size = 4 * MIB + 64 * 7  # a size no other test leaves behind
+    with conv.aligned_allocation():
+        first = np.ones(size, np.uint8)
+        before = _cached(size)
+        del first  # kept for reuse, not unmapped
+        assert _cached(size) == before + 1
+        again = np.empty(size, np.uint8)
+        assert _cached(size) == before  # taken from the cache: no new pages
+        assert again.ctypes.data % 64 == 0
+        again[:] = 1
+        del again
+        zeros = np.zeros(size, np.uint8)  # calloc on the reused block
+        assert _cached(size) == before
+    assert not zeros.any()
+
+
+def test_small_blocks_are_not_kept():
+    with conv.aligned_allocation():
+        before = conv._allocator_cache()
+        a = np.ones(100_000, np.uint8)
+        del a
+    assert conv._allocator_cache() == before
+
+
+def test_the_cache_holds_at_most_4_blocks_and_128_mib():
+    with conv.aligned_allocation():
+        blocks = [np.empty(48 * MIB, np.uint8) for _ in range(3)]
+        del blocks
+        assert len(conv._allocator_cache()) <= 4
+        assert sum(conv._allocator_cache()) <= 128 * MIB
+        assert _cached(48 * MIB) == 2  # the oldest was released to fit
+        blocks = [np.empty(MIB + 64 * i, np.uint8) for i in range(6)]
+        del blocks
+    assert len(conv._allocator_cache()) == 4
+    assert sum(conv._allocator_cache()) <= 128 * MIB
+
+
 # -------------------------------------------------------------- error table --
 
 @pytest.mark.parametrize("exc,code", [

@@ -1,0 +1,218 @@
+"""Runtime statistics: pfb.stats(), reset_stats(), enable_stats().
+
+Counts and byte categories are exact for known inputs and outputs.
+"""
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import pyfunc_bridge as pfb
+
+REASONS = {"unaligned", "non_contiguous", "aliasing", "dtype_conversion", "string",
+           "copy_requested"}
+X = np.arange(256, dtype=np.float32)  # 1 KiB
+KIB = 1024
+GLOBAL = np.zeros(256, np.float32)
+
+
+@pytest.fixture(autouse=True)
+def fresh_stats():
+    previous = pfb.enable_stats(True)
+    pfb.reset_stats()
+    yield
+    pfb.reset_stats()
+    pfb.enable_stats(previous)
+
+
+def _copied(entry):
+    return {reason: n for reason, n in entry.bytes_copied.items() if n}
+
+
+def _run(func, inp, Tout, mode, **kwargs):
+    """Runs the op eagerly or inside a tf.function (on TF's worker threads)."""
+    if mode == "eager":
+        return pfb.numpy_function(func, inp, Tout, **kwargs)
+    return tf.function(lambda: pfb.numpy_function(func, inp, Tout, **kwargs))()
+
+
+MODES = ["eager", "graph"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_aligned_fresh_output_is_zero_copy(mode):
+    _run(lambda a: a * 2, [X], tf.float32, mode, name="double")
+    entry = pfb.stats().functions["double"]
+    assert entry.calls == 1 and entry.errors == 0
+    assert entry.bytes_zero_copy == 2 * KIB  # the input view and the fresh output
+    assert _copied(entry) == {}
+    assert set(entry.bytes_copied) == REASONS
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_strided_output_is_copied_as_non_contiguous(mode):
+    _run(lambda: np.ones((16, 32), np.float32)[:, ::2], [], tf.float32, mode, name="strided")
+    entry = pfb.stats().functions["strided"]
+    assert entry.bytes_zero_copy == 0
+    assert _copied(entry) == {"non_contiguous": 16 * 16 * 4}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_copy_true_copies_both_ways(mode):
+    _run(lambda a: a, [X], tf.float32, mode, name="private", copy=True)
+    entry = pfb.stats().functions["private"]
+    assert entry.bytes_zero_copy == 0
+    assert _copied(entry) == {"copy_requested": 2 * KIB}
+
+
+def test_unaligned_output():
+    pfb.numpy_function(lambda: np.zeros(257, np.float32)[1:], [], tf.float32, name="unaligned")
+    assert _copied(pfb.stats().functions["unaligned"]) == {"unaligned": KIB}
+
+
+def test_global_array_is_copied_as_aliasing():
+    pfb.numpy_function(lambda: GLOBAL, [], tf.float32, name="global")
+    assert _copied(pfb.stats().functions["global"]) == {"aliasing": KIB}
+
+
+def test_pass_through_of_an_input_is_zero_copy():
+    pfb.numpy_function(lambda a: a, [X], tf.float32, name="identity")
+    entry = pfb.stats().functions["identity"]
+    assert entry.bytes_zero_copy == 2 * KIB
+    assert _copied(entry) == {}
+
+
+def test_python_values_count_as_dtype_conversion():
+    pfb.numpy_function(lambda: (2.5, [1, 2, 3]), [], [tf.float64, tf.int32], name="listed")
+    assert _copied(pfb.stats().functions["listed"]) == {"dtype_conversion": 8 + 3 * 4}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_strings_count_their_bytes_both_ways(mode):
+    words = tf.constant([b"abc", b"de", b""])
+    _run(lambda s: s[::-1].copy(), [words], tf.string, mode, name="words")
+    entry = pfb.stats().functions["words"]
+    assert entry.bytes_zero_copy == 0
+    assert _copied(entry) == {"string": 2 * 5}
+
+
+def test_several_outputs_and_inputs_add_up():
+    pfb.numpy_function(lambda a, b: (a + b, b[::2]), [X, X], [tf.float32, tf.float32],
+                       name="pair")
+    entry = pfb.stats().functions["pair"]
+    assert entry.bytes_zero_copy == 3 * KIB  # two inputs and a + b
+    assert _copied(entry) == {"non_contiguous": KIB // 2}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_errors_are_counted(mode):
+    def broken(a):
+        raise ValueError("no")
+
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        _run(broken, [X], tf.float32, mode, name="broken")
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        _run(lambda a: a.astype(np.float64), [X], tf.float32, mode, name="broken")
+    entry = pfb.stats().functions["broken"]
+    assert entry.calls == 2
+    assert entry.errors == 2
+
+
+def test_functions_without_name_are_keyed_by_qualname():
+    def unnamed(a):
+        return a + 1
+
+    pfb.numpy_function(unnamed, [X], tf.float32)
+    pfb.numpy_function(unnamed, [X], tf.float32)
+    functions = pfb.stats().functions
+    assert functions[unnamed.__qualname__].calls == 2
+
+
+def test_graph_calls_count_every_run():
+    double = tf.function(lambda x: pfb.numpy_function(lambda a: a * 2, [x], tf.float32,
+                                                      name="looped"))
+    for _ in range(5):
+        double(X)
+    assert pfb.stats().functions["looped"].calls == 5
+
+
+def test_parallel_map_counts_every_element():
+    dataset = tf.data.Dataset.range(200).map(
+        lambda i: pfb.numpy_function(lambda a: a + 1, [i], tf.int64, name="mapped"),
+        num_parallel_calls=4)
+    assert int(dataset.reduce(tf.constant(0, tf.int64), lambda acc, v: acc + v)) == 20100
+    entry = pfb.stats().functions["mapped"]
+    assert entry.calls == 200
+    assert entry.bytes_zero_copy == 200 * 2 * 8
+
+
+def test_times_are_split_between_function_and_marshalling():
+    pfb.numpy_function(lambda a: time.sleep(0.02) or a, [X], tf.float32, name="sleepy")
+    entry = pfb.stats().functions["sleepy"]
+    assert entry.seconds_in_function >= 0.02
+    assert 0 < entry.seconds_marshalling < entry.seconds_in_function
+
+
+def test_total_sums_the_functions():
+    pfb.numpy_function(lambda a: a * 2, [X], tf.float32, name="one")
+    pfb.numpy_function(lambda a: a, [X], tf.float32, name="two", copy=True)
+    snapshot = pfb.stats()
+    assert snapshot.total.calls == 2
+    assert snapshot.total.bytes_zero_copy == 2 * KIB
+    assert _copied(snapshot.total) == {"copy_requested": 2 * KIB}
+    assert snapshot.total.seconds_in_function == pytest.approx(
+        sum(e.seconds_in_function for e in snapshot.functions.values()))
+
+
+def test_reset_clears_the_counters():
+    pfb.numpy_function(lambda a: a, [X], tf.float32, name="before")
+    pfb.reset_stats()
+    assert pfb.stats().functions == {}
+    assert pfb.stats().total.calls == 0
+    pfb.numpy_function(lambda a: a, [X], tf.float32, name="before")
+    assert pfb.stats().functions["before"].calls == 1
+
+
+def test_graph_function_keeps_counting_after_reset():
+    double = tf.function(lambda x: pfb.numpy_function(lambda a: a * 2, [x], tf.float32,
+                                                      name="kept"))
+    double(X)
+    pfb.reset_stats()
+    double(X)
+    assert pfb.stats().functions["kept"].calls == 1
+
+
+def test_counting_is_off_by_default():
+    code = ("import tensorflow as tf, pyfunc_bridge as pfb\n"
+            "pfb.numpy_function(lambda a: a, [tf.zeros(3)], tf.float32, name='f')\n"
+            "s = pfb.stats()\n"
+            "print(s.enabled, s.functions)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[-2] == "False {}"
+
+
+def test_enable_stats_switches_counting():
+    assert pfb.enable_stats(False) is True
+    pfb.numpy_function(lambda a: a, [X], tf.float32, name="quiet")
+    snapshot = pfb.stats()
+    assert "quiet" not in snapshot.functions
+    assert snapshot.enabled is False
+    assert pfb.enable_stats() is False
+    pfb.numpy_function(lambda a: a, [X], tf.float32, name="quiet")
+    assert pfb.stats().functions["quiet"].calls == 1
+
+
+def test_str_is_a_table():
+    pfb.numpy_function(lambda: np.ones((4, 4), np.float32).T, [], tf.float32, name="shown")
+    text = str(pfb.stats())
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["function", "calls", "errors"]
+    row = next(line for line in lines if line.startswith("shown"))
+    assert row.split()[1:3] == ["1", "0"]
+    assert "non_contiguous 64 B" in row
+    assert any(line.startswith("(total)") for line in lines)

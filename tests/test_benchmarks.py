@@ -1,0 +1,42 @@
+"""The benchmark suite runs end to end (its fastest mode) and writes its report."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCENARIOS = ["graph_overhead", "eager_overhead", "tf_data", "size_sweep", "memory"]
+
+
+def _cases(result):
+    """Every leaf case of a scenario: dicts holding ours, TF's and the ratio."""
+    found = []
+    for value in result["cases"].values():
+        found.extend(value.values() if "ours" not in value else [value])
+    return found
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_every_scenario_and_the_plot(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for i, name in enumerate(SCENARIOS, 1):
+        assert f"[{i}/{len(SCENARIOS)}] {name} done" in run.stderr
+        assert name in run.stdout
+    with open(tmp_path / "results.json") as f:
+        results = json.load(f)
+    assert set(results) == set(SCENARIOS) | {"meta"}
+    for name in SCENARIOS:
+        cases = _cases(results[name])
+        assert cases, name
+        for case in cases:
+            assert {"ours", "tf", "ratio"} <= set(case), name
+    assert "numpy_function identity" in results["graph_overhead"]["cases"]
+    assert set(results["size_sweep"]["cases"]) == {"pass-through", "fresh a*2"}
+    assert results["meta"]["mode"] == "smoke"
+    png = (tmp_path / "benchmark.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
