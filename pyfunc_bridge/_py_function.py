@@ -187,7 +187,8 @@ def _caller(func, structure, signature):
         else:
             args = flat
         return signature.flatten(func(*args))
-    return call
+    # The registry key and the statistics name the user's function.
+    return functools.update_wrapper(call, func, updated=())
 
 
 def _py_function(func, inp, Tout, name):
@@ -204,7 +205,7 @@ def _py_function(func, inp, Tout, name):
         outputs, forward = _numpy_function.run_eagerly(
             OP, op, call, inputs, signature, name, record=entry_record)
     else:
-        entry = _registry.register(call)
+        entry = _registry.register(call, name=name)
         outputs, forward = op(input=inputs, key=entry.key, Tout=signature.dtypes,
                               out_shapes=signature.shapes, name=name)
         _registry.keep_alive(entry, forward.graph)

@@ -216,3 +216,46 @@ def test_str_is_a_table():
     assert row.split()[1:3] == ["1", "0"]
     assert "non_contiguous 64 B" in row
     assert any(line.startswith("(total)") for line in lines)
+
+
+# ------------------------------------------------------------ py_function --
+
+def _run_py(func, inp, Tout, mode, **kwargs):
+    if mode == "eager":
+        return pfb.py_function(func, inp, Tout, **kwargs)
+    return tf.function(lambda: pfb.py_function(func, inp, Tout, **kwargs))()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_py_function_tensor_output_is_zero_copy(mode):
+    _run_py(lambda a: a * 2, [X], tf.float32, mode, name="py_double")
+    entry = pfb.stats().functions["py_double"]
+    assert entry.calls == 1 and entry.errors == 0
+    assert entry.bytes_zero_copy == 2 * KIB  # the EagerTensor input and output
+    assert _copied(entry) == {}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_py_function_numpy_output_is_copied(mode):
+    _run_py(lambda a: a.numpy() * 2, [X], tf.float32, mode, name="py_numpy")
+    entry = pfb.stats().functions["py_numpy"]
+    assert entry.bytes_zero_copy == KIB  # the input
+    assert _copied(entry) == {"aliasing": KIB}
+
+
+def test_py_function_named_by_its_function():
+    def triple(a):
+        return a * 3
+
+    _run_py(triple, [X], tf.float32, "graph")
+    assert pfb.stats().functions["test_py_function_named_by_its_function.<locals>.triple"].calls == 1
+
+
+def test_py_function_errors_are_counted():
+    def fails(a):
+        raise ValueError("no")
+
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        _run_py(fails, [X], tf.float32, "graph", name="py_fails")
+    entry = pfb.stats().functions["py_fails"]
+    assert entry.calls == 1 and entry.errors == 1
