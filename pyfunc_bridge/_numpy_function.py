@@ -71,9 +71,16 @@ def _execute(op_name, wrapper, inputs, key, signature, name, attrs):
                        out_shapes=signature.shapes, name=name, **dict(attrs))
 
 
+_COPY_MODE = {"none": 0, "true": 1, "false": 2}  # bridge_abi.h's PFB_COPY_*
+
+
 def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
-                framework=None, record=True):
-    """Runs a bridge op eagerly; `framework` and `record` go to the entry."""
+                framework=None, record=True, direct=False):
+    """Runs a bridge op eagerly; `framework` and `record` go to the entry.
+
+    `direct`: where TF has one CPU device, call the bridge without
+    dispatching the op (numpy_function's kernel does exactly that work, and
+    TF's eager op dispatch costs more than the bridge itself)."""
     # The kernel of an eager op runs on this thread: the conversion layer finds
     # the function in a thread-local slot, under one constant key, so that TF's
     # eager kernel cache does not grow with every call.
@@ -88,6 +95,9 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     previous = getattr(slot, "entry", None)
     slot.entry = _registry.Entry(func, key, framework, record, name)
     try:
+        if direct and conversion.direct_eager_calls():
+            return conversion.call_eagerly(inputs, signature.dtypes, signature.shapes,
+                                           _COPY_MODE[dict(attrs)["copy"]])
         return _execute(op_name, wrapper, inputs, key, signature, name, attrs)
     finally:
         slot.entry = previous
@@ -107,7 +117,7 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
         op_name, op = STATELESS_OP, lib.pyfunc_bridge_numpy_function_stateless
     if tf.executing_eagerly():
         result = run_eagerly(op_name, op, func, inputs, signature, name,
-                             (("copy", copy_attr),), framework)
+                             (("copy", copy_attr),), framework, direct=True)
     else:
         entry = _registry.register(func, framework, name)
         result = op(input=inputs, key=entry.key, Tout=signature.dtypes,

@@ -14,8 +14,8 @@ from cpython.pycapsule cimport (
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memcmp, memcpy, memset, strcmp, strncpy
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcmp, memcpy, memset, strcmp, strlen, strncpy
 
 cimport numpy as cnp
 
@@ -56,4 +56,5 @@ include "conversion_frameworks.pxi"
 include "conversion_errors.pxi"
 include "conversion_tensors.pxi"
 include "conversion_bridge.pxi"
+include "conversion_eager.pxi"
 include "conversion_dlpack_api.pxi"

@@ -502,3 +502,45 @@ def test_atexit_hooks_registered_after_import_can_use_the_bridge():
                           text=True, timeout=120)
     assert proc.stdout.split() == ["main", "2.0", "atexit", "2.0"], proc.stderr[-2000:]
     assert proc.returncode == 0
+
+
+# ------------------------------------------- eager: direct call vs the op --
+
+@pytest.fixture(params=["direct", "dispatched"])
+def eager_path(request, monkeypatch):
+    """Eager calls skip TF's op dispatch where TF has one CPU device; the
+    dispatched op (GPU machines, async mode) must behave the same."""
+    conv = pfb._library.conversion()
+    assert conv.direct_eager_calls()  # this machine: one CPU device
+    if request.param == "dispatched":
+        monkeypatch.setattr(conv, "direct_eager_calls", lambda: False)
+    return request.param
+
+
+def test_eager_paths_agree_on_results_and_zero_copy(eager_path):
+    made = {}
+
+    def body(a, s):
+        out = a * 2
+        made["address"] = address(out)
+        return out, s
+
+    x = tf.constant(np.arange(64, dtype=np.float32))
+    y, s = pfb.numpy_function(body, [x, tf.constant([b"a\0b"])], [tf.float32, tf.string])
+    np.testing.assert_array_equal(y, np.arange(64) * 2)
+    assert address(y) == made["address"]
+    assert s.numpy().tolist() == [b"a\0b"]
+
+
+def test_eager_paths_agree_on_errors(eager_path):
+    x = tf.constant([1.0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="output 0: Tout declares int32"):
+        pfb.numpy_function(lambda a: a, [x], tf.int32)
+    with pytest.raises(tf.errors.OutOfRangeError, match="StopIteration"):
+        pfb.numpy_function(lambda a: next(iter(())), [x], tf.float32)
+
+
+def test_eager_paths_agree_on_no_outputs(eager_path):
+    seen = []
+    assert pfb.numpy_function(lambda a: seen.append(1), [tf.constant(1)], []) in (None, [])
+    assert seen == [1]
