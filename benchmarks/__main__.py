@@ -77,11 +77,11 @@ def plot(results, path):
     for name in ("graph_overhead", "eager_overhead"):
         for case, c in results.get(name, {}).get("cases", {}).items():
             short = case.replace("numpy_function", "np_fn").replace("py_function", "py_fn")
-            labels.append(f"{name.split('_')[0]}\n{short}")
+            labels.append(f"{name.split('_')[0]} {short}")
             values.append(c["ratio"])
             spans.append(c["ratio_range"])
     for mode, c in results.get("tf_data", {}).get("cases", {}).items():
-        labels.append(f"tf.data\n{mode}")
+        labels.append(f"tf.data {mode}")
         values.append(c["ratio"])
         spans.append(c["ratio_range"])
     if labels:
@@ -95,7 +95,7 @@ def plot(results, path):
         ratios.bar(range(len(labels)), finite, yerr=errors, color="C0", capsize=3)
         ratios.set_yscale("log")
         ratios.axhline(1.0, color="gray", lw=1)
-        ratios.set_xticks(range(len(labels)), labels, fontsize=7)
+        ratios.set_xticks(range(len(labels)), labels, fontsize=7, rotation=35, ha="right")
         ratios.set_ylabel("TF's cost / ours (tf.data: ours' throughput / TF's)")
         ratios.set_title("pyfunc_bridge vs TF's builtin (median, range over repetitions)")
         ratios.grid(True, axis="y", alpha=0.3)
