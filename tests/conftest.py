@@ -56,6 +56,22 @@ EXCEPTION_TABLE = [
 ]
 
 
+def as_list(result):
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+def assert_same(got, want):
+    """Same structure (tensor vs list), dtypes, shapes and values."""
+    assert isinstance(got, (list, tuple)) == isinstance(want, (list, tuple))
+    got, want = as_list(got), as_list(want)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype
+        assert g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+
+
 def address(array_like):
     """Data address of an ndarray, or of a tensor viewed through NumPy."""
     return np.asarray(array_like).__array_interface__["data"][0]

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
-from conftest import EXCEPTION_TABLE, collect
+from conftest import EXCEPTION_TABLE, as_list as _as_list, assert_same as _assert_same, collect
 
 STATEFUL_OP = "PyfuncBridge>NumpyFunction"
 STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
@@ -48,22 +48,6 @@ CASES = {
     "upper": (_upper, [np.array([[b"ab", b"cD"], [b"", b"xyz"]], dtype=object)], tf.string),
     "stats": (_stats, [np.array([1, 2, 3, 4], np.int64)], [tf.int64, tf.int64, tf.bool]),
 }
-
-
-def _as_list(result):
-    return list(result) if isinstance(result, (list, tuple)) else [result]
-
-
-def _assert_same(got, want):
-    """Same structure (tensor vs list), dtypes and values."""
-    assert isinstance(got, (list, tuple)) == isinstance(want, (list, tuple))
-    got, want = _as_list(got), _as_list(want)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.dtype == w.dtype
-        assert g.shape == w.shape
-        np.testing.assert_array_equal(g, w)
 
 
 def _numpy(result):

@@ -10,7 +10,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record
 
 import pyfunc_bridge as pfb
-from conftest import EXCEPTION_TABLE, address
+from conftest import EXCEPTION_TABLE, address, as_list as _as_list, assert_same as _assert_same
 
 OP = "PyfuncBridge>PyFunction"
 X = tf.constant([0.5, -1.0, 2.0, 3.0])
@@ -59,26 +59,10 @@ CASES = {
 }
 
 
-def _as_list(result):
-    return list(result) if isinstance(result, (list, tuple)) else [result]
-
-
 def _numpy(result):
     if isinstance(result, (list, tuple)):
         return [np.asarray(t) for t in result]
     return np.asarray(result)
-
-
-def _assert_same(got, want):
-    """Same structure (tensor vs list), dtypes, shapes and values."""
-    assert isinstance(got, (list, tuple)) == isinstance(want, (list, tuple))
-    got, want = _as_list(got), _as_list(want)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.dtype == w.dtype
-        assert g.shape == w.shape
-        np.testing.assert_array_equal(g, w)
 
 
 def _placeholder(value):
