@@ -56,6 +56,15 @@ EXCEPTION_TABLE = [
 ]
 
 
+def assert_mapped_with_traceback(err, tf_error, exc_type, marker, function_name):
+    """`err` is the TF error of `exc_type(marker)` raised in `function_name`."""
+    assert type(err) is tf_error
+    assert marker in err.message
+    assert exc_type.__name__ in err.message
+    assert "Traceback (most recent call last)" in err.message
+    assert function_name in err.message
+
+
 def as_list(result):
     return list(result) if isinstance(result, (list, tuple)) else [result]
 

@@ -48,9 +48,18 @@ def test_inputs_become_eager_tensors_on_the_producer_memory(api, registered):
     assert producer.deleted == 1  # the EagerTensor released the input
 
 
+def unaligned_floats(n):
+    """Float32 memory that is not 64-byte aligned: the input is copied before TF
+    sees it, so the ctypes producer's deleter (a Python callback) runs at once,
+    not while the call's error propagates (ctypes cannot enter Python then)."""
+    buf = np.zeros(n + 32, np.float32)
+    start = (-buf.ctypes.data % 64) // 4 + 1
+    return buf[start:start + n]
+
+
 def test_output_on_the_wrong_device_is_an_error(api, registered):
     producer = dl.Producer()
-    x = np.arange(4, dtype=np.float32)
+    x = unaligned_floats(4)
     code, message, outs = dl.call(
         api, registered(lambda a: [a + 1]), [producer.tensor(x)],
         [dl.spec(device=(dl.kDLCUDA, 0))], flags=dl.PFB_CALL_TENSORS)
@@ -65,7 +74,7 @@ def test_output_on_the_wrong_device_is_an_error(api, registered):
     (dl.kDLBool, 8, "bool"), (dl.kDLInt, 64, "int64"), (dl.kDLFloat, 64, "float64")])
 def test_dtype_mismatch_names_both_dtypes(api, registered, code, bits, expected):
     producer = dl.Producer()
-    x = np.arange(4, dtype=np.float32)
+    x = unaligned_floats(4)
     status, message, outs = dl.call(
         api, registered(lambda a: [tf.cast(a, tf.uint8)]), [producer.tensor(x)],
         [dl.spec(code, bits)], flags=dl.PFB_CALL_TENSORS)
@@ -92,7 +101,7 @@ def test_function_error_releases_inputs(api, registered):
     def func(a):
         raise KeyError("nope")
 
-    status, message, outs = dl.call(api, registered(func), [producer.tensor(np.ones(3, np.float32))],
+    status, message, outs = dl.call(api, registered(func), [producer.tensor(unaligned_floats(3))],
                                     [dl.spec()], flags=dl.PFB_CALL_TENSORS)
     assert status == 2 and "KeyError" in message
     collect()
