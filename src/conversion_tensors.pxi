@@ -1,8 +1,7 @@
-# py_function calls: DLPack <-> EagerTensors, and the forward state that pairs
-# each call with its gradient.  TF 2.21 reads and writes only legacy
-# "dltensor" capsules, so the bridge's versioned tensors are wrapped in legacy
-# ones on the way in and TF's legacy ones in versioned ones on the way out.
-# TensorFlow's modules are looked up on the first such call.
+# py_function calls: DLPack <-> EagerTensors (through the DLPack layer's TF
+# import and export, conversion_dlpack_export.pxi), and the forward state that
+# pairs each call with its gradient.  TensorFlow's modules are looked up on the
+# first such call.
 
 cdef object _GradientTape = None
 cdef object _tf_constant = None
