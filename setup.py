@@ -1,8 +1,8 @@
 """Build of pyfunc_bridge's two compiled layers.
 
-- pyfunc_bridge/_kernels.so: the TF ops and kernels (C++, src/kernel_*.cc),
+- pyfunc_bridge/_kernels.so: the TF ops and kernels (C++, src/kernel/),
   built with tf.sysconfig's flags and loaded with tf.load_op_library.
-- pyfunc_bridge/_conversion*.so: the Cython conversion layer (src/_conversion.pyx).
+- pyfunc_bridge/_conversion*.so: the Cython conversion layer (src/conversion/).
 
 Both use the dlpack.h that ships in TensorFlow's wheel.
 """
@@ -53,11 +53,11 @@ class BuildExt(build_ext):
 kernels = Extension(
     "pyfunc_bridge._kernels",
     sources=[
-        "src/kernel_ops.cc",
-        "src/kernel_bridge.cc",
-        "src/kernel_numpy_function.cc",
-        "src/kernel_py_function.cc",
-        "src/kernel_python.cc",
+        "src/kernel/ops.cc",
+        "src/kernel/bridge.cc",
+        "src/kernel/numpy_function.cc",
+        "src/kernel/py_function.cc",
+        "src/kernel/python_gil.cc",
     ],
     include_dirs=TF_INCLUDES + [DLPACK_INCLUDE, "src"],
     extra_compile_args=[f for f in TF_COMPILE_FLAGS if not f.startswith("-I")]
@@ -68,7 +68,7 @@ kernels = Extension(
 
 conversion = Extension(
     "pyfunc_bridge._conversion",
-    sources=["src/_conversion.pyx"],
+    sources=["src/conversion/_conversion.pyx"],
     include_dirs=[np.get_include(), DLPACK_INCLUDE, "src"],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
     extra_compile_args=OPT,
@@ -77,7 +77,7 @@ conversion = Extension(
 setup(
     ext_modules=[kernels] + cythonize(
         [conversion],
-        include_path=["src"],
+        include_path=["src/conversion"],
         compiler_directives={"language_level": 3},
         quiet=True,
     ),

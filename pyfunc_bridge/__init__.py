@@ -25,7 +25,7 @@ from pyfunc_bridge._array_function import array_function  # noqa: E402
 from pyfunc_bridge._stats import enable_stats, reset_stats, stats  # noqa: E402
 
 __version__ = "0.1.0"
-# The conversion API lives in the conversion layer (src/conversion_dlpack_api.pxi),
+# The conversion API lives in the conversion layer (src/conversion/dlpack_api.pxi),
 # which is imported on first access.
 _CONVERSION_API = ("from_dlpack", "to_dlpack", "to_numpy", "from_numpy")
 __all__ = ["numpy_function", "py_func", "py_function", "array_function",

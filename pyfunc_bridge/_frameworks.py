@@ -3,7 +3,7 @@ cross the bridge.  Each framework is imported only when an op is built for it.
 
 An adapter is stored as ``Entry.framework`` (None for NumPy, which takes the
 conversion layer's plain NumPy path) and read by the conversion layer
-(src/conversion_frameworks.pxi).  The whole interface:
+(src/conversion/frameworks.pxi).  The whole interface:
 
 ``name``
     the framework's name, as given to ``array_function(framework=...)``.

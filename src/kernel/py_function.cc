@@ -7,8 +7,8 @@
 #include <string>
 #include <utility>
 
-#include "kernel_bridge.h"
-#include "kernel_python.h"
+#include "bridge.h"
+#include "python_gil.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/variant.h"
 #include "tensorflow/core/framework/variant_encode_decode.h"

@@ -1,5 +1,5 @@
-// Op definitions: the bridge ops and their shape function.  Kernels live in
-// kernel_numpy_function.cc.
+// Op definitions: the bridge ops and their shape function.  Their kernels live
+// in numpy_function.cc and py_function.cc, on the shared bridge.{h,cc}.
 #include <vector>
 
 #include "tensorflow/core/framework/common_shape_fns.h"

@@ -1,5 +1,5 @@
 # py_function calls: DLPack <-> EagerTensors (through the DLPack layer's TF
-# import and export, conversion_dlpack_export.pxi), and the forward state that
+# import and export, dlpack_export.pxi), and the forward state that
 # pairs each call with its gradient.  TensorFlow's modules are looked up on the
 # first such call.
 

@@ -5,7 +5,7 @@
 cdef class _DLPackOwner:
     """Owner of one DLPack tensor: the base object of the ndarrays that view
     its memory, and an exporter with the full DLPack protocol
-    (``__dlpack__``/``__dlpack_device__``, conversion_dlpack_export.pxi).
+    (``__dlpack__``/``__dlpack_device__``, dlpack_export.pxi).
 
     It implements no buffer protocol, so NumPy cannot make a read-only view
     of it writable again.  ``pyfunc_bridge.to_dlpack`` returns one.

@@ -1,5 +1,5 @@
 // Kernels of the numpy_function ops (CPU only: NumPy sees host memory).
-#include "kernel_bridge.h"
+#include "bridge.h"
 
 namespace pyfunc_bridge {
 namespace {

@@ -1,6 +1,6 @@
 // Shared by the bridge kernels: TF tensors <-> DLPack and the call into the
-// conversion layer (see kernel_bridge.h).
-#include "kernel_bridge.h"
+// conversion layer (see bridge.h).
+#include "bridge.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -9,7 +9,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "bridge_abi.h"
-#include "kernel_python.h"
+#include "python_gil.h"
 #include "tensorflow/core/common_runtime/dma_helper.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/device_base.h"

@@ -2,8 +2,8 @@
 // state per thread, a guard against interpreter shutdown, and the lookup of the
 // conversion layer's PfbBridgeApi table.  Nothing else in the kernel includes
 // Python.h.
-#ifndef PYFUNC_BRIDGE_KERNEL_PYTHON_H_
-#define PYFUNC_BRIDGE_KERNEL_PYTHON_H_
+#ifndef PYFUNC_BRIDGE_KERNEL_PYTHON_GIL_H_
+#define PYFUNC_BRIDGE_KERNEL_PYTHON_GIL_H_
 
 #include "absl/status/status.h"
 #include "bridge_abi.h"
@@ -52,4 +52,4 @@ void DecrefWithGil(void* object);
 
 }  // namespace pyfunc_bridge
 
-#endif  // PYFUNC_BRIDGE_KERNEL_PYTHON_H_
+#endif  // PYFUNC_BRIDGE_KERNEL_PYTHON_GIL_H_

@@ -128,7 +128,7 @@ cdef int _run(PfbCall* call) except -1:
     args = _adopt_inputs(call)
     entry = _lookup(call.key, call.key_len)
     # None: a NumPy function; else the framework adapter of an array_function
-    # (conversion_frameworks.pxi).
+    # (frameworks.pxi).
     adapter = entry.framework
     cdef list ranges = None
     if adapter is None:

@@ -1,4 +1,4 @@
-#include "kernel_python.h"
+#include "python_gil.h"
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
