@@ -241,6 +241,33 @@ cdef DLManagedTensorVersioned* _wrap_legacy(DLManagedTensor* legacy) except NULL
     return m
 
 
+cdef void _free_offset_wrapper(DLManagedTensorVersioned* m) noexcept nogil:
+    """Deleter of the struct made by _fold_offset: frees the producer's tensor."""
+    cdef DLManagedTensorVersioned* inner = <DLManagedTensorVersioned*>m.manager_ctx
+    if inner != NULL and inner.deleter != NULL:
+        inner.deleter(inner)
+    free(m)
+
+
+cdef DLManagedTensorVersioned* _fold_offset(DLManagedTensorVersioned* m) except NULL:
+    """`m` with its byte_offset folded into the data pointer (byte_offset 0).
+
+    TensorFlow's DLPack import refuses any non-zero byte_offset.  A producer's
+    struct is left as it made it (its deleter may read it): the fold happens in
+    a wrapper that owns it.  On error the caller still owns `m`.
+    """
+    cdef DLManagedTensorVersioned* w = <DLManagedTensorVersioned*>malloc(
+        sizeof(DLManagedTensorVersioned))
+    if w == NULL:
+        raise MemoryError("cannot allocate a DLPack tensor")
+    w[0] = m[0]
+    w.dl_tensor.data = <char*>m.dl_tensor.data + m.dl_tensor.byte_offset
+    w.dl_tensor.byte_offset = 0
+    w.manager_ctx = m  # the wrapper owns the producer's tensor now
+    w.deleter = _free_offset_wrapper
+    return w
+
+
 cdef DLManagedTensorVersioned* _consume_capsule(object capsule, bint allow_cuda) except NULL:
     """Validates a DLPack capsule and takes its tensor (legacy ones wrapped).
 
@@ -257,12 +284,18 @@ cdef DLManagedTensorVersioned* _consume_capsule(object capsule, bint allow_cuda)
         m = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, name)
         _check_version(m)  # before reading fields whose layout the version fixes
         _check_tensor(&m.dl_tensor, allow_cuda)
+        if m.dl_tensor.byte_offset != 0 and m.dl_tensor.data != NULL:
+            m = _fold_offset(m)  # before the rename: on error the producer keeps it
         PyCapsule_SetName(capsule, b"used_dltensor_versioned")  # consumed: ours now
         return m
     if name != NULL and strcmp(name, b"dltensor") == 0:
         legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, name)
         _check_tensor(&legacy.dl_tensor, allow_cuda)
         m = _wrap_legacy(legacy)
+        if m.dl_tensor.data != NULL:
+            # The wrapper is ours: fold the offset in place (TF accepts only 0).
+            m.dl_tensor.data = <char*>m.dl_tensor.data + m.dl_tensor.byte_offset
+            m.dl_tensor.byte_offset = 0
         PyCapsule_SetName(capsule, b"used_dltensor")  # consumed: ours now
         return m
     cdef bytes kind = b"" if name == NULL else <bytes>name
