@@ -70,6 +70,17 @@ def from_dlpack(obj, *, copy=None):
     BufferError: from_dlpack would need a copy because it is not C-contiguous (a strided or transposed view); copy=False forbids copies (use copy=None to copy once)
     """
     _check_copy(copy)
+    if not PyCapsule_CheckExact(obj):
+        resolved = _resolved(obj)
+        if resolved is not None:
+            # torch's lazy conjugate / negative views: their memory does not
+            # hold the values, so the resolved copy is imported instead.
+            if copy is False:
+                raise BufferError(
+                    f"from_dlpack would need a copy because "
+                    f"{_COPY_REASON_TEXT['lazy_view']}; copy=False forbids copies (use "
+                    f"copy=None to copy once)")
+            obj = resolved
     cdef DLManagedTensorVersioned* m = _consume(obj, _tf_has_gpu())
     return _tensor_from_owner(_adopt_checked(m), copy, None, "from_dlpack")
 

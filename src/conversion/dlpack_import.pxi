@@ -346,7 +346,7 @@ cdef DLManagedTensorVersioned* _consume(object obj, bint allow_cuda) except NULL
             f"pass an array of a DLPack-capable library or a DLPack capsule")
     cdef DLDevice device
     cdef DLTensor probe
-    device_type, device_id = obj.__dlpack_device__()
+    device_type, device_id = _dlpack_device(obj)
     device.device_type = <DLDeviceType><int>device_type
     device.device_id = <int32_t>device_id
     if device.device_type == kDLCPU:

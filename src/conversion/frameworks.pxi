@@ -22,11 +22,18 @@
 #                                         None for the generic obj.__dlpack__
 #                                         path (a fast path: torch's Python-level
 #                                         protocol costs ~8 us)
+#   adapter.resolve(obj)                  optional: a result whose memory does
+#                                         not hold its values as they read
+#                                         (torch's lazy conjugate and negative
+#                                         views) -> a resolved copy; else None
 # register_framework(adapter) makes the conversion layer judge results of the
 # adapter's types with it, whichever framework the op was built for.
 
 cdef dict _adapters_by_module = {}   # top-level module name -> adapter
-cdef dict _handlers = {}             # result type -> (writable_elsewhere, to_capsule)
+# id(result type) -> (weak reference to the type, handler).  Weakly keyed, so
+# that dynamically made classes are not kept alive; an entry goes when its
+# type dies, and the reference check catches an id reused before that.
+cdef dict _handlers = {}
 
 
 def register_framework(adapter):
@@ -48,21 +55,56 @@ def _no_capsule(obj):
     return None
 
 
+def _forget_handler(ref, key):
+    entry = _handlers.get(key)
+    if entry is not None and entry[0] is ref:
+        del _handlers[key]
+
+
 cdef tuple _handler(object tp):
-    """(writable_elsewhere, to_capsule) for results of type `tp`."""
-    handler = _handlers.get(tp)
-    if handler is None:
-        if _is_eager_tensor_type(tp):
-            handler = (_immutable, _no_capsule)
+    """(writable_elsewhere, to_capsule, resolve or None) for results of type `tp`."""
+    key = id(tp)
+    entry = _handlers.get(key)
+    if entry is not None and (<tuple>entry)[0]() is tp:
+        return <tuple>(<tuple>entry)[1]
+    if _is_eager_tensor_type(tp):
+        handler = (_immutable, _no_capsule, None)
+    else:
+        module = getattr(tp, "__module__", None)  # may be None or anything (hole 5)
+        adapter = (_adapters_by_module.get(module.partition(".")[0])
+                   if type(module) is str else None)
+        if adapter is None:
+            handler = (_unknown_memory, _no_capsule, None)
         else:
-            adapter = _adapters_by_module.get(tp.__module__.partition(".")[0])
-            if adapter is None:
-                handler = (_unknown_memory, _no_capsule)
-            else:
-                handler = (adapter.writable_elsewhere,
-                           getattr(adapter, "to_capsule", _no_capsule))
-        _handlers[tp] = handler
+            handler = (adapter.writable_elsewhere,
+                       getattr(adapter, "to_capsule", _no_capsule),
+                       getattr(adapter, "resolve", None))
+    _handlers[key] = (weakref.ref(tp, partial(_forget_handler, key=key)), handler)
     return <tuple>handler
+
+
+cdef object _resolved(object obj):
+    """A resolved copy of `obj` when its framework says its memory does not hold
+    its values as they read (torch's lazy conjugate / negative views); else None."""
+    resolve = (<tuple>_handler(type(obj)))[2]
+    return None if resolve is None else resolve(obj)
+
+
+cdef tuple _dlpack_device(object obj):
+    """``obj.__dlpack_device__()``, checked: a (device_type, device_id) pair of ints."""
+    device = obj.__dlpack_device__()
+    try:
+        if type(device) is tuple and len(device) == 2:
+            return (_index(device[0]), _index(device[1]))
+    except TypeError:
+        pass
+    raise BufferError(
+        f"{type(obj).__name__}.__dlpack_device__() returned {device!r:.80}; the DLPack "
+        f"protocol requires a (device_type, device_id) tuple of two ints")
+
+
+from functools import partial
+from operator import index as _index
 
 
 cdef bint _is_eager_tensor_type(object tp):
@@ -100,6 +142,14 @@ cdef size_t _nbytes(const DLTensor* t) noexcept:
     return n
 
 
+cdef bint _dl_is_empty(const DLTensor* t) noexcept:
+    cdef int i
+    for i in range(t.ndim):
+        if t.shape[i] == 0:
+            return True
+    return False
+
+
 cdef bint _inside(const DLTensor* t, list ranges):
     """Whether the tensor lies in an input's memory (TensorFlow's, immutable)."""
     cdef uintptr_t start = <uintptr_t>t.data + t.byte_offset
@@ -125,17 +175,25 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
     if (_is_string_dtype(spec.dtype) or PyArray_Check(raw)
             or getattr(tp, "__dlpack__", None) is None or isinstance(value, np.generic)):
         return _export_output(raw, outside_refs, index, spec, copy_mode, counts)
-    writable_elsewhere, to_capsule = _handler(tp)
+    writable_elsewhere, to_capsule, resolve = _handler(tp)
+    cdef bint lazy = False
+    if resolve is not None:
+        resolved = resolve(value)
+        if resolved is not None:
+            if copy_mode == PFB_COPY_FALSE:
+                _raise_copy_forbidden(index, "lazy_view")
+            value = resolved  # a fresh tensor nobody else holds
+            lazy = True
     if copy_mode == PFB_COPY_TRUE:
         reason = "copy_requested"
-    elif writable_elsewhere(value, outside_refs):
+    elif not lazy and writable_elsewhere(value, outside_refs):
         reason = "aliasing"
     else:
         reason = None
     capsule = to_capsule(value)
     cdef bint on_host = spec.device.device_type == kDLCPU
     if capsule is None:
-        device_type, device_id = value.__dlpack_device__()
+        device_type, device_id = _dlpack_device(value)
         if on_host and device_type != kDLCPU:
             raise _OutputError(
                 f"output {index} is a {tp.__name__} in device memory (DLPack device "
@@ -156,12 +214,14 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
             f"returned a {tp.__name__} of dtype {_dtype_name(t.dtype)}; convert it to "
             f"{_dtype_name(spec.dtype)} or declare Tout=tf.{_dtype_name(t.dtype)}")
     _check_dims(t.ndim, t.shape, spec, index, f"a {tp.__name__}")
-    if reason == "aliasing" and _inside(t, ranges):
-        reason = None  # a view of an input: TensorFlow's memory, which nobody may write
+    if reason == "aliasing" and (_inside(t, ranges) or _dl_is_empty(t)):
+        # A view of an input (TensorFlow's memory, which nobody may write), or
+        # an empty tensor: no memory to protect.
+        reason = None
     if reason is None:
         reason = _dl_layout_reason(t)
     if counts != NULL:
-        _count_bytes(counts, reason, _nbytes(t))
+        _count_bytes(counts, "lazy_view" if lazy and reason is None else reason, _nbytes(t))
     if reason is not None:
         if copy_mode == PFB_COPY_FALSE:
             _raise_copy_forbidden(index, reason)

@@ -206,6 +206,8 @@ _COPY_REASON_TEXT = {
                 "the tensor later",
     "non_contiguous": "it is not C-contiguous (a strided or transposed view)",
     "unaligned": "its data is not 64-byte aligned, which TensorFlow needs to share it",
+    "lazy_view": "it is a lazy conjugate or negative view (torch), whose memory does not "
+                 "hold its values until it is resolved into a new tensor",
 }
 
 

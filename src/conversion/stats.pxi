@@ -15,9 +15,9 @@ cdef extern from "<time.h>" nogil:
 
 # Why bytes were copied; the order of _CallCounts.copied.
 COPY_REASONS = ("unaligned", "non_contiguous", "aliasing", "dtype_conversion",
-                "string", "copy_requested")
+                "string", "copy_requested", "lazy_view")
 cdef enum:
-    _NUM_REASONS = 6
+    _NUM_REASONS = 7
     _STRING = 4
     _COPY_REQUESTED = 5
 cdef dict _REASON_INDEX = {reason: i for i, reason in enumerate(COPY_REASONS)}
