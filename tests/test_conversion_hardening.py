@@ -292,6 +292,13 @@ ACCEPTED_VALUES = [
     (2 ** 100, tf.complex64, np.array(2.0 ** 100, np.complex64)),
     (float("inf"), tf.float32, np.array(np.inf, np.float32)),   # inf stays inf
     ([True, False], tf.int8, np.array([1, 0], np.int8)),
+    # The largest finite values, and the last ones that round down to them.
+    (65504.0, tf.float16, np.array(65504, np.float16)),
+    (65519.99, tf.float16, np.array(65504, np.float16)),
+    ([3.4028234663852886e38], tf.float32, np.array([3.4028234663852886e38], np.float32)),
+    (-3.4028235677973362e38, tf.float32, np.array(-3.4028234663852886e38, np.float32)),
+    (3.3895313892515355e38 + 1j, tf.complex64, np.array(3.3895313892515355e38 + 1j,
+                                                        np.complex64)),
 ]
 
 
@@ -309,6 +316,11 @@ REFUSED_VALUES = [
     ([1.0, 1e39], tf.float32, "overflows"),
     (1e300 + 1e300j, tf.complex64, "overflows"),
     (1e39, tf.bfloat16, "overflows"),
+    (65520.0, tf.float16, "overflows"),                  # rounds to inf
+    (3.4028235677973366e38, tf.float32, "overflows"),
+    (-3.4028235677973366e38, tf.float32, "overflows"),
+    (1 + 3.4028235677973366e38j, tf.complex64, "overflows"),
+    (3.396177427818412e38, tf.bfloat16, "overflows"),
     (10 ** 400, tf.float64, "too large"),
     ([2 ** 64, 5], tf.uint64, "out of bounds"),
     ([-1], tf.uint32, "out of bounds"),

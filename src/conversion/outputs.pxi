@@ -67,6 +67,33 @@ cdef int _check_dims(int ndim, const int64_t* shape, const PfbOutputSpec* spec, 
 # out of bounds is an error, and so is a float that would become inf).
 _KIND_RANK = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
 _KIND_WORD = {"b": "bool", "i": "int", "u": "int", "f": "float", "c": "complex"}
+_INF = float("inf")
+
+
+def _overflow_at(dtype):
+    """The smallest Python float that becomes inf in `dtype`, found by bisecting
+    the bit patterns above its largest value (the conversion's own rounding,
+    which for bfloat16 goes through float32, decides)."""
+    import struct
+    bits = lambda x: struct.unpack("<q", struct.pack("<d", x))[0]
+    value = lambda b: struct.unpack("<d", struct.pack("<q", b))[0]
+    finite = bits(float(ml_dtypes.finfo(dtype).max))
+    infinite = bits(float(ml_dtypes.finfo(dtype).max) * 2)
+    with np.errstate(over="ignore", invalid="ignore"):
+        while infinite - finite > 1:
+            middle = (finite + infinite) // 2
+            if np.isinf(np.asarray(value(middle), dtype=dtype)):
+                infinite = middle
+            else:
+                finite = middle
+    return value(infinite)
+
+
+# Floats narrower than a Python float (complex64: per part): the magnitude at
+# which a value overflows to inf.
+_OVERFLOW_AT = {name: _overflow_at(dtype) for name, dtype in [
+    ("float16", np.float16), ("bfloat16", _BFLOAT16), ("float32", np.float32),
+    ("complex64", np.float32)]}
 
 
 cdef str _short_repr(object value):
@@ -124,25 +151,35 @@ cdef cnp.ndarray _coerce(object value, cnp.dtype want, int index):
                 f"output {index}: Tout declares {want.name} but the function returned "
                 f"{_short_repr(value)}: {what} values do not convert to {want.name} "
                 f"without loss; return an array of dtype {want.name} if that is intended")
+    limit = _OVERFLOW_AT.get(want.name)  # None: no finite Python value overflows
     try:
-        if want_rank >= 2:
+        if limit is None:
+            arr = np.asarray(value, dtype=want)  # ints out of range raise OverflowError
+        elif not isinstance(value, (list, tuple)):
+            # A scalar (the common case) is judged in Python: errstate and
+            # isinf would cost more than the whole conversion.
+            c = complex(value)
+            if (limit <= abs(c.real) < _INF) or (limit <= abs(c.imag) < _INF):
+                raise _OutputError(
+                    f"output {index}: Tout declares {want.name} but the function returned "
+                    f"{_short_repr(value)}, which overflows {want.name} (it would become inf)")
+            arr = np.asarray(value, dtype=want)
+        else:
             with np.errstate(over="ignore", invalid="ignore"):
                 arr = np.asarray(value, dtype=want)
-        else:
-            arr = np.asarray(value, dtype=want)
+            overflowed = np.isinf(arr)
+            if overflowed.any():
+                if natural.dtype.kind in "fc":
+                    overflowed &= ~np.isinf(natural)  # an inf given stays an inf
+                if overflowed.any():
+                    raise _OutputError(
+                        f"output {index}: Tout declares {want.name} but the function "
+                        f"returned {_short_repr(value)}, which overflows {want.name} (it "
+                        f"would become inf)")
     except OverflowError as exc:
         raise _OutputError(
             f"output {index}: Tout declares {want.name} but the function returned "
             f"{_short_repr(value)}, which is out of bounds for {want.name} ({exc})") from None
-    if want_rank >= 2 and arr.size > 0:
-        overflowed = np.isinf(arr)
-        if overflowed.any():
-            if natural.dtype.kind in "fc":
-                overflowed &= ~np.isinf(natural)  # an inf given stays an inf
-            if overflowed.any():
-                raise _OutputError(
-                    f"output {index}: Tout declares {want.name} but the function returned "
-                    f"{_short_repr(value)}, which overflows {want.name} (it would become inf)")
     return arr
 
 
