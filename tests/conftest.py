@@ -21,7 +21,7 @@ try:
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                         HealthCheck.filter_too_much])
     settings.register_profile("ci", max_examples=150, derandomize=True, **_FUZZ)
-    settings.register_profile("long", max_examples=4000, **_FUZZ)
+    settings.register_profile("long", max_examples=10000, **_FUZZ)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 except ImportError:  # the fuzz tests skip without hypothesis
     pass

@@ -60,8 +60,14 @@ def _figures():
             json.dump(dict(FIGURES), f, indent=1, sort_keys=True)
 
 
-def wrong(message):
-    FIGURES["wrong"] += 1
+def tally(what, where):
+    """Counts `what` (tried, refused, wrong, crashed) in total and for `where`."""
+    FIGURES[what] += 1
+    FIGURES[f"{where}: {what}"] += 1
+
+
+def wrong(message, where="?"):
+    tally("wrong", where)
     raise AssertionError(message)
 
 
@@ -69,12 +75,12 @@ def raw_bytes(a):
     return np.array(a, order="C").reshape(-1).view(np.uint8)
 
 
-def check_values(got, want, what):
+def check_values(got, want, what, where):
     got = np.asarray(got)
     if got.dtype != want.dtype or got.shape != want.shape:
-        wrong(f"{what}: got {got.dtype}{got.shape}, want {want.dtype}{want.shape}")
+        wrong(f"{what}: got {got.dtype}{got.shape}, want {want.dtype}{want.shape}", where)
     if not np.array_equal(raw_bytes(got), raw_bytes(want)):
-        wrong(f"{what}: values differ\n got {got!r}\nwant {want!r}")
+        wrong(f"{what}: values differ\n got {got!r}\nwant {want!r}", where)
 
 
 def address(a):
@@ -132,26 +138,26 @@ def zero_copy_expected(view):
     return view.size > 0 and view.flags.c_contiguous and address(view) % 64 == 0
 
 
-def check_import(make, view, data_address, what):
+def check_import(make, view, data_address, what, where):
     """from_dlpack of make() with each copy mode against the documented rule."""
     zero_copy = zero_copy_expected(view)
     for copy in (None, True, False):
-        FIGURES["tried"] += 1
+        tally("tried", where)
         source = make()
         if copy is False and view.size > 0 and not zero_copy:
             with pytest.raises(BufferError, match="copy=False forbids copies"):
                 pfb.from_dlpack(source, copy=False)
-            FIGURES["refused"] += 1
+            tally("refused", where)
             event("copy=False refused")
             continue
         t = pfb.from_dlpack(source, copy=copy)
-        check_values(pfb.to_numpy(t), view, f"{what} copy={copy}")
+        check_values(pfb.to_numpy(t), view, f"{what} copy={copy}", where)
         if view.size == 0:
             continue
         shared = address(pfb.to_numpy(t)) == data_address
         if shared != (zero_copy and copy is not True):
             wrong(f"{what} copy={copy}: zero-copy {shared}, the rule says "
-                  f"{zero_copy and copy is not True}")
+                  f"{zero_copy and copy is not True}", where)
         event("zero-copy" if shared else "copied")
 
 
@@ -172,7 +178,8 @@ def test_honest_capsules_come_back_with_numpys_values(layout, kind, via_offset, 
         return producer.capsule(buf[start:], **kwargs)
 
     event(f"rank {len(shape)}")
-    check_import(make, view, address(buf[start:]), f"{kind} {dtype} {shape} {strides}")
+    check_import(make, view, address(buf[start:]), f"{kind} {dtype} {shape} {strides}",
+                 "honest capsules")
 
 
 @given(layouts(), st.integers(0, 2 ** 32))
@@ -181,7 +188,8 @@ def test_numpy_producer(layout, seed):
     assume(dtype != BF16)  # NumPy exports only its builtin dtypes
     buf = fill(dtype, size, seed)
     view = numpy_view(buf, shape, strides, start)
-    check_import(lambda: view, view, address(view), f"numpy {dtype} {shape} {strides}")
+    check_import(lambda: view, view, address(view), f"numpy {dtype} {shape} {strides}",
+                 "numpy producer")
 
 
 @given(layouts(negative=False), st.integers(0, 2 ** 32))
@@ -196,7 +204,8 @@ def test_torch_producer(torch, layout, seed):
     def make():
         return torch.as_strided(base, shape, strides, start)
 
-    check_import(make, view, address(view), f"torch {dtype} {shape} {strides}")
+    check_import(make, view, address(view), f"torch {dtype} {shape} {strides}",
+                 "torch producer")
 
 
 # ---------------------------------------------------------- malformed tensors
@@ -289,20 +298,21 @@ def _malformed_case(case):
         pfb.from_dlpack(capsule)  # the second import below is the malformed one
     else:
         capsule = producer.capsule(buf, **kwargs)
-    FIGURES["tried"] += 1
+    tally("tried", "malformed")
     try:
         pfb.from_dlpack(capsule)
     except BufferError:
-        FIGURES["refused"] += 1
+        tally("refused", "malformed")
     else:
-        wrong(f"accepted a malformed tensor: {mutation} {kwargs}")
+        wrong(f"accepted a malformed tensor: {mutation} {kwargs}", "malformed")
     if mutation != "consumed":
         if dl.capsule_name(capsule) not in ("dltensor", "dltensor_versioned"):
-            wrong(f"a refused capsule was renamed: {mutation}")
+            wrong(f"a refused capsule was renamed: {mutation}", "malformed")
         before = producer.deleted
         del capsule  # no cycles: its destructor runs now
         if producer.deleted != before + 1:
-            wrong(f"a refused capsule was freed {producer.deleted - before} times: {mutation}")
+            wrong(f"a refused capsule was freed {producer.deleted - before} times: "
+                  f"{mutation}", "malformed")
     event(mutation)
 
 
@@ -339,7 +349,7 @@ def test_malformed_tensors_are_refused(request, tmp_path):
     if figures:
         FIGURES.update(json.loads(figures[-1][len("FIGURES "):]))
     if proc.returncode < 0:
-        FIGURES["crashed"] += 1
+        tally("crashed", "malformed")
         pytest.fail(f"the interpreter died (signal {-proc.returncode}) on "
                     f"{last.read_text() if last.exists() else '?'}\n{proc.stderr[-3000:]}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -422,7 +432,7 @@ def test_numpy_function_results(case):
                         contiguous=out.flags.c_contiguous)
         return [out]  # a list of one output: `out` itself may be a list
 
-    FIGURES["tried"] += 1
+    tally("tried", "numpy_function results")
     event(f"{source} copy={copy}")
     out = None
     needs_copy = None
@@ -430,7 +440,7 @@ def test_numpy_function_results(case):
         out, = pfb.numpy_function(f, [x], [tf.as_dtype(dtype)], copy=copy)
     except tf.errors.InvalidArgumentError as e:
         if copy is False and "copy=False forbids copies" in e.message:
-            FIGURES["refused"] += 1
+            tally("refused", "numpy_function results")
             needs_copy = True
         else:
             raise
@@ -441,15 +451,19 @@ def test_numpy_function_results(case):
             rule = seen["private"] and seen["contiguous"] and seen["address"] % 64 == 0
         if copy is False:
             if needs_copy and rule:
-                wrong(f"copy=False refused a result the rule hands over: {case}")
+                wrong(f"copy=False refused a result the rule hands over: {case}",
+                      "numpy_function results")
             if not needs_copy and not rule:
-                wrong(f"copy=False accepted a result that needs a copy: {case}")
+                wrong(f"copy=False accepted a result that needs a copy: {case}",
+                      "numpy_function results")
         elif out is not None:
             shared = address(pfb.to_numpy(out)) == seen["address"]
             if shared != (rule and copy is not True):
-                wrong(f"zero-copy {shared}, the rule says {rule and copy is not True}: {case}")
+                wrong(f"zero-copy {shared}, the rule says {rule and copy is not True}: {case}",
+                      "numpy_function results")
     if out is not None:
-        check_values(pfb.to_numpy(out), want, f"numpy_function {case}")
+        check_values(pfb.to_numpy(out), want, f"numpy_function {case}",
+                     "numpy_function results")
 
 
 TORCH_SOURCES = ["fresh", "transposed", "strided", "global", "from_numpy", "lazy_neg",
@@ -497,7 +511,7 @@ def test_array_function_torch_results(torch, case):
                     contiguous=out.is_contiguous())
         return out
 
-    FIGURES["tried"] += 1
+    tally("tried", "array_function torch results")
     event(f"torch {source} copy={copy}")
     out = None
     refused = False
@@ -505,7 +519,7 @@ def test_array_function_torch_results(torch, case):
         out = pfb.array_function(f, [x], tf.as_dtype(dtype), framework="torch", copy=copy)
     except tf.errors.InvalidArgumentError as e:
         if copy is False and "copy=False forbids copies" in e.message:
-            FIGURES["refused"] += 1
+            tally("refused", "array_function torch results")
             refused = True
         else:
             raise
@@ -518,10 +532,12 @@ def test_array_function_torch_results(torch, case):
         if copy is False:
             if refused == rule:
                 wrong(f"copy=False {'refused' if refused else 'accepted'} against the "
-                      f"rule ({rule}): {case}")
+                      f"rule ({rule}): {case}", "array_function torch results")
         elif out is not None:
             shared = address(pfb.to_numpy(out)) == seen["address"]
             if shared != (rule and copy is not True):
-                wrong(f"zero-copy {shared}, the rule says {rule and copy is not True}: {case}")
+                wrong(f"zero-copy {shared}, the rule says {rule and copy is not True}: {case}",
+                      "array_function torch results")
     if out is not None:
-        check_values(pfb.to_numpy(out), want, f"array_function torch {case}")
+        check_values(pfb.to_numpy(out), want, f"array_function torch {case}",
+                     "array_function torch results")
