@@ -29,6 +29,9 @@
 # register_framework(adapter) makes the conversion layer judge results of the
 # adapter's types with it, whichever framework the op was built for.
 
+from functools import partial
+from operator import index as _index
+
 cdef dict _adapters_by_module = {}   # top-level module name -> adapter
 # id(result type) -> (weak reference to the type, handler).  Weakly keyed, so
 # that dynamically made classes are not kept alive; an entry goes when its
@@ -56,6 +59,8 @@ def _no_capsule(obj):
 
 
 def _forget_handler(ref, key):
+    if _handlers is None:
+        return  # the module is being torn down at exit
     entry = _handlers.get(key)
     if entry is not None and entry[0] is ref:
         del _handlers[key]
@@ -94,17 +99,13 @@ cdef tuple _dlpack_device(object obj):
     """``obj.__dlpack_device__()``, checked: a (device_type, device_id) pair of ints."""
     device = obj.__dlpack_device__()
     try:
-        if type(device) is tuple and len(device) == 2:
+        if isinstance(device, tuple) and len(device) == 2:
             return (_index(device[0]), _index(device[1]))
     except TypeError:
         pass
     raise BufferError(
         f"{type(obj).__name__}.__dlpack_device__() returned {device!r:.80}; the DLPack "
         f"protocol requires a (device_type, device_id) tuple of two ints")
-
-
-from functools import partial
-from operator import index as _index
 
 
 cdef bint _is_eager_tensor_type(object tp):
