@@ -90,10 +90,10 @@ def _overflow_at(dtype):
 
 
 # Floats narrower than a Python float (complex64: per part): the magnitude at
-# which a value overflows to inf.
-_OVERFLOW_AT = {name: _overflow_at(dtype) for name, dtype in [
-    ("float16", np.float16), ("bfloat16", _BFLOAT16), ("float32", np.float32),
-    ("complex64", np.float32)]}
+# which a value overflows to inf.  Keyed by dtype (dtype.name costs microseconds).
+_OVERFLOW_AT = {np.dtype(dtype): _overflow_at(part) for dtype, part in [
+    (np.float16, np.float16), (_BFLOAT16, _BFLOAT16), (np.float32, np.float32),
+    (np.complex64, np.float32)]}
 
 
 cdef str _short_repr(object value):
@@ -151,7 +151,7 @@ cdef cnp.ndarray _coerce(object value, cnp.dtype want, int index):
                 f"output {index}: Tout declares {want.name} but the function returned "
                 f"{_short_repr(value)}: {what} values do not convert to {want.name} "
                 f"without loss; return an array of dtype {want.name} if that is intended")
-    limit = _OVERFLOW_AT.get(want.name)  # None: no finite Python value overflows
+    limit = _OVERFLOW_AT.get(want)  # None: no finite Python value overflows
     try:
         if limit is None:
             arr = np.asarray(value, dtype=want)  # ints out of range raise OverflowError
