@@ -1,11 +1,38 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: embedsignature=True
-"""Conversion layer of pyfunc_bridge: DLPack <-> NumPy, copy policy, strings.
+"""Conversion layer of pyfunc_bridge: DLPack <-> NumPy / EagerTensors /
+framework arrays, the copy policy, strings, statistics.
 
 The kernel hands every call over through the PfbBridgeApi capsule
-(``_bridge_api``): inputs arrive as DLPack tensors, the registered function runs
-with 64-byte aligned NumPy allocation, and its results go back as DLPack
-tensors checked against the op's declared dtypes and shapes.
+(``_bridge_api``); one driver runs it.  The life of one call:
+
+1. The kernel's ``Compute()`` (src/kernel/numpy_function.cc, py_function.cc)
+   calls ``BridgeKernel::RunBridge`` (src/kernel/bridge.cc): each input
+   becomes a DLPack tensor (``ExportInput``), the GIL is taken, and a
+   ``PfbCall`` (bridge_abi.h) goes to ``_bridge_call`` (bridge.pxi).  An eager
+   numpy_function call builds the same PfbCall in ``call_eagerly`` (eager.pxi).
+2. ``_run`` (bridge.pxi), the one driver: ``_stats_begin``; ``_adopt_inputs``
+   (one ``_DLPackOwner`` per input); ``_entry`` (the registry, the eager slot,
+   or a gradient's recorded ``_Forward``); ``_converter``: ``_NUMPY``,
+   a ``_FrameworkConverter`` (converters.pxi) or ``_TENSORS`` (tensors.pxi).
+3. ``converter.inputs``: owners -> ndarray views (``_input_arrays``), framework
+   arrays (``_framework_inputs``) or EagerTensors (``_input_tensors``).
+4. ``converter.enter``: aligned NumPy allocation, or eager mode + device scope.
+5. ``converter.call``: the function (py_function: under a tape, recording
+   ``_Forward`` in ``PfbCall.state``; a gradient call: ``_Forward.gradient``).
+6. ``converter.outputs``: ``_export_outputs`` -> ``_export_output`` (NumPy,
+   outputs.pxi) or ``_export_dlpack_output`` (DLPack producers,
+   frameworks.pxi); each checks dtype and shape, asks ``_copy_reason``
+   (copy.pxi, the one copy decision) and hands over the memory or one
+   ``_aligned_copy`` (alloc.pxi).  On error ``_delete_outputs`` frees them.
+7. ``converter.leave``; ``_stats_end``.  ``_bridge_call`` turns an exception
+   into a PfbStatus (``_set_status``, errors.pxi).
+8. Back in ``RunBridge``: ``MakeOutput`` wraps each output in a TF buffer
+   (``DLPackBuffer``, or ``AliasBuffer`` for a view of an input) without a
+   copy; ``call_eagerly`` wraps them as EagerTensors (``_eager_output``).
+
+The files are included in dependency order: each uses only earlier ones
+(except that _DLPackOwner's protocol methods call dlpack_export.pxi).
 """
 from cpython.object cimport PyTypeObject
 from cpython.pycapsule cimport (
@@ -44,16 +71,22 @@ cdef extern from "Python.h":
     ctypedef struct PyTypeWeaklist "PyTypeObject":
         Py_ssize_t tp_weaklistoffset
 
+# DLPack and NumPy core
 include "alloc.pxi"
 include "dtypes.pxi"
-include "dlpack.pxi"
 include "dlpack_import.pxi"
+include "dlpack.pxi"
+include "copy.pxi"
 include "dlpack_export.pxi"
 include "strings.pxi"
 include "stats.pxi"
 include "outputs.pxi"
+# TensorFlow and other frameworks
+include "tf.pxi"
 include "frameworks.pxi"
+# The bridge
 include "errors.pxi"
+include "converters.pxi"
 include "tensors.pxi"
 include "bridge.pxi"
 include "eager.pxi"
