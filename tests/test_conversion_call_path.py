@@ -14,12 +14,6 @@ from conftest import collect
 conv = pfb._library.conversion()
 
 
-def release(outputs):
-    for m in outputs:
-        if m:
-            m.contents.deleter(m)
-
-
 def test_py_function_ndarray_result_is_copied_once_into_aligned_memory(api, registered):
     # py_function results are held by the wrapper's list, so an ndarray is
     # copied: that copy must be the kernel's tensor as it is (aligned, no
@@ -42,7 +36,7 @@ def test_py_function_ndarray_result_is_copied_once_into_aligned_memory(api, regi
         values = np.ctypeslib.as_array(ctypes.cast(out.data, ctypes.POINTER(ctypes.c_float)),
                                        (n,))
         assert values.tolist() == list(range(n))
-        release(outs)
+        dl.release(outs)
 
 
 @pytest.mark.parametrize("mode", ["eager", "tf_function"])
@@ -85,7 +79,7 @@ def test_compact_result_with_strides_is_handed_over_without_them(api):
     assert out.data == made["address"]  # zero-copy: a fresh torch tensor
     assert not out.strides  # torch gave strides; the kernel takes none
     assert out.ndim == 2 and out.shape[0] == 4 and out.shape[1] == 64
-    release(outs)
+    dl.release(outs)
     del entry
     collect()
 
