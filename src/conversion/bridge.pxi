@@ -72,7 +72,7 @@ cdef _Converter _converter(PfbCall* call, object entry):
     framework adapter's)."""
     if call.flags & (PFB_CALL_TENSORS | PFB_CALL_GRADIENT):
         return _TENSORS
-    return <_Converter>entry.converter
+    return <_Converter?>entry.converter  # checked: a foreign entry fails cleanly
 
 
 cdef int _delete_outputs(PfbCall* call) noexcept:
