@@ -8,7 +8,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.eager import core as _eager_core
 from tensorflow.python.framework import ops as _tf_ops
 
-from pyfunc_bridge import _library, _registry, _tout
+from pyfunc_bridge import _errors, _library, _registry, _tout
 
 STATEFUL_OP = "PyfuncBridge>NumpyFunction"
 STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
@@ -55,6 +55,9 @@ def _inputs(inp):
     return tensors
 
 
+_INTERNAL = 13  # TF's error code INTERNAL
+
+
 def _execute(op_name, wrapper, inputs, key, signature, name, attrs):
     """Runs the op eagerly through TF's fast path (the generated wrapper's own
     first step), falling back to the wrapper where the fast path declines.
@@ -65,6 +68,8 @@ def _execute(op_name, wrapper, inputs, key, signature, name, attrs):
             ctx, op_name, name, inputs, "key", key, "Tout", signature.dtypes,
             "out_shapes", signature.shapes, *[v for pair in attrs for v in pair])
     except _eager_core._NotOkStatusException as e:
+        if e.code == _INTERNAL:  # a result without a tensor form: as the direct path
+            raise _library.conversion().eager_error(e.code, e.message) from None
         _tf_ops.raise_from_not_ok_status(e, name)
     except _eager_core._FallbackException:
         return wrapper(input=inputs, key=key, Tout=signature.dtypes,
@@ -87,13 +92,14 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     if context.context().is_async():
         entry = _registry.register(func, framework, name)
         entry.record = record
+        entry.eager = True
         result = _execute(op_name, wrapper, inputs, entry.key, signature, name, attrs)
         context.async_wait()  # the entry must outlive the call
         return result
     conversion = _library.conversion()
     slot, key = conversion._eager, conversion.EAGER_KEY
     previous = getattr(slot, "entry", None)
-    slot.entry = _registry.Entry(func, key, framework, record, name)
+    slot.entry = _registry.Entry(func, key, framework, record, name, eager=True)
     try:
         if direct and conversion.direct_eager_calls():
             return conversion.call_eagerly(inputs, signature.dtypes, signature.shapes,
@@ -105,8 +111,7 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
 
 def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
     """The op for `func`; `framework`: None (NumPy) or an array_function adapter."""
-    if not callable(func):
-        raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
+    _errors.check_callable(func)
     copy_attr = _copy_attr(copy)
     signature = _tout.normalize(Tout)
     inputs = _inputs(inp)
@@ -118,6 +123,8 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
     if tf.executing_eagerly():
         result = run_eagerly(op_name, op, func, inputs, signature, name,
                              (("copy", copy_attr),), framework, direct=True)
+        if not signature.dtypes:
+            return None  # Tout=[]: TF's eager numpy_function returns None
     else:
         entry = _registry.register(func, framework, name)
         result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
@@ -148,7 +155,9 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
 
     Args:
       func: the Python function. It receives one ndarray per input (tf.string
-        inputs arrive as object arrays of bytes) and returns one value per
+        inputs arrive as object arrays of bytes); a 0-d input arrives as a
+        NumPy scalar (``bytes`` for tf.string) in a graph and as a 0-d array
+        eagerly, as with ``tf.numpy_function``.  It returns one value per
         output: ndarrays of the declared dtype, Python scalars or lists (which
         convert to the declared dtype), bytes/str for tf.string.
       inp: a list of tensors (or values convertible to tensors).
@@ -165,7 +174,9 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
         data; an output that would need a copy is an InvalidArgument error.
 
     Returns:
-      A tensor, or a list of tensors when Tout is a list.
+      A tensor, or a list of tensors when Tout is a list.  With no outputs
+      (``Tout=[]``): None eagerly, the ``tf.Operation`` in a graph (for
+      ``Session.run`` and control dependencies), as ``tf.numpy_function``.
 
     Without ``func`` it is a decorator:
 

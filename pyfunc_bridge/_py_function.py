@@ -17,7 +17,7 @@ from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
 from tensorflow.python.util import nest as _nest
 
-from pyfunc_bridge import _library, _numpy_function, _registry, _tout
+from pyfunc_bridge import _errors, _library, _numpy_function, _registry, _tout
 
 OP = "PyfuncBridge>PyFunction"
 GRAD_OP = "PyfuncBridge>PyFunctionGrad"
@@ -151,7 +151,7 @@ class _Signature:
                 values.append(chunk[0])
         if self.single:
             return values[0]
-        return values if self.specs else None
+        return values  # [] for no outputs, as TF's eager py_function
 
 
 def _flat_inputs(inp):
@@ -186,14 +186,20 @@ def _caller(func, structure, signature):
             args = _nest.pack_sequence_as(structure, list(flat), expand_composites=True)
         else:
             args = flat
-        return signature.flatten(func(*args))
+        result = func(*args)
+        try:
+            return signature.flatten(result)
+        except ValueError as exc:
+            # TF's words first (code matches on them), then which output and the fix.
+            raise ValueError(
+                f"py_function: func={func!r} returned {result!r}, which did not match "
+                f"Tout={signature.specs!r}. {exc}") from None
     # The registry key and the statistics name the user's function.
     return functools.update_wrapper(call, func, updated=())
 
 
 def _py_function(func, inp, Tout, name):
-    if not callable(func):
-        raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
+    _errors.check_callable(func)
     signature = _tout.cached(_Signature, Tout)
     structure, inputs = _flat_inputs(inp)
     call = _caller(func, structure, signature)
@@ -209,6 +215,10 @@ def _py_function(func, inp, Tout, name):
         outputs, forward = op(input=inputs, key=entry.key, Tout=signature.dtypes,
                               out_shapes=signature.shapes, name=name)
         _registry.keep_alive(entry, forward.graph)
+        if not signature.specs:
+            # No outputs: the op itself, for Session.run and control
+            # dependencies (TF's py_function returns its Operation too).
+            return forward.op
     return signature.pack(list(outputs))
 
 
@@ -231,7 +241,9 @@ def py_function(func=None, inp=None, Tout=None, name=None):
       name: the op's name.
 
     Returns:
-      What Tout declares: one value, or a list.
+      What Tout declares: one value, or a list.  With no outputs: ``[]``
+      eagerly, the ``tf.Operation`` in a graph (for ``Session.run`` and
+      control dependencies), as ``tf.py_function``.
 
     The op is differentiable once, in eager mode, in tf.function and in TF1
     graphs: the gradient is that of the TF computation the function ran,

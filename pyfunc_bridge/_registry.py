@@ -25,19 +25,21 @@ class Entry:
     calls decide per call; in graphs the kernel sees whether one is wired).
     `name` is the op's ``name=``, under which the statistics count its calls
     (None: the function's ``__qualname__``); `stats_record` is where the
-    conversion layer counts them.
+    conversion layer counts them.  ``eager``: an eager call, whose 0-d inputs
+    arrive as 0-d arrays (in graphs: as NumPy scalars, as TensorFlow does).
     """
 
     __slots__ = ("func", "key", "framework", "record", "name", "stats_record",
-                 "__weakref__")
+                 "eager", "__weakref__")
 
-    def __init__(self, func, key, framework=None, record=True, name=None):
+    def __init__(self, func, key, framework=None, record=True, name=None, eager=False):
         self.func = func
         self.key = key
         self.framework = framework
         self.record = record
         self.name = name
         self.stats_record = None
+        self.eager = eager
 
     def __repr__(self):
         return f"<pyfunc_bridge entry {self.key}>"

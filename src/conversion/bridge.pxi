@@ -58,13 +58,23 @@ cdef tuple _adopt_inputs(PfbCall* call):
     return args
 
 
-cdef tuple _input_arrays(tuple args, int copy_mode):
-    """Swaps each owner for an ndarray: a read-only view, or a private copy (copy=True)."""
+cdef object _scalar_input(object view):
+    """A 0-d input as TensorFlow hands it over in a graph: a NumPy scalar of its
+    dtype (``np.float32``, ``np.bool_``, ...; bytes for tf.string).  Eager
+    calls get the 0-d array instead, as TF's eager numpy_function does."""
+    return view[()]
+
+
+cdef tuple _input_arrays(tuple args, int copy_mode, bint scalars):
+    """Swaps each owner for an ndarray: a read-only view, or a private copy
+    (copy=True); with `scalars` (graph calls), 0-d inputs become scalars."""
     cdef Py_ssize_t i, n = len(args)
     cdef bint private = copy_mode == PFB_COPY_TRUE
     for i in range(n):
         view = _view(<_DLPackOwner>args[i], False)
-        if private and cnp.PyArray_TYPE(view) != cnp.NPY_OBJECT:
+        if scalars and cnp.PyArray_NDIM(view) == 0:
+            view = _scalar_input(view)
+        elif private and cnp.PyArray_TYPE(view) != cnp.NPY_OBJECT:
             view = np.array(view, copy=True)
         # Swap the owner for its view (the view holds the owner).
         Py_INCREF(view)
@@ -132,7 +142,7 @@ cdef int _run(PfbCall* call) except -1:
     adapter = entry.framework
     cdef list ranges = None
     if adapter is None:
-        _input_arrays(args, call.copy_mode)
+        _input_arrays(args, call.copy_mode, not entry.eager)
     else:
         ranges = _framework_inputs(args, adapter, call.copy_mode)
     # Fresh NumPy arrays must be 64-byte aligned to be handed over.  On TF's

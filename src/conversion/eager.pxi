@@ -15,15 +15,32 @@ cdef dict _TF_DL_DTYPES = {
 }
 
 cdef object _error_types = None
+cdef object _unsupported_eager = None
+
+
+def eager_error(int code, str message):
+    """The TF exception of a status code, as an eager op raises it.
+
+    INTERNAL (a result without a tensor form) is raised as a subclass of both
+    InternalError (what TF's numpy_function raises in a graph) and ValueError
+    (what it raises eagerly), so code written for either catches it.
+    """
+    global _error_types, _unsupported_eager
+    if _error_types is None:
+        from tensorflow.python.framework import errors
+
+        class UnsupportedValueError(errors.InternalError, ValueError):
+            """A result of the function that has no tensor form (pyfunc_bridge)."""
+        UnsupportedValueError.__module__ = "pyfunc_bridge"
+        _unsupported_eager = UnsupportedValueError
+        _error_types = errors.exception_type_from_error_code
+    if code == TF_INTERNAL:
+        return _unsupported_eager(None, None, message)
+    return _error_types(code)(None, None, message)
 
 
 cdef object _tf_error(int code, str message):
-    """The TF exception of a status code, as an op would raise it."""
-    global _error_types
-    if _error_types is None:
-        from tensorflow.python.framework import errors
-        _error_types = errors.exception_type_from_error_code
-    return _error_types(code)(None, None, message)
+    return eager_error(code, message)
 
 
 def direct_eager_calls():
@@ -34,7 +51,8 @@ def direct_eager_calls():
 
 cdef DLManagedTensorVersioned* _export_eager_input(object tensor) except NULL:
     if tensor._datatype_enum() == TF_DT_STRING:
-        return _export_strings(tensor.numpy())  # object array of bytes
+        # An object array of bytes (a 0-d tensor's numpy() is bare bytes).
+        return _export_strings(np.asarray(tensor.numpy(), dtype=object))
     cdef _DLPackOwner owner = _tf_export(tensor, None)
     cdef DLManagedTensorVersioned* m = _hand_out(owner)
     owner.managed = NULL  # the call owns it now

@@ -7,9 +7,11 @@ cdef enum:
     TF_RESOURCE_EXHAUSTED = 8
     TF_OUT_OF_RANGE = 11
     TF_UNIMPLEMENTED = 12
+    TF_INTERNAL = 13
 
 # Checked in order; anything else is UNKNOWN.
 ERROR_CODES = (
+    (_UnsupportedOutput, TF_INTERNAL),  # as TF's numpy_function reports them
     ((ValueError, TypeError), TF_INVALID_ARGUMENT),
     (StopIteration, TF_OUT_OF_RANGE),
     (MemoryError, TF_RESOURCE_EXHAUSTED),

@@ -25,10 +25,12 @@ cdef cnp.ndarray _as_string_array(object value, int index):
         source = np.array(value, dtype=object)
     elif isinstance(value, (list, tuple)):
         source = np.array(value, dtype=object)
-    else:
+    elif isinstance(value, (bool, int, float, complex)):
         raise _OutputError(
             f"output {index}: Tout declares string but the function returned "
             f"{type(value).__name__}; return bytes, str, a list of them or an ndarray of them")
+    else:
+        _raise_unsupported_object(value, index)  # a dict, an arbitrary object
     cdef cnp.ndarray out = np.empty(source.shape, dtype=object)
     flat_out = out.reshape(-1)
     cdef Py_ssize_t i = 0
