@@ -150,8 +150,9 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
                    copy=None):
     """Wraps a Python function taking and returning NumPy arrays as a TF op.
 
-    A drop-in for ``tf.numpy_function``: same arguments, same results, same
-    error codes, on pyfunc_bridge's own kernel.
+    A drop-in for ``tf.numpy_function``: same arguments, same results, the
+    same error classes in graphs, on pyfunc_bridge's own kernel (the README
+    lists the deliberate differences).
 
     Args:
       func: the Python function. It receives one ndarray per input (tf.string

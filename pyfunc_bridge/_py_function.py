@@ -225,8 +225,9 @@ def _py_function(func, inp, Tout, name):
 def py_function(func=None, inp=None, Tout=None, name=None):
     """Wraps a Python function of EagerTensors as a once-differentiable TF op.
 
-    A drop-in for ``tf.py_function``: same arguments, same results, same error
-    codes, on pyfunc_bridge's own kernel.
+    A drop-in for ``tf.py_function``: same arguments, same results, the same
+    error classes, on pyfunc_bridge's own kernel (the README lists the
+    deliberate differences).
 
     Args:
       func: the Python function.  It receives one EagerTensor per input

@@ -409,3 +409,10 @@ def test_composite_tout_mismatch_says_what_tf_says(mode, case):
     assert isinstance(got, type(want))
     assert TF_MISMATCH_PHRASE.search(str(want))
     assert TF_MISMATCH_PHRASE.search(str(got))
+
+
+def test_error_module_examples_run():
+    import doctest
+    from pyfunc_bridge import _errors
+    result = doctest.testmod(_errors, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
