@@ -72,8 +72,8 @@ def check_tensorflow_version(installed=None):
     if _major_minor(installed) != _major_minor(TF_VERSION):
         needed = ".".join(_major_minor(TF_VERSION))
         raise ImportError(
-            f"pyfunc_bridge needs TensorFlow {needed}.x (it was built against "
-            f"{TF_VERSION}), but {installed_distributions()} is installed "
+            f"pyfunc_bridge needs TensorFlow {needed}.x (it was built for "
+            f"TensorFlow {TF_VERSION}), but {installed_distributions()} is installed "
             f"(tensorflow {installed}). Install TensorFlow {needed}.x: "
             f"{_INSTALL_HINT}; or rebuild pyfunc_bridge against the installed "
             f"TensorFlow, from a checkout: pip install --no-build-isolation -e .")

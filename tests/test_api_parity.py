@@ -416,3 +416,21 @@ def test_error_module_examples_run():
     from pyfunc_bridge import _errors
     result = doctest.testmod(_errors, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_scalar_string_input_in_graph_still_counts_as_converted():
+    """Statistics: a 0-d string reaches the function as bytes, still counted."""
+    previous = pfb.enable_stats(True)
+    try:
+        pfb.reset_stats()
+
+        @tf.function
+        def f(s):
+            return pfb.numpy_function(lambda b: b, [s], tf.string, name="scalar_string")
+        assert f(tf.constant("abcd")).numpy() == b"abcd"
+        entry = pfb.stats().functions["scalar_string"]
+        assert entry.calls == 1
+        assert entry.bytes_copied["string"] == 8  # 4 in, 4 out
+    finally:
+        pfb.enable_stats(previous)
+        pfb.reset_stats()
