@@ -69,8 +69,9 @@ def received(mode, api, value, Tout):
 
 SCALARS = [
     (tf.float32, 1.5), (tf.float16, 1.5), (tf.bfloat16, 1.5), (tf.float64, 1.5),
-    (tf.int8, -3), (tf.int32, 7), (tf.int64, 1 << 40), (tf.uint8, 200),
-    (tf.uint64, 1 << 63), (tf.bool, True), (tf.complex64, 1 + 2j),
+    (tf.int8, -3), (tf.int16, -300), (tf.int32, 7), (tf.int64, 1 << 40), (tf.uint8, 200),
+    (tf.uint16, 60000), (tf.uint32, 1 << 31), (tf.uint64, 1 << 63), (tf.bool, True),
+    (tf.complex64, 1 + 2j),
     (tf.complex128, 1 - 2j), (tf.string, "abc"),
 ]
 SCALAR_IDS = [dtype.name for dtype, _ in SCALARS]
@@ -98,6 +99,16 @@ def test_scalar_input_arrives_as_tf_hands_it_over(mode, api_name, dtype, value):
         assert got[0] is bytes
     else:
         assert issubclass(got[0], np.generic)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype,value", [(tf.float32, 1.5), (tf.bool, True), (tf.string, "abc")],
+                         ids=["float32", "bool", "string"])
+def test_py_function_scalar_input_is_an_eager_tensor_as_in_tf(mode, dtype, value):
+    x = tf.constant(value, dtype)
+    got = received(mode, pfb.py_function, x, dtype)
+    assert got == received(mode, tf.py_function, x, dtype)
+    assert got[0] is type(x) and got[1] == dtype and got[2] == ()
 
 
 @pytest.mark.parametrize("mode", MODES)
