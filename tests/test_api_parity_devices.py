@@ -105,7 +105,17 @@ SCRIPT = textwrap.dedent("""
                                   "Unsupported object type dict" in str(e)]
         return out
 
+    def dlpack_cases():
+        with tf.device("/cpu:1"):
+            t = tf.constant([1.0, 2.0]) * 2
+        exporter = pfb.to_dlpack(t)
+        device = list(exporter.__dlpack_device__())
+        capsule = exporter.__dlpack__(dl_device=(1, 0), max_version=(1, 0))
+        back = pfb.from_dlpack(capsule)
+        return [t.device, device, np.asarray(back).tolist()]
+
     print("RESULT " + json.dumps({
+        "dlpack": dlpack_cases(),
         "py_function": {"tf": py_function_cases(tf.py_function),
                         "pfb": py_function_cases(pfb.py_function)},
         "numpy_function": {"tf": numpy_cases(tf.numpy_function),
@@ -155,3 +165,10 @@ def test_numpy_function_on_second_cpu_matches_tf(results, mode):
 
 def test_unsupported_result_on_dispatched_eager_path_is_value_and_internal_error(results):
     assert results["numpy_function"]["pfb"]["unsupported"] == [True, True, True]
+
+
+def test_tensor_on_second_cpu_exports_as_host_memory(results):
+    device, dl_device, values = results["dlpack"]
+    assert device.endswith("CPU:1")
+    assert dl_device == [1, 0]  # kDLCPU, device 0: DLPack's one host device
+    assert values == [2.0, 4.0]

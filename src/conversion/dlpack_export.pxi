@@ -125,7 +125,9 @@ cdef object _owner_dlpack(_DLPackOwner owner, object stream, object max_version,
     _check_stream(t, stream)
     if dl_device is not None:
         want = (int(dl_device[0]), int(dl_device[1]))
-        if want != (<int>t.device.device_type, t.device.device_id):
+        # Host memory is one address space: any CPU device id is this one.
+        if want[0] != <int>t.device.device_type or (
+                want[0] != kDLCPU and want[1] != t.device.device_id):
             raise BufferError(
                 f"cannot export to device {want}: the tensor is on "
                 f"{_device_name(t.device)} and pyfunc_bridge does not copy across devices")
@@ -199,6 +201,10 @@ cdef _DLPackOwner _tf_export(object tensor, object copy):
     m.flags |= DLPACK_FLAG_BITMASK_READ_ONLY
     if datatype == TF_DT_BOOL:
         m.dl_tensor.dtype.code = kDLBool  # TF exports bool as kDLUInt
+    if m.dl_tensor.device.device_type == kDLCPU:
+        # TF numbers its logical CPUs (CPU:1 exports as id 1); host memory is
+        # one address space, which DLPack calls CPU device 0.
+        m.dl_tensor.device.device_id = 0
     if m.dl_tensor.device.device_type != kDLCPU:
         owner.synchronize = _sync_tf_devices
     if copy is True:
