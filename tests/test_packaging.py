@@ -5,9 +5,13 @@ import re
 import subprocess
 import sys
 import textwrap
-import tomllib
 
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
 
 from pyfunc_bridge import _library
 
