@@ -1,5 +1,8 @@
 """Error classes that span two of Python's built-in ones, so that code written
-against either TensorFlow behaviour catches them."""
+against either TensorFlow behaviour catches them.  (The eager error for a
+result without a tensor form, an InternalError and a ValueError, subclasses a
+TensorFlow class: it is made with the other eager errors, in the conversion
+layer's errors.pxi.)"""
 
 
 class NotCallableError(ValueError, TypeError):
@@ -7,22 +10,9 @@ class NotCallableError(ValueError, TypeError):
 
     TensorFlow raises ValueError for it where it builds an op (graphs, and
     ``tf.py_function`` everywhere) and TypeError where it calls the function
-    at once (eager ``tf.numpy_function``); this is both.
+    at once (eager ``tf.numpy_function``); this is both.  Raised by
+    ``_op.check_callable``, for every API.
 
     >>> issubclass(NotCallableError, ValueError), issubclass(NotCallableError, TypeError)
     (True, True)
     """
-
-
-def check_callable(func):
-    """Raises NotCallableError unless `func` is callable.
-
-    >>> check_callable(3)
-    Traceback (most recent call last):
-    ...
-    pyfunc_bridge._errors.NotCallableError: Expected func to be callable, got int: 3; pass a function or an object with __call__
-    """
-    if not callable(func):
-        raise NotCallableError(
-            f"Expected func to be callable, got {type(func).__name__}: {func!r}; "
-            f"pass a function or an object with __call__")

@@ -113,11 +113,10 @@ _conversion = None
 
 
 def conversion():
-    """The Cython conversion module (imported on first use)."""
+    """The Cython conversion module (imported on first use; it registers the
+    framework adapters of pyfunc_bridge/_frameworks.py itself)."""
     global _conversion
     if _conversion is None:
         from pyfunc_bridge import _conversion as module
-        from pyfunc_bridge import _frameworks
-        _frameworks.register_all(module)  # framework arrays judged by their adapters
         _conversion = module
     return _conversion

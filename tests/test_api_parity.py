@@ -422,10 +422,13 @@ def test_composite_tout_mismatch_says_what_tf_says(mode, case):
     assert TF_MISMATCH_PHRASE.search(str(got))
 
 
-def test_error_module_examples_run():
+@pytest.mark.parametrize("module", ["_errors", "_op"])
+def test_error_module_examples_run(module):
+    """The error class and the one not-callable check (_op.check_callable)."""
     import doctest
-    from pyfunc_bridge import _errors
-    result = doctest.testmod(_errors, optionflags=doctest.ELLIPSIS)
+    import importlib
+    result = doctest.testmod(importlib.import_module(f"pyfunc_bridge.{module}"),
+                             optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
 
 
