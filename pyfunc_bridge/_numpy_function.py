@@ -40,6 +40,8 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
     if tf.executing_eagerly():
         result = _op.run_eagerly(op_name, op, func, inputs, signature, name,
                                  (("copy", copy_attr),), framework, copy_mode=copy_mode)
+        if not signature.dtypes:
+            return None  # Tout=[]: TF's eager numpy_function returns None
     else:
         entry = _registry.register(func, framework, name)
         result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
@@ -56,12 +58,15 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
                    copy=None):
     """Wraps a Python function taking and returning NumPy arrays as a TF op.
 
-    A drop-in for ``tf.numpy_function``: same arguments, same results, same
-    error codes, on pyfunc_bridge's own kernel.
+    A drop-in for ``tf.numpy_function``: same arguments, same results, the
+    same error classes in graphs, on pyfunc_bridge's own kernel (the README
+    lists the deliberate differences).
 
     Args:
       func: the Python function. It receives one ndarray per input (tf.string
-        inputs arrive as object arrays of bytes) and returns one value per
+        inputs arrive as object arrays of bytes); a 0-d input arrives as a
+        NumPy scalar (``bytes`` for tf.string) in a graph and as a 0-d array
+        eagerly, as with ``tf.numpy_function``.  It returns one value per
         output: ndarrays of the declared dtype, Python scalars or lists (which
         convert to the declared dtype), bytes/str for tf.string.
       inp: a list of tensors (or values convertible to tensors).
@@ -78,7 +83,9 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
         data; an output that would need a copy is an InvalidArgument error.
 
     Returns:
-      A tensor, or a list of tensors when Tout is a list.
+      A tensor, or a list of tensors when Tout is a list.  With no outputs
+      (``Tout=[]``): None eagerly, the ``tf.Operation`` in a graph (for
+      ``Session.run`` and control dependencies), as ``tf.numpy_function``.
 
     Without ``func`` it is a decorator:
 

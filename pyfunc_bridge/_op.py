@@ -9,7 +9,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.eager import core as _eager_core
 from tensorflow.python.framework import ops as _tf_ops
 
-from pyfunc_bridge import _library, _registry, _tout
+from pyfunc_bridge import _errors, _library, _registry, _tout
 
 # Library code, not user code: autograph calls it as it is.  (A rule rather
 # than @do_not_convert, whose wrapper costs every eager call.)
@@ -21,8 +21,18 @@ if not any(getattr(rule, "_prefix", None) == "pyfunc_bridge"
 
 
 def check_callable(func):
+    """Raises NotCallableError (a ValueError, as TF's, and a TypeError) unless
+    `func` is callable.
+
+    >>> check_callable(3)
+    Traceback (most recent call last):
+    ...
+    pyfunc_bridge._errors.NotCallableError: Expected func to be callable, got int: 3; pass a function or an object with __call__
+    """
     if not callable(func):
-        raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
+        raise _errors.NotCallableError(
+            f"Expected func to be callable, got {type(func).__name__}: {func!r}; "
+            f"pass a function or an object with __call__")
 
 
 def input_list(inp):
@@ -59,6 +69,9 @@ def decorator(api, api_name, inp, *args, **kwargs):
     return decorate
 
 
+_INTERNAL = 13  # TF's error code INTERNAL
+
+
 def _execute(op_name, wrapper, inputs, key, signature, name, attrs):
     """Runs the op eagerly through TF's fast path (the generated wrapper's own
     first step), falling back to the wrapper where the fast path declines.
@@ -69,6 +82,8 @@ def _execute(op_name, wrapper, inputs, key, signature, name, attrs):
             ctx, op_name, name, inputs, "key", key, "Tout", signature.dtypes,
             "out_shapes", signature.shapes, *[v for pair in attrs for v in pair])
     except _eager_core._NotOkStatusException as e:
+        if e.code == _INTERNAL:  # a result without a tensor form: as call_eagerly
+            raise _library.conversion().eager_error(e.code, e.message) from None
         _tf_ops.raise_from_not_ok_status(e, name)
     except _eager_core._FallbackException:
         return wrapper(input=inputs, key=key, Tout=signature.dtypes,
@@ -87,7 +102,7 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     # the function in a thread-local slot, under one constant key, so that TF's
     # eager kernel cache does not grow with every call.
     if context.context().is_async():
-        entry = _registry.register(func, framework, name)
+        entry = _registry.register(func, framework, name, eager=True)
         entry.record = record
         result = _execute(op_name, wrapper, inputs, entry.key, signature, name, attrs)
         context.async_wait()  # the entry must outlive the call
@@ -95,7 +110,7 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     conversion = _library.conversion()
     slot, key = conversion._eager, conversion.EAGER_KEY
     previous = getattr(slot, "entry", None)
-    slot.entry = _registry.Entry(func, key, framework, record, name)
+    slot.entry = _registry.Entry(func, key, framework, record, name, eager=True)
     try:
         if copy_mode is not None and conversion.direct_eager_calls():
             return conversion.call_eagerly(inputs, signature.dtypes, signature.shapes,

@@ -134,7 +134,7 @@ class _Signature:
                 values.append(chunk[0])
         if self.single:
             return values[0]
-        return values if self.specs else None
+        return values  # [] for no outputs, as TF's eager py_function
 
 
 def _flat_inputs(inp):
@@ -161,7 +161,14 @@ def _caller(func, structure, signature):
             args = _nest.pack_sequence_as(structure, list(flat), expand_composites=True)
         else:
             args = flat
-        return signature.flatten(func(*args))
+        result = func(*args)
+        try:
+            return signature.flatten(result)
+        except ValueError as exc:
+            # TF's words first (code matches on them), then which output and the fix.
+            raise ValueError(
+                f"py_function: func={func!r} returned {result!r}, which did not match "
+                f"Tout={signature.specs!r}. {exc}") from None
     # The registry key and the statistics name the user's function.
     return functools.update_wrapper(call, func, updated=())
 
@@ -183,14 +190,19 @@ def _py_function(func, inp, Tout, name):
         outputs, forward = op(input=inputs, key=entry.key, Tout=signature.dtypes,
                               out_shapes=signature.shapes, name=name)
         _registry.keep_alive(entry, forward.graph)
+        if not signature.specs:
+            # No outputs: the op itself, for Session.run and control
+            # dependencies (TF's py_function returns its Operation too).
+            return forward.op
     return signature.pack(list(outputs))
 
 
 def py_function(func=None, inp=None, Tout=None, name=None):
     """Wraps a Python function of EagerTensors as a once-differentiable TF op.
 
-    A drop-in for ``tf.py_function``: same arguments, same results, same error
-    codes, on pyfunc_bridge's own kernel.
+    A drop-in for ``tf.py_function``: same arguments, same results, the same
+    error classes, on pyfunc_bridge's own kernel (the README lists the
+    deliberate differences).
 
     Args:
       func: the Python function.  It receives one EagerTensor per input
@@ -205,7 +217,9 @@ def py_function(func=None, inp=None, Tout=None, name=None):
       name: the op's name.
 
     Returns:
-      What Tout declares: one value, or a list.
+      What Tout declares: one value, or a list.  With no outputs: ``[]``
+      eagerly, the ``tf.Operation`` in a graph (for ``Session.run`` and
+      control dependencies), as ``tf.py_function``.
 
     The op is differentiable once, in eager mode, in tf.function and in TF1
     graphs: the gradient is that of the TF computation the function ran,

@@ -41,10 +41,12 @@ def dtype_of(value, what):
     """A supported tf.DType for `value`, or a TypeError naming `what`."""
     try:
         dtype = tf.as_dtype(value)
-    except TypeError:
+    except TypeError as exc:
+        # TF's own words first ("Cannot convert ... to a TensorFlow DType."):
+        # code matches on them.
         raise TypeError(
-            f"{what} must be a tf.DType, a NumPy dtype or a tf.TensorSpec, got "
-            f"{value!r}") from None
+            f"{what}: {exc} {what} must be a tf.DType, a NumPy dtype or a "
+            f"tf.TensorSpec, got {value!r}") from None
     return _supported(dtype, what)
 
 

@@ -16,10 +16,11 @@ The kernel hands every call over through the PfbBridgeApi capsule
 2. ``_run`` (bridge.pxi), the one driver: ``_stats_begin``; ``_adopt_inputs``
    (one ``_DLPackOwner`` per input); ``_entry`` (the registry, the eager slot,
    or a gradient's recorded ``_Forward``); ``_converter``: the entry's
-   ``_NUMPY`` or ``_FrameworkConverter`` (converters.pxi), or ``_TENSORS``
-   for the py_function kernels (tensors.pxi).
-3. ``converter.inputs``: owners -> read-only ndarray views (``_input_arrays``),
-   framework arrays (``_framework_inputs``) or EagerTensors (``_input_tensors``).
+   ``_NUMPY`` (``_NUMPY_EAGER`` for an eager call) or ``_FrameworkConverter``
+   (converters.pxi), or ``_TENSORS`` for the py_function kernels (tensors.pxi).
+3. ``converter.inputs``: owners -> read-only ndarray views (``_input_arrays``;
+   in graphs a 0-d input becomes a NumPy scalar, ``_scalar_input``), framework
+   arrays (``_framework_inputs``) or EagerTensors (``_input_tensors``).
 4. ``converter.enter``: aligned NumPy allocation, or eager mode + device scope.
 5. ``converter.call``: the function (py_function under a tape, its ``_Forward``
    put in ``PfbCall.state``; a gradient call: ``_Forward.gradient``).

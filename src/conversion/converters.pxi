@@ -37,10 +37,14 @@ cdef class _Converter:
 
 cdef class _NumpyConverter(_Converter):
     """NumPy functions: read-only ndarray views in (private copies under
-    copy=True), ndarrays and Python values out, allocated 64-byte aligned."""
+    copy=True), ndarrays and Python values out, allocated 64-byte aligned.
+    `scalars`: 0-d inputs arrive as NumPy scalars (bytes for strings), as
+    TensorFlow hands them over in graphs; eager entries get 0-d arrays, as
+    TF's eager numpy_function does (_NUMPY_EAGER)."""
+    cdef readonly bint scalars
 
     cdef list inputs(self, PfbCall* call, tuple args, _CallCounts* counts):
-        _input_arrays(args, call.copy_mode)
+        _input_arrays(args, call.copy_mode, self.scalars)
         if counts != NULL:
             _count_inputs(counts, args, call.copy_mode)
         return None
@@ -88,27 +92,41 @@ cdef class _FrameworkConverter(_NumpyConverter):
 
 
 cdef _NumpyConverter _NUMPY = _NumpyConverter()
+_NUMPY.scalars = True
+cdef _NumpyConverter _NUMPY_EAGER = _NumpyConverter()
 
 
-def converter(adapter):
-    """The converter of a registry entry: NumPy's for None, else one for the
-    array_function framework `adapter`."""
+def converter(adapter, bint eager=False):
+    """The converter of a registry entry: NumPy's for None (`eager`: the one
+    for eager calls, which hands 0-d inputs over as 0-d arrays), else one for
+    the array_function framework `adapter` (0-d arrays always: torch and JAX
+    have no scalar type)."""
     if adapter is None:
-        return _NUMPY
+        return _NUMPY_EAGER if eager else _NUMPY
     cdef _FrameworkConverter made = _FrameworkConverter.__new__(_FrameworkConverter)
     made.adapter = adapter
     return made
 
 
-cdef tuple _input_arrays(tuple args, int copy_mode):
-    """Swaps each owner for an ndarray: a read-only view, or a private copy (copy=True)."""
+cdef object _scalar_input(object view):
+    """A 0-d input as TensorFlow hands it over in a graph: a NumPy scalar of its
+    dtype (``np.float32``, ``np.bool_``, ...; bytes for tf.string), a value
+    that holds nothing of TF's memory."""
+    return view[()]
+
+
+cdef tuple _input_arrays(tuple args, int copy_mode, bint scalars):
+    """Swaps each owner for an ndarray: a read-only view, or a private copy
+    (copy=True); with `scalars`, a 0-d input for a NumPy scalar (_scalar_input)."""
     cdef Py_ssize_t i, n = len(args)
     cdef bint private = copy_mode == PFB_COPY_TRUE
     for i in range(n):
         view = _view(<_DLPackOwner>args[i], False)
-        if private and cnp.PyArray_TYPE(view) != cnp.NPY_OBJECT:
+        if scalars and cnp.PyArray_NDIM(view) == 0:
+            view = _scalar_input(view)
+        elif private and cnp.PyArray_TYPE(view) != cnp.NPY_OBJECT:
             view = np.array(view, copy=True)
-        _swap(args, i, view)  # the view holds the owner
+        _swap(args, i, view)  # the view (or the scalar) replaces the owner
     return args
 
 

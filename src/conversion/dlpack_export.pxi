@@ -124,7 +124,9 @@ cdef object _owner_dlpack(_DLPackOwner owner, object stream, object max_version,
     _check_stream(t, stream)
     if dl_device is not None:
         want = (int(dl_device[0]), int(dl_device[1]))
-        if want != (<int>t.device.device_type, t.device.device_id):
+        # Host memory is one address space: any CPU device id is this one.
+        if want[0] != <int>t.device.device_type or (
+                want[0] != kDLCPU and want[1] != t.device.device_id):
             raise BufferError(
                 f"cannot export to device {want}: the tensor is on "
                 f"{_device_name(t.device)} and pyfunc_bridge does not copy across devices")

@@ -13,7 +13,8 @@ def direct_eager_calls():
 
 cdef DLManagedTensorVersioned* _export_eager_input(object tensor) except NULL:
     if tensor._datatype_enum() == TF_DT_STRING:
-        return _export_strings(tensor.numpy())  # object array of bytes
+        # An object array of bytes (a 0-d tensor's numpy() is bare bytes).
+        return _export_strings(np.asarray(tensor.numpy(), dtype=object))
     cdef _DLPackOwner owner = _tf_export(tensor, None)
     cdef DLManagedTensorVersioned* m = _hand_out(owner)
     owner.managed = NULL  # the call owns it now

@@ -1,5 +1,7 @@
-# Python exception -> TensorFlow error code: the one table in this direction.
-# Codes are TensorFlow's (tensorflow/core/protobuf/error_codes.proto).
+# Errors, mapped in one place: Python exception -> TensorFlow error code
+# (ERROR_CODES, the one table in this direction, for every kernel) and, for
+# the eager paths, status code -> TF's exception (_tf_error).  Codes are
+# TensorFlow's (tensorflow/core/protobuf/error_codes.proto).
 
 cdef enum:
     TF_UNKNOWN = 2
@@ -7,9 +9,11 @@ cdef enum:
     TF_RESOURCE_EXHAUSTED = 8
     TF_OUT_OF_RANGE = 11
     TF_UNIMPLEMENTED = 12
+    TF_INTERNAL = 13
 
 # Checked in order; anything else is UNKNOWN.
 ERROR_CODES = (
+    (_UnsupportedOutput, TF_INTERNAL),  # as TF's numpy_function reports them
     ((ValueError, TypeError), TF_INVALID_ARGUMENT),
     (StopIteration, TF_OUT_OF_RANGE),
     (MemoryError, TF_RESOURCE_EXHAUSTED),
@@ -73,3 +77,31 @@ cdef void _set_status(PfbStatus* status, object exc) noexcept:
     status.message = <char*>malloc(len(text) + 1)
     if status.message != NULL:
         memcpy(status.message, <const char*>text, len(text) + 1)
+
+
+cdef object _unsupported_value_error = None
+
+
+cdef object _tf_error(int code, str message):
+    """The TF exception of a status code, as an eager op raises it.
+
+    INTERNAL (a result without a tensor form: _UnsupportedOutput) is raised
+    as a subclass of both InternalError (what TF's numpy_function raises in a
+    graph) and ValueError (what it raises eagerly), so code written for
+    either catches it."""
+    global _unsupported_value_error
+    _load_tf()
+    if code != TF_INTERNAL:
+        return _error_types(code)(None, None, message)
+    if _unsupported_value_error is None:
+        class UnsupportedValueError(_error_types(TF_INTERNAL), ValueError):
+            """A result of the function that has no tensor form (pyfunc_bridge)."""
+        UnsupportedValueError.__module__ = "pyfunc_bridge"
+        _unsupported_value_error = UnsupportedValueError
+    return _unsupported_value_error(None, None, message)
+
+
+def eager_error(int code, str message):
+    """_tf_error, for the op layer's dispatched eager calls (pyfunc_bridge/_op.py):
+    both eager paths raise the same classes."""
+    return _tf_error(code, message)

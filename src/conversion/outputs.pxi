@@ -6,6 +6,33 @@ class _OutputError(ValueError):
     """A result that does not match the op's declaration (InvalidArgument)."""
 
 
+class _UnsupportedOutput(_OutputError):
+    """A result TensorFlow has no tensor for: a structured or datetime array, a
+    dict, an arbitrary object.  TF's numpy_function reports these as INTERNAL
+    ("Unsupported numpy data type" / "Unsupported object type"); so do we,
+    with TF's phrase in the message.  (py_function: InvalidArgument, as TF.)"""
+
+
+cdef bint _has_tf_dtype(object dt):
+    """Whether TensorFlow has a dtype for NumPy dtype `dt` (strings included)."""
+    kind = dt.kind
+    if dt.names is not None or kind in "Mm":
+        return False
+    if kind == "V":  # plain bytes, except the ml_dtypes types (bfloat16, ...)
+        return dt.type.__module__.startswith("ml_dtypes")
+    if kind in "fc":
+        return dt.itemsize <= (8 if kind == "f" else 16)  # no long double
+    return True
+
+
+cdef int _raise_unsupported_object(object value, int index) except -1:
+    name = type(value).__name__
+    raise _UnsupportedOutput(
+        f"output {index}: the function returned a {name}, which has no tensor form "
+        f"(Unsupported object type {name}); return an ndarray, a NumPy scalar, a "
+        f"Python number or string, or a list of them")
+
+
 cdef int _check_count(object result, int num_outputs, str as_one) except -1:
     """Raises unless `result` holds one value per declared output: the one
     output-count check.  `as_one` completes "wrap a list meant as one ..."."""
@@ -106,10 +133,12 @@ cdef cnp.ndarray _as_string_array(object value, int index):
         source = np.array(value, dtype=object)
     elif isinstance(value, (list, tuple)):
         source = np.array(value, dtype=object)
-    else:
+    elif isinstance(value, (bool, int, float, complex)):
         raise _OutputError(
             f"output {index}: Tout declares string but the function returned "
             f"{type(value).__name__}; return bytes, str, a list of them or an ndarray of them")
+    else:
+        _raise_unsupported_object(value, index)  # a dict, an arbitrary object
     cdef cnp.ndarray out = np.empty(source.shape, dtype=object)
     flat_out = out.reshape(-1)
     cdef Py_ssize_t i = 0
@@ -170,11 +199,18 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
             converted = "dtype_conversion"
         else:
             arr = np.asarray(value)  # an object exporting an array: memory not ours
+            if arr.dtype.kind == "O":
+                _raise_unsupported_object(value, index)  # a dict, an arbitrary object
             foreign = True
     reason = _array_copy_reason(<PyArrayObject*>arr, copy_mode, foreign)
 
     cdef cnp.ndarray checked = arr
     if checked.descr is not want and checked.dtype != want:
+        if not _has_tf_dtype(checked.dtype):
+            raise _UnsupportedOutput(
+                f"output {index}: the function returned an array of dtype "
+                f"{checked.dtype}, which TensorFlow has no dtype for (Unsupported "
+                f"numpy data type); return an array of the declared dtype {want.name}")
         got = arr.dtype.name
         if got == want.name:  # same kind and size: another byte order
             got = f"{got} with byte order {arr.dtype.str!r}"

@@ -102,6 +102,10 @@ cdef int _count_inputs(_CallCounts* counts, tuple args, int copy_mode) except -1
     for i in range(len(args)):
         arg = PyTuple_GET_ITEM(args, i)
         if not PyArray_Check(arg):
+            # A 0-d input in a graph: bytes (a converted string) or a NumPy
+            # scalar (a value, no memory of TF's: not counted).
+            if type(<object>arg) is bytes:
+                counts.copied[_STRING] += len(<bytes>arg)
             continue
         if cnp.PyArray_TYPE(<cnp.ndarray>arg) == cnp.NPY_OBJECT:
             # String inputs: bytes objects made from TF's strings.

@@ -81,8 +81,14 @@ cdef int _export_results(PfbCall* call, object results, _CallCounts* counts) exc
         value = results[i]
         if _is_string_dtype(call.output_specs[i].dtype) and _is_eager_tensor(value):
             value = value.numpy()  # strings are converted anyway
-        call.outputs[i] = _export_dlpack_output(<PyObject*>value, 1, i, &call.output_specs[i],
-                                                PFB_COPY_NONE, [], counts)
+        try:
+            call.outputs[i] = _export_dlpack_output(<PyObject*>value, 1, i,
+                                                    &call.output_specs[i],
+                                                    PFB_COPY_NONE, [], counts)
+        except _UnsupportedOutput as exc:
+            # TF's py_function reports a result without a tensor form as
+            # InvalidArgument (its numpy_function: INTERNAL).
+            raise _OutputError(*exc.args) from None
     return 0
 
 

@@ -73,12 +73,6 @@ cdef bytes _sole_device(ctx):
     return _sole_device_name
 
 
-cdef object _tf_error(int code, str message):
-    """The TF exception of a status code, as an op would raise it."""
-    _load_tf()
-    return _error_types(code)(None, None, message)
-
-
 cdef int _check_tensor_arg(object tensor, str api) except -1:
     if not _is_eager_tensor(tensor):
         if hasattr(tensor, "graph"):
@@ -109,7 +103,11 @@ cdef _DLPackOwner _tf_export(object tensor, object copy):
     m.flags |= DLPACK_FLAG_BITMASK_READ_ONLY
     if datatype == TF_DT_BOOL:
         m.dl_tensor.dtype.code = kDLBool  # TF exports bool as kDLUInt
-    if m.dl_tensor.device.device_type != kDLCPU:
+    if m.dl_tensor.device.device_type == kDLCPU:
+        # TF numbers its logical CPUs (CPU:1 exports as id 1); host memory is
+        # one address space, which DLPack calls CPU device 0.
+        m.dl_tensor.device.device_id = 0
+    else:
         owner.synchronize = _sync_tf_devices
     if copy is True:
         return _adopt_checked(_private_copy(owner))

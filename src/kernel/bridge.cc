@@ -64,6 +64,15 @@ bool SameDLDataType(const DLDataType& a, const DLDataType& b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
 }
 
+// Whether memory on DLPack device `a` can be an output on device `b`.  Host
+// memory is one address space: TF numbers its logical CPUs (CPU:1 exports as
+// kDLCPU id 1) but any of them can take any host buffer.  Device memory must
+// be on the op's own device, whatever its index.
+bool SameMemory(const DLDevice& a, const DLDevice& b) {
+  return a.device_type == b.device_type &&
+         (a.device_type == kDLCPU || a.device_id == b.device_id);
+}
+
 // ---------------------------------------------------------------- inputs --
 
 // One allocation per input: the DLPack struct, the shape, and a Tensor that
@@ -209,8 +218,7 @@ absl::Status MakeOutput(OpKernelContext* ctx, int index,
     return absl::InternalError(where + ": the conversion layer returned no tensor");
   }
   const DLTensor& t = managed->dl_tensor;
-  if (t.device.device_type != spec.device.device_type ||
-      t.device.device_id != spec.device.device_id) {
+  if (!SameMemory(t.device, spec.device)) {
     return absl::InternalError(
         where + " came back on DLPack device (" +
         std::to_string(t.device.device_type) + ", " +
