@@ -8,7 +8,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.eager import core as _eager_core
 from tensorflow.python.framework import ops as _tf_ops
 
-from pyfunc_bridge import _library, _registry, _tout
+from pyfunc_bridge import _library, _portable, _registry, _tout
 
 STATEFUL_OP = "PyfuncBridge>NumpyFunction"
 STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
@@ -103,8 +103,9 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
         slot.entry = previous
 
 
-def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
-    """The op for `func`; `framework`: None (NumPy) or an array_function adapter."""
+def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=False):
+    """The op for `func`; `framework`: None (NumPy) or an array_function adapter;
+    `portable`: embed the pickled function in graph ops (_portable.py)."""
     if not callable(func):
         raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
     copy_attr = _copy_attr(copy)
@@ -119,9 +120,10 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
         result = run_eagerly(op_name, op, func, inputs, signature, name,
                              (("copy", copy_attr),), framework, direct=True)
     else:
+        travel = _portable.attrs(func, portable, framework and framework.name)
         entry = _registry.register(func, framework, name)
         result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
-                    out_shapes=signature.shapes, copy=copy_attr, name=name)
+                    out_shapes=signature.shapes, copy=copy_attr, name=name, **travel)
         graph = (result[0].graph if isinstance(result, list) and result
                  else result.graph)
         _registry.keep_alive(entry, graph)
@@ -130,17 +132,20 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
     return result if isinstance(result, (list, tf.Operation)) or result is None else list(result)
 
 
-def _decorator(api, Tout, stateful, name, copy):
+def _decorator(api, Tout, stateful, name, copy, portable):
     def decorate(func):
+        _portable.declare_if_nameable(func)  # graphs from elsewhere may name it
+
         @functools.wraps(func)
         def wrapper(*args):
-            return api(func, list(args), Tout, stateful=stateful, name=name, copy=copy)
+            return api(func, list(args), Tout, stateful=stateful, name=name, copy=copy,
+                       portable=portable)
         return wrapper
     return decorate
 
 
 def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
-                   copy=None):
+                   copy=None, portable=False):
     """Wraps a Python function taking and returning NumPy arrays as a TF op.
 
     A drop-in for ``tf.numpy_function``: same arguments, same results, same
@@ -163,11 +168,18 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
         memory after the call, then copied once.  ``True``: private writable
         input copies, outputs always copied.  ``False``: never copy numeric
         data; an output that would need a copy is an InvalidArgument error.
+      portable: also embed the function, serialized by cloudpickle, in graph
+        ops, so that another process can run it (a SavedModel, a tf.data
+        service worker) where it trusts pickles (:func:`trust_pickled`).  For
+        lambdas, closures and functions of ``__main__``; a module-level
+        function travels by name when the loading process declares it
+        (:func:`portable`).  Eager calls ignore it.
 
     Returns:
       A tensor, or a list of tensors when Tout is a list.
 
-    Without ``func`` it is a decorator:
+    Without ``func`` it is a decorator, which also declares a module-level
+    function portable:
 
     >>> import numpy as np, tensorflow as tf
     >>> @numpy_function(Tout=tf.TensorSpec([None, 2], tf.float32))
@@ -181,11 +193,11 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
     if func is None:
         if inp is not None:
             raise TypeError("numpy_function used as a decorator takes no `inp`")
-        return _decorator(numpy_function, Tout, stateful, name, copy)
-    return _bridge_op(func, inp, Tout, stateful, name, copy)
+        return _decorator(numpy_function, Tout, stateful, name, copy, portable)
+    return _bridge_op(func, inp, Tout, stateful, name, copy, portable=portable)
 
 
-def py_func(func, inp, Tout, stateful=True, name=None, *, copy=None):
+def py_func(func, inp, Tout, stateful=True, name=None, *, copy=None, portable=False):
     """TF1's ``tf.compat.v1.py_func`` on pyfunc_bridge's kernel.
 
     Same semantics as :func:`numpy_function` (NumPy arrays in and out), for
@@ -199,4 +211,4 @@ def py_func(func, inp, Tout, stateful=True, name=None, *, copy=None):
     ...         sess.run(y, {x: [1.0, 2.0, 3.0]})
     array([1., 3., 6.])
     """
-    return _bridge_op(func, inp, Tout, stateful, name, copy)
+    return _bridge_op(func, inp, Tout, stateful, name, copy, portable=portable)

@@ -17,7 +17,7 @@ from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
 from tensorflow.python.util import nest as _nest
 
-from pyfunc_bridge import _library, _numpy_function, _registry, _tout
+from pyfunc_bridge import _library, _numpy_function, _portable, _registry, _tout
 
 OP = "PyfuncBridge>PyFunction"
 GRAD_OP = "PyfuncBridge>PyFunctionGrad"
@@ -191,7 +191,7 @@ def _caller(func, structure, signature):
     return functools.update_wrapper(call, func, updated=())
 
 
-def _py_function(func, inp, Tout, name):
+def _py_function(func, inp, Tout, name, portable=False):
     if not callable(func):
         raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
     signature = _tout.cached(_Signature, Tout)
@@ -205,14 +205,18 @@ def _py_function(func, inp, Tout, name):
         outputs, forward = _numpy_function.run_eagerly(
             OP, op, call, inputs, signature, name, record=entry_record)
     else:
+        # A reference names `func`; another process rebuilds the caller around
+        # it for dense inputs and outputs only (_portable._dense_caller).
+        dense = not signature.composite and all(isinstance(v, tf.Tensor) for v in structure)
+        travel = _portable.attrs(func, portable, None, obj=call, nameable=dense)
         entry = _registry.register(call, name=name)
         outputs, forward = op(input=inputs, key=entry.key, Tout=signature.dtypes,
-                              out_shapes=signature.shapes, name=name)
+                              out_shapes=signature.shapes, name=name, **travel)
         _registry.keep_alive(entry, forward.graph)
     return signature.pack(list(outputs))
 
 
-def py_function(func=None, inp=None, Tout=None, name=None):
+def py_function(func=None, inp=None, Tout=None, name=None, *, portable=False):
     """Wraps a Python function of EagerTensors as a once-differentiable TF op.
 
     A drop-in for ``tf.py_function``: same arguments, same results, same error
@@ -229,6 +233,10 @@ def py_function(func=None, inp=None, Tout=None, name=None):
         shape), a ``tf.RaggedTensorSpec``/``tf.SparseTensorSpec``, or a list
         of those; ``[]`` or None for no outputs.
       name: the op's name.
+      portable: as for :func:`numpy_function`: also embed the function (with
+        what the op needs around it), serialized by cloudpickle, in graph ops.
+        Without it, only a module-level function with dense inputs and outputs
+        travels, by name.
 
     Returns:
       What Tout declares: one value, or a list.
@@ -255,9 +263,11 @@ def py_function(func=None, inp=None, Tout=None, name=None):
             raise TypeError("py_function used as a decorator takes no `inp`")
 
         def decorate(f):
+            _portable.declare_if_nameable(f)  # graphs from elsewhere may name it
+
             @functools.wraps(f)
             def wrapper(*args):
-                return _py_function(f, list(args), Tout, name)
+                return _py_function(f, list(args), Tout, name, portable)
             return wrapper
         return decorate
-    return _py_function(func, inp, Tout, name)
+    return _py_function(func, inp, Tout, name, portable)

@@ -88,7 +88,10 @@ class PfbCall(ctypes.Structure):
                 ("output_specs", ctypes.POINTER(PfbOutputSpec)),
                 ("outputs", ctypes.POINTER(ctypes.POINTER(DLManagedTensorVersioned))),
                 ("device_name", ctypes.c_char_p), ("stream", ctypes.c_void_p),
-                ("state", ctypes.c_void_p)]
+                ("state", ctypes.c_void_p),
+                ("reference", ctypes.c_char_p), ("reference_len", ctypes.c_size_t),
+                ("pickled", ctypes.c_char_p), ("pickled_len", ctypes.c_size_t),
+                ("framework", ctypes.c_char_p), ("framework_len", ctypes.c_size_t)]
 
 
 class PfbStatus(ctypes.Structure):

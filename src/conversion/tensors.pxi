@@ -166,7 +166,7 @@ cdef int _run_tensors(PfbCall* call, _CallCounts* counting) except -1:
     """A py_function call: EagerTensors in, EagerTensors (or arrays) out."""
     _import_tensorflow()
     args = _input_tensors(call, counting)
-    entry = _lookup(call.key, call.key_len)
+    entry = _lookup(call)
     try:
         _call_tensors(call, entry, args, counting)
     except BaseException:
