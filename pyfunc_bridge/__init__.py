@@ -37,8 +37,12 @@ __all__ = ["numpy_function", "py_func", "py_function", "array_function",
 
 
 def __getattr__(name):
+    if name == "_conversion":
+        # The kernel imports the conversion layer by attribute
+        # (PyCapsule_Import) when it runs a graph from elsewhere before any
+        # op was built here: load it as first use does.
+        return _library.conversion()
     if name in _CONVERSION_API:
-        from pyfunc_bridge import _library
         function = getattr(_library.conversion(), name)
         globals()[name] = function  # later lookups skip this hook
         return function

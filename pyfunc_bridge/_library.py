@@ -6,6 +6,7 @@ workers.  The conversion module (and any framework) loads on first use, so
 that ``import pyfunc_bridge`` costs little beyond ``import tensorflow``.
 """
 import atexit
+import importlib
 import os
 import threading
 
@@ -85,7 +86,9 @@ def conversion():
     """The Cython conversion module (imported on first use)."""
     global _conversion
     if _conversion is None:
-        from pyfunc_bridge import _conversion as module
+        # By module name: `from pyfunc_bridge import _conversion` would ask the
+        # package's __getattr__, which comes back here.
+        module = importlib.import_module("pyfunc_bridge._conversion")
         from pyfunc_bridge import _frameworks
         _frameworks.register_all(module)  # framework arrays judged by their adapters
         _conversion = module

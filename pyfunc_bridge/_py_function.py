@@ -180,10 +180,12 @@ def _flat_inputs(inp):
 def _caller(func, structure, signature):
     """What the kernel runs: component tensors in, component values out."""
     composite = any(not isinstance(v, tf.Tensor) for v in structure)
+    # Specs rather than the (symbolic) inputs: portable=True pickles the caller.
+    specs = [tf.type_spec_from_value(v) for v in structure] if composite else None
 
     def call(*flat):
-        if composite:
-            args = _nest.pack_sequence_as(structure, list(flat), expand_composites=True)
+        if specs is not None:
+            args = _nest.pack_sequence_as(specs, list(flat), expand_composites=True)
         else:
             args = flat
         return signature.flatten(func(*args))
