@@ -270,7 +270,8 @@ def resolve(key, reference_, pickled_, framework, tensors, num_outputs):
         # it alive, so the weak reference never dies.
         conversion.registry()[key] = weakref.ref(entry)
         global resolutions
-        resolutions += 1
+        with _key_locks_lock:
+            resolutions += 1
         return entry
 
 

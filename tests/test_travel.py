@@ -436,6 +436,18 @@ def test_pruned_wrap_function_after_the_wrapped_one_is_gone(registry):
     np.testing.assert_array_equal(pruned(tf.constant(X)).numpy(), X * 2)
 
 
+def test_saved_model_after_the_module_is_deleted(tmp_path):
+    module = tf.Module()
+    module.f = tf.function(
+        lambda x: pfb.numpy_function(travel_functions.times2, [x], tf.float32),
+        input_signature=[tf.TensorSpec([None], tf.float32)])
+    tf.saved_model.save(module, str(tmp_path / "model"))
+    del module
+    gc.collect()
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    np.testing.assert_array_equal(loaded.f(tf.constant(X)).numpy(), X * 2)
+
+
 def test_py_function_with_ragged_output_travels_pickled(trusting):
     spec = tf.RaggedTensorSpec([None, None], tf.float32, ragged_rank=1)
 
@@ -521,6 +533,24 @@ def test_untrusted_pickle_error_names_the_key():
     assert "arbitrary code" in str(info.value)
 
 
+def test_undeclared_reference_and_untrusted_pickle_give_both_fixes():
+    previous = pfb.trust_pickled(False)
+    try:
+        with pytest.raises(ValueError) as info:
+            _portable.resolve(f"tests:both@{uuid.uuid4().hex}",
+                              "travel_functions:undeclared_writer", b"payload", "", False, 1)
+    finally:
+        pfb.trust_pickled(previous)
+    assert "@pfb.portable" in str(info.value)
+    assert "arbitrary code" in str(info.value)
+
+
+def test_unknown_framework_is_an_error():
+    with pytest.raises(ValueError, match="framework must be one of"):
+        _portable.resolve(f"tests:framework@{uuid.uuid4().hex}", "travel_functions:times2",
+                          b"", "fortran", False, 1)
+
+
 def test_broken_pickle_says_what_failed(trusting):
     with pytest.raises(ValueError, match="could not be unpickled"):
         _portable.resolve(f"tests:broken@{uuid.uuid4().hex}", "", b"not a pickle", "",
@@ -545,6 +575,20 @@ def test_attributes_name_importable_functions_and_pickle_on_request():
     assert named.attr["pickled"].s == b""
     assert lam.attr["reference"].s == b"" and lam.attr["pickled"].s == b""
     assert pickled.attr["pickled"].s != b""
+
+
+@pytest.mark.parametrize("api", ["py_func", "py_function", "array_function"])
+def test_every_api_pickles_on_request(api):
+    build = {
+        "py_func": lambda x: pfb.py_func(lambda a: a, [x], tf.float32, portable=True),
+        "py_function": lambda x: pfb.py_function(lambda a: a, [x], tf.float32,
+                                                 portable=True),
+        "array_function": lambda x: pfb.array_function(
+            lambda a: a, [x], tf.float32, framework="numpy", portable=True),
+    }[api]
+    (node,) = _pfb_nodes(build, tf.TensorSpec([None], tf.float32))
+    assert node.attr["pickled"].s != b""
+    assert node.attr["framework"].s == b""
 
 
 def test_array_function_records_its_framework():
