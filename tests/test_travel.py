@@ -290,10 +290,14 @@ _CLIENT = """
 """
 
 
-def _start(script, *args, env):
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+def _start(script, *args, env, log):
+    """A server process; its stderr goes to the file `log` (a pipe nobody
+    reads could fill up and stall it)."""
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args],
+                                env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    proc.log = log
+    return proc
 
 
 def _lines(proc):
@@ -312,21 +316,24 @@ def _next_json(proc, lines, timeout):
         return json.loads(lines.get(timeout=timeout))
     except queue.Empty:
         proc.kill()
-        raise AssertionError(
-            f"no answer within {timeout} s; stderr: {proc.stderr.read()[-3000:]}") from None
+        proc.wait(timeout=60)
+        with open(proc.log) as f:
+            raise AssertionError(
+                f"no answer within {timeout} s; stderr: {f.read()[-3000:]}") from None
 
 
-def test_tf_data_service_workers_in_other_processes():
+def test_tf_data_service_workers_in_other_processes(tmp_path):
     procs = []
     try:
-        dispatcher = _start(_DISPATCHER, env=_env())
+        dispatcher = _start(_DISPATCHER, env=_env(), log=tmp_path / "dispatcher.log")
         procs.append(dispatcher)
         dispatcher_lines = _lines(dispatcher)
         port = _next_json(dispatcher, dispatcher_lines, TIMEOUT)["port"]
         address = f"127.0.0.1:{port}"
         worker_pids = set()
-        for _ in range(2):
-            worker = _start(_WORKER, address, env=_env(PFB_TRUST_PICKLED="1"))
+        for i in range(2):
+            worker = _start(_WORKER, address, env=_env(PFB_TRUST_PICKLED="1"),
+                            log=tmp_path / f"worker{i}.log")
             procs.append(worker)
             worker_pids.add(_next_json(worker, _lines(worker), TIMEOUT)["pid"])
         assert _next_json(dispatcher, dispatcher_lines, TIMEOUT) == {"workers": 2}
