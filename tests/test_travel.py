@@ -466,6 +466,42 @@ def test_py_function_with_ragged_output_travels_pickled(trusting):
 
 
 # --------------------------------------------------------------------------
+# The conversion layer: a miss reads the description from the call (the ABI).
+
+def _float_output(outs):
+    import ctypes
+    t = outs[0].contents.dl_tensor
+    values = np.ctypeslib.as_array(ctypes.cast(t.data, ctypes.POINTER(ctypes.c_float)),
+                                   (t.shape[0],)).copy()
+    outs[0].contents.deleter(outs[0])
+    return values
+
+
+@pytest.mark.parametrize("how", ["reference", "pickled"])
+def test_bridge_call_resolves_a_missing_key_from_the_call(api, registry, trusting, how):
+    import cloudpickle
+    import dlpack_ctypes as dl
+    key = f"tests:abi@{uuid.uuid4().hex}"
+    description = ({"reference": b"travel_functions:times2"} if how == "reference" else
+                   {"pickled": cloudpickle.dumps(lambda a: a * 2)})
+    if how == "pickled":
+        assert b"\0" in description["pickled"]  # crosses the ABI by length
+    code, message, outs = dl.call(api, key, [dl.Producer().tensor(X)], [dl.spec()],
+                                  **description)
+    assert (code, message) == (0, None)
+    np.testing.assert_array_equal(_float_output(outs), X * 2)
+    assert registry[key]() is not None  # the next call takes the registered path
+
+
+def test_bridge_call_without_a_description_names_the_key(api):
+    import dlpack_ctypes as dl
+    code, message, _ = dl.call(api, "tests:nothing@1", [dl.Producer().tensor(X)],
+                               [dl.spec()])
+    assert code == 3  # InvalidArgument
+    assert "'tests:nothing@1'" in message and "no portable reference" in message
+
+
+# --------------------------------------------------------------------------
 # Resolution: once per key, under concurrency.
 
 def test_concurrent_misses_resolve_exactly_once(registry, trusting):
