@@ -83,13 +83,12 @@ _conversion = None
 
 
 def conversion():
-    """The Cython conversion module (imported on first use)."""
+    """The Cython conversion module (imported on first use; it registers the
+    framework adapters of pyfunc_bridge/_frameworks.py itself)."""
     global _conversion
     if _conversion is None:
         # By module name: `from pyfunc_bridge import _conversion` would ask the
         # package's __getattr__, which comes back here.
         module = importlib.import_module("pyfunc_bridge._conversion")
-        from pyfunc_bridge import _frameworks
-        _frameworks.register_all(module)  # framework arrays judged by their adapters
         _conversion = module
     return _conversion

@@ -1,14 +1,8 @@
 """``numpy_function`` and ``py_func``: the public op-building API."""
-import functools
-
 import tensorflow as tf
-from tensorflow.python import pywrap_tfe as _pywrap_tfe
-from tensorflow.python.autograph.core import config as _autograph_config
-from tensorflow.python.eager import context
-from tensorflow.python.eager import core as _eager_core
 from tensorflow.python.framework import ops as _tf_ops
 
-from pyfunc_bridge import _library, _portable, _registry, _tout
+from pyfunc_bridge import _library, _op, _tout
 
 STATEFUL_OP = "PyfuncBridge>NumpyFunction"
 STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
@@ -17,98 +11,26 @@ STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
 _tf_ops.no_gradient(STATEFUL_OP)
 _tf_ops.no_gradient(STATELESS_OP)
 
-# Library code, not user code: autograph calls it as it is.  (A rule rather
-# than @do_not_convert, whose wrapper costs every eager call.)
-if not any(getattr(rule, "_prefix", None) == "pyfunc_bridge"
-           for rule in _autograph_config.CONVERSION_RULES):
-    _autograph_config.CONVERSION_RULES = (
-        (_autograph_config.DoNotConvert("pyfunc_bridge"),)
-        + tuple(_autograph_config.CONVERSION_RULES))
-
-_COPY_ATTR = {None: "none", True: "true", False: "false"}
-
-
-def _copy_attr(copy):
-    if copy is not None and type(copy) is not bool:
-        raise ValueError(f"copy must be None, True or False, got {copy!r}")
-    return _COPY_ATTR[copy]
-
 
 def _inputs(inp):
-    if inp is None:
-        return []
-    if not isinstance(inp, (list, tuple)):
-        raise TypeError(
-            f"inp must be a list or tuple of tensors, got {type(inp).__name__}; "
-            f"wrap a single tensor as [x]")
     tensors = []
-    for i, value in enumerate(inp):
+    for i, value in enumerate(_op.input_list(inp)):
         if not isinstance(value, tf.Tensor):
             if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
                 raise TypeError(
                     f"inp[{i}] is a {type(value).__name__}; numpy_function takes "
                     f"dense tensors")
             value = tf.convert_to_tensor(value)
-        if value.dtype not in _tout.SUPPORTED_DTYPES:
-            _tout.dtype_of(value.dtype, f"inp[{i}]")  # raises, naming the dtype
         tensors.append(value)
+    _op.check_input_dtypes(tensors, "inp[{}]")
     return tensors
-
-
-def _execute(op_name, wrapper, inputs, key, signature, name, attrs):
-    """Runs the op eagerly through TF's fast path (the generated wrapper's own
-    first step), falling back to the wrapper where the fast path declines.
-    `attrs`: the op's further attributes, as (name, value) pairs."""
-    ctx = context.context()
-    try:
-        return _pywrap_tfe.TFE_Py_FastPathExecute(
-            ctx, op_name, name, inputs, "key", key, "Tout", signature.dtypes,
-            "out_shapes", signature.shapes, *[v for pair in attrs for v in pair])
-    except _eager_core._NotOkStatusException as e:
-        _tf_ops.raise_from_not_ok_status(e, name)
-    except _eager_core._FallbackException:
-        return wrapper(input=inputs, key=key, Tout=signature.dtypes,
-                       out_shapes=signature.shapes, name=name, **dict(attrs))
-
-
-_COPY_MODE = {"none": 0, "true": 1, "false": 2}  # bridge_abi.h's PFB_COPY_*
-
-
-def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
-                framework=None, record=True, direct=False):
-    """Runs a bridge op eagerly; `framework` and `record` go to the entry.
-
-    `direct`: where TF has one CPU device, call the bridge without
-    dispatching the op (numpy_function's kernel does exactly that work, and
-    TF's eager op dispatch costs more than the bridge itself)."""
-    # The kernel of an eager op runs on this thread: the conversion layer finds
-    # the function in a thread-local slot, under one constant key, so that TF's
-    # eager kernel cache does not grow with every call.
-    if context.context().is_async():
-        entry = _registry.register(func, framework, name)
-        entry.record = record
-        result = _execute(op_name, wrapper, inputs, entry.key, signature, name, attrs)
-        context.async_wait()  # the entry must outlive the call
-        return result
-    conversion = _library.conversion()
-    slot, key = conversion._eager, conversion.EAGER_KEY
-    previous = getattr(slot, "entry", None)
-    slot.entry = _registry.Entry(func, key, framework, record, name)
-    try:
-        if direct and conversion.direct_eager_calls():
-            return conversion.call_eagerly(inputs, signature.dtypes, signature.shapes,
-                                           _COPY_MODE[dict(attrs)["copy"]])
-        return _execute(op_name, wrapper, inputs, key, signature, name, attrs)
-    finally:
-        slot.entry = previous
 
 
 def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=False):
     """The op for `func`; `framework`: None (NumPy) or an array_function adapter;
     `portable`: embed the pickled function in graph ops (_portable.py)."""
-    if not callable(func):
-        raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
-    copy_attr = _copy_attr(copy)
+    _op.check_callable(func)
+    copy_attr, copy_mode = _library.conversion().copy_policy(copy)
     signature = _tout.normalize(Tout)
     inputs = _inputs(inp)
     lib = _library.ops()
@@ -117,31 +39,14 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=F
     else:
         op_name, op = STATELESS_OP, lib.pyfunc_bridge_numpy_function_stateless
     if tf.executing_eagerly():
-        result = run_eagerly(op_name, op, func, inputs, signature, name,
-                             (("copy", copy_attr),), framework, direct=True)
+        result = _op.run_eagerly(op_name, op, func, inputs, signature, name,
+                                 (("copy", copy_attr),), framework, copy_mode=copy_mode)
     else:
-        travel = _portable.attrs(func, portable, framework and framework.name)
-        entry = _registry.register(func, framework, name)
-        result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
-                    out_shapes=signature.shapes, copy=copy_attr, name=name, **travel)
-        graph = (result[0].graph if isinstance(result, list) and result
-                 else result.graph)
-        _registry.keep_alive(entry, graph)
+        result = _op.build_graph_op(op, func, inputs, signature, name,
+                                    (("copy", copy_attr),), framework, portable)
     if signature.single:
         return result[0]
     return result if isinstance(result, (list, tf.Operation)) or result is None else list(result)
-
-
-def _decorator(api, Tout, stateful, name, copy, portable):
-    def decorate(func):
-        _portable.declare_if_nameable(func)  # graphs from elsewhere may name it
-
-        @functools.wraps(func)
-        def wrapper(*args):
-            return api(func, list(args), Tout, stateful=stateful, name=name, copy=copy,
-                       portable=portable)
-        return wrapper
-    return decorate
 
 
 def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
@@ -191,9 +96,8 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
     array([2, 4], dtype=int32)
     """
     if func is None:
-        if inp is not None:
-            raise TypeError("numpy_function used as a decorator takes no `inp`")
-        return _decorator(numpy_function, Tout, stateful, name, copy, portable)
+        return _op.decorator(numpy_function, "numpy_function", inp, Tout,
+                             stateful=stateful, name=name, copy=copy, portable=portable)
     return _bridge_op(func, inp, Tout, stateful, name, copy, portable=portable)
 
 

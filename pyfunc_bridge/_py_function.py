@@ -17,7 +17,7 @@ from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
 from tensorflow.python.util import nest as _nest
 
-from pyfunc_bridge import _library, _numpy_function, _portable, _registry, _tout
+from pyfunc_bridge import _library, _op, _tout
 
 OP = "PyfuncBridge>PyFunction"
 GRAD_OP = "PyfuncBridge>PyFunctionGrad"
@@ -88,34 +88,17 @@ class _Signature:
         flat = _tout.normalize([part for parts in self.components for part in parts])
         self.dtypes = flat.dtypes
         self.shapes = flat.shapes
+        self._check_count = _library.conversion().check_count  # the one count check
 
     def flatten(self, result):
         """The function's result -> one value per component tensor."""
         n = len(self.specs)
+        self._check_count(result, n)
         if n == 0:
-            if result is not None and not (isinstance(result, (list, tuple))
-                                           and len(result) == 0):
-                raise ValueError(
-                    f"the function returned {type(result).__name__} but Tout declares "
-                    f"no outputs; return None")
             return []
         # A list or tuple holds one value per output; anything else is the one
         # output (as for numpy_function).
-        if isinstance(result, (list, tuple)):
-            values = result
-            if len(result) != n:
-                noun = "output" if n == 1 else "outputs"
-                hint = ("wrap a list meant as one tensor in tf.constant(...)" if n == 1
-                        else "return one value per output, as a list or tuple")
-                raise ValueError(
-                    f"the function returned {len(result)} value(s) but Tout declares "
-                    f"{n} {noun}; {hint}")
-        elif n == 1:
-            values = (result,)
-        else:
-            raise ValueError(
-                f"the function returned one {type(result).__name__} but Tout declares "
-                f"{n} outputs; return one value per output, as a list or tuple")
+        values = result if isinstance(result, (list, tuple)) else (result,)
         flat = []
         for i, (spec, value) in enumerate(zip(self.specs, values)):
             if type(value) is _EagerTensor and i not in self.composite:
@@ -155,15 +138,9 @@ class _Signature:
 
 
 def _flat_inputs(inp):
-    if inp is None:
-        return [], []
-    if not isinstance(inp, (list, tuple)):
-        raise TypeError(
-            f"inp must be a list or tuple of tensors, got {type(inp).__name__}; "
-            f"wrap a single tensor as [x]")
     structure = []
     dense = True
-    for value in inp:
+    for value in _op.input_list(inp):
         if not isinstance(value, tf.Tensor):
             if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
                 dense = False
@@ -171,9 +148,7 @@ def _flat_inputs(inp):
                 value = tf.convert_to_tensor(value)
         structure.append(value)
     flat = structure if dense else _nest.flatten(structure, expand_composites=True)
-    for i, tensor in enumerate(flat):
-        if tensor.dtype not in _tout.SUPPORTED_DTYPES:
-            _tout.dtype_of(tensor.dtype, f"inp (component {i})")  # raises
+    _op.check_input_dtypes(flat, "inp (component {})")
     return structure, flat
 
 
@@ -194,8 +169,7 @@ def _caller(func, structure, signature):
 
 
 def _py_function(func, inp, Tout, name, portable=False):
-    if not callable(func):
-        raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
+    _op.check_callable(func)
     signature = _tout.cached(_Signature, Tout)
     structure, inputs = _flat_inputs(inp)
     call = _caller(func, structure, signature)
@@ -204,17 +178,15 @@ def _py_function(func, inp, Tout, name, portable=False):
     if tf.executing_eagerly():
         # Record the call for its gradient only when a tape watches it.
         entry_record = _record.should_record_backprop(inputs)
-        outputs, forward = _numpy_function.run_eagerly(
+        outputs, forward = _op.run_eagerly(
             OP, op, call, inputs, signature, name, record=entry_record)
     else:
         # A reference names `func`; another process rebuilds the caller around
         # it for dense inputs and outputs only (_portable._dense_caller).
         dense = not signature.composite and all(isinstance(v, tf.Tensor) for v in structure)
-        travel = _portable.attrs(func, portable, None, obj=call, nameable=dense)
-        entry = _registry.register(call, name=name)
-        outputs, forward = op(input=inputs, key=entry.key, Tout=signature.dtypes,
-                              out_shapes=signature.shapes, name=name, **travel)
-        _registry.keep_alive(entry, forward.graph)
+        outputs, forward = _op.build_graph_op(op, func, inputs, signature, name,
+                                              portable=portable, runs=call,
+                                              nameable=dense)
     return signature.pack(list(outputs))
 
 
@@ -261,15 +233,5 @@ def py_function(func=None, inp=None, Tout=None, name=None, *, portable=False):
     [[1], [2, 3]]
     """
     if func is None:
-        if inp is not None:
-            raise TypeError("py_function used as a decorator takes no `inp`")
-
-        def decorate(f):
-            _portable.declare_if_nameable(f)  # graphs from elsewhere may name it
-
-            @functools.wraps(f)
-            def wrapper(*args):
-                return _py_function(f, list(args), Tout, name, portable)
-            return wrapper
-        return decorate
+        return _op.decorator(_py_function, "py_function", inp, Tout, name, portable)
     return _py_function(func, inp, Tout, name, portable)

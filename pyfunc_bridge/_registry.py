@@ -20,7 +20,8 @@ class Entry:
     """A registered function; graphs that run it keep it alive.
 
     ``framework`` is None for NumPy functions, else the framework adapter of an
-    array_function (pyfunc_bridge/_frameworks.py), read by the conversion layer.
+    array_function (pyfunc_bridge/_frameworks.py); ``converter`` is the
+    conversion layer's converter for it, which the bridge's driver calls.
     ``record`` (py_function): whether a call may need its gradient (eager
     calls decide per call; in graphs the kernel sees whether one is wired).
     `name` is the op's ``name=``, under which the statistics count its calls
@@ -28,13 +29,14 @@ class Entry:
     conversion layer counts them.
     """
 
-    __slots__ = ("func", "key", "framework", "record", "name", "stats_record",
-                 "__weakref__")
+    __slots__ = ("func", "key", "framework", "converter", "record", "name",
+                 "stats_record", "__weakref__")
 
     def __init__(self, func, key, framework=None, record=True, name=None):
         self.func = func
         self.key = key
         self.framework = framework
+        self.converter = _library.conversion().converter(framework)
         self.record = record
         self.name = name
         self.stats_record = None

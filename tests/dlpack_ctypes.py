@@ -219,3 +219,10 @@ def spec(code=kDLFloat, bits=32, shape=None, device=(kDLCPU, 0)):
                            ctypes.POINTER(ctypes.c_int64))
     return PfbOutputSpec(DLDataType(code, bits, 1), -1 if shape is None else len(shape), dims,
                          DLDevice(*device))
+
+
+def release(outputs):
+    """Calls the deleter of each output a bridge call returned."""
+    for m in outputs:
+        if m:
+            m.contents.deleter(m)

@@ -1,5 +1,5 @@
-# The entry point the kernel calls, the function registry it reads, and the
-# capsule that publishes both to the kernel.
+# The one call driver (_run), the entry point the kernel calls, the function
+# registry it reads, and the capsule that publishes the entry point.
 
 # key -> weakref to an entry with a `.func`; written by the op layer
 # (pyfunc_bridge/_registry.py), which keeps each entry alive with its graphs.
@@ -84,133 +84,65 @@ cdef tuple _adopt_inputs(PfbCall* call):
     return args
 
 
-cdef tuple _input_arrays(tuple args, int copy_mode):
-    """Swaps each owner for an ndarray: a read-only view, or a private copy (copy=True)."""
-    cdef Py_ssize_t i, n = len(args)
-    cdef bint private = copy_mode == PFB_COPY_TRUE
-    for i in range(n):
-        view = _view(<_DLPackOwner>args[i], False)
-        if private and cnp.PyArray_TYPE(view) != cnp.NPY_OBJECT:
-            view = np.array(view, copy=True)
-        # Swap the owner for its view (the view holds the owner).
-        Py_INCREF(view)
-        Py_XDECREF(PyTuple_GET_ITEM(args, i))
-        PyTuple_SET_ITEM(args, i, view)
-    return args
+cdef object _entry(PfbCall* call):
+    """What the call runs: the registered entry, or for a gradient call the
+    recorded forward state (PfbCall.state, borrowed)."""
+    if call.flags & PFB_CALL_GRADIENT:
+        return <object>call.state
+    return _lookup(call)
 
 
-cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
-                         list ranges, _CallCounts* counts) except -1:
-    """Checks the results against the declaration and exports them.
+cdef _Converter _converter(PfbCall* call, object entry):
+    """The py_function kernels' calls (PFB_CALL_TENSORS, gradients included)
+    take EagerTensors; every other call its entry's converter (NumPy, or a
+    framework adapter's)."""
+    if call.flags & (PFB_CALL_TENSORS | PFB_CALL_GRADIENT):
+        return _TENSORS
+    return <_Converter?>entry.converter  # checked: a foreign entry fails cleanly
 
-    `outside_refs`: references to `result` that the bridge does not hold.
-    `ranges`: None for NumPy functions; for array_function the inputs' memory
-    ranges, and results exporting __dlpack__ are taken through DLPack.
-    `counts`: where to count the bytes (NULL: statistics are off).
-    """
-    cdef int i, j, held, n = call.num_outputs
-    cdef Py_ssize_t refs
-    cdef PyObject* item
-    if n == 1 and not isinstance(result, (list, tuple)):
-        if ranges is None or PyArray_Check(<PyObject*>result):
-            call.outputs[0] = _export_output(<PyObject*>result, outside_refs, 0,
-                                             &call.output_specs[0], call.copy_mode, counts)
-        else:
-            call.outputs[0] = _export_dlpack_output(<PyObject*>result, outside_refs, 0,
-                                                    &call.output_specs[0], call.copy_mode,
-                                                    ranges, counts)
-        return 0
-    if isinstance(result, (list, tuple)) and len(result) == n:
-        # The bridge holds each item once per occurrence in `items` (twice for
-        # a list: through the list and the tuple made of it), and once more
-        # per earlier output already exported from it.  A container that
-        # someone else holds still reaches its items.
-        items = result if type(result) is tuple else tuple(result)
-        per_item = 1 if items is result else 2
-        for i in range(n):
-            item = PyTuple_GET_ITEM(items, i)
-            held = 0
-            for j in range(n):
-                if PyTuple_GET_ITEM(items, j) == item:
-                    held += per_item + (1 if j < i else 0)
-            refs = Py_REFCNT(item) - held + (1 if outside_refs > 0 else 0)
-            if ranges is None or PyArray_Check(item):
-                call.outputs[i] = _export_output(item, refs, i, &call.output_specs[i],
-                                                 call.copy_mode, counts)
-            else:
-                call.outputs[i] = _export_dlpack_output(item, refs, i, &call.output_specs[i],
-                                                        call.copy_mode, ranges, counts)
-        return 0
-    _check_count(result, n)  # raises unless n == 0 and result is None
+
+cdef int _delete_outputs(PfbCall* call) noexcept:
+    """Frees the outputs made so far (each by its own deleter: outputs may be
+    foreign tensors)."""
+    cdef int i
+    for i in range(call.num_outputs):
+        if call.outputs[i] != NULL:
+            call.outputs[i].deleter(call.outputs[i])
+            call.outputs[i] = NULL
     return 0
 
 
 cdef int _run(PfbCall* call) except -1:
-    cdef int i
+    """The one call driver: every bridge call, from any kernel or from
+    call_eagerly, runs these steps; its converter does the kind-specific part."""
     cdef _CallCounts counts
-    cdef _CallCounts* counting = _stats_begin(&counts)  # NULL: statistics off
-    if call.flags & (PFB_CALL_TENSORS | PFB_CALL_GRADIENT):
-        return _run_py_function(call, counting)
+    # A gradient call runs no function of the user's: it is not counted.
+    cdef _CallCounts* counting = (NULL if call.flags & PFB_CALL_GRADIENT
+                                  else _stats_begin(&counts))  # NULL: statistics off
     args = _adopt_inputs(call)
-    entry = _lookup(call)
-    # None: a NumPy function; else the framework adapter of an array_function
-    # (frameworks.pxi).
-    adapter = entry.framework
-    cdef list ranges = None
-    if adapter is None:
-        _input_arrays(args, call.copy_mode)
-    else:
-        ranges = _framework_inputs(args, adapter, call.copy_mode)
-    # Fresh NumPy arrays must be 64-byte aligned to be handed over.  On TF's
-    # worker threads (no user Python runs there) the handler stays installed;
-    # on Python's own threads it is restored after the call.
-    cdef bint restore = not (call.flags & PFB_CALL_WORKER_THREAD)
-    previous_handler = None
-    if restore:
-        previous_handler = cnp.PyDataMem_SetHandler(_aligned_handler_capsule)
-    elif cnp.PyDataMem_GetHandler() is not _aligned_handler_capsule:
-        cnp.PyDataMem_SetHandler(_aligned_handler_capsule)
+    entry = _entry(call)
+    cdef _Converter conv = _converter(call, entry)
+    ranges = conv.inputs(call, args, counting)
+    entered = None
     try:
+        entered = conv.enter(call)
         if counting != NULL:
-            _stats_call(counting, args, call.copy_mode)
-        result = entry.func(*args)
+            counting.called = _now()
+        result = conv.call(call, entry, args, counting)
         if counting != NULL:
             counting.returned = _now()
-        if adapter is not None and call.copy_mode != PFB_COPY_TRUE:
-            adapter.check_inputs(args)
         args = None  # the inputs are no longer ours
         # `result` is our only reference: the rest belong to someone else.
-        _export_outputs(call, result, Py_REFCNT(<PyObject*>result) - 1, ranges, counting)
+        conv.outputs(call, result, Py_REFCNT(<PyObject*>result) - 1, ranges, counting)
     except BaseException:
-        for i in range(call.num_outputs):
-            if call.outputs[i] != NULL:
-                # Its own deleter: array_function outputs may be foreign tensors.
-                call.outputs[i].deleter(call.outputs[i])
-                call.outputs[i] = NULL
+        _delete_outputs(call)
         if counting != NULL:
             _stats_end(counting, entry, True)
         raise
     finally:
-        if restore:
-            cnp.PyDataMem_SetHandler(previous_handler)
+        conv.leave(call, entered)
     if counting != NULL:
         _stats_end(counting, entry, False)
-    return 0
-
-
-cdef int _run_py_function(PfbCall* call, _CallCounts* counting) except -1:
-    cdef int i
-    try:
-        if call.flags & PFB_CALL_GRADIENT:
-            _run_gradient(call)
-        else:
-            _run_tensors(call, counting)
-    except BaseException:
-        for i in range(call.num_outputs):
-            if call.outputs[i] != NULL:
-                call.outputs[i].deleter(call.outputs[i])
-                call.outputs[i] = NULL
-        raise
     return 0
 
 

@@ -22,6 +22,11 @@ _READ_ONLY_HINT = (
     "(arr.copy())")
 
 
+# The frames of this module's code (Cython's traceback entries) run in its
+# globals: that, not a file name, marks them as the bridge's own.
+cdef dict _MODULE_GLOBALS = globals()
+
+
 def error_code(exc):
     """The TensorFlow error code for a Python exception.
 
@@ -42,20 +47,28 @@ def error_message(exc):
     if isinstance(exc, ValueError) and "read-only" in str(exc):
         summary += "\nHint: " + _READ_ONLY_HINT
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename.endswith(".pxi"):
+    while tb is not None and tb.tb_frame.f_globals is _MODULE_GLOBALS:
         tb = tb.tb_next  # the bridge's own frames say nothing to the user
     frames = "".join(traceback.format_exception(type(exc), exc, tb))
     return f"{summary}\n\n{frames}".rstrip()
 
 
+cdef tuple _status_of(object exc):
+    """(TF error code, message) of an exception; never raises."""
+    try:
+        return error_code(exc), error_message(exc)
+    except BaseException:
+        return TF_UNKNOWN, "pyfunc_bridge: the error could not be formatted"
+
+
 cdef void _set_status(PfbStatus* status, object exc) noexcept:
     """Fills `status` from an exception; never raises."""
     cdef bytes text
+    code, message = _status_of(exc)
+    status.code = code
     try:
-        status.code = error_code(exc)
-        text = error_message(exc).encode("utf-8", "replace")
+        text = message.encode("utf-8", "replace")
     except BaseException:
-        status.code = TF_UNKNOWN
         text = b"pyfunc_bridge: the error could not be formatted"
     status.message = <char*>malloc(len(text) + 1)
     if status.message != NULL:

@@ -13,8 +13,6 @@
 
 namespace pyfunc_bridge {
 
-absl::Status ToDLDataType(tensorflow::DataType dtype, DLDataType* out);
-
 // A kernel that runs the Python function named by its `key` attribute.
 // Attributes read when present: key, reference, pickled, framework, Tout (or
 // Tdx), out_shapes, copy.

@@ -6,6 +6,7 @@ from includes.dlpack cimport DLDataType, DLDevice, DLManagedTensorVersioned
 cdef extern from "bridge_abi.h" nogil:
     enum:
         PFB_BRIDGE_ABI_VERSION
+        PFB_TENSOR_ALIGNMENT
         PFB_COPY_NONE
         PFB_COPY_TRUE
         PFB_COPY_FALSE
