@@ -2,13 +2,16 @@
 workers in other processes, dropped source graphs (pyfunc_bridge/_portable.py).
 
 Everything that needs a fresh interpreter runs in a subprocess with a
-timeout; servers listen on 127.0.0.1 only and every process a test starts is
-killed by that test.  The processes import tests/travel_functions.py by name.
+timeout, and every process a test starts is killed by that test.  TF's
+tf.data service servers listen on every interface, so they run only inside a
+private network namespace that has nothing but loopback.  The processes
+import tests/travel_functions.py by name.
 """
 import gc
 import json
 import os
-import queue
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -290,64 +293,118 @@ _CLIENT = """
 """
 
 
-def _start(script, *args, env, log):
-    """A server process; its stderr goes to the file `log` (a pipe nobody
-    reads could fill up and stall it)."""
-    with open(log, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args],
-                                env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
-    proc.log = log
-    return proc
+# Runs in a private network namespace (_NETNS): starts the dispatcher, the
+# workers and the client as its children, reports what they did as JSON, and
+# kills them all on the way out.
+_SERVICE_DRIVER = """
+    import json, os, queue, socket, subprocess, sys, threading, time
 
-
-def _lines(proc):
-    """A queue of `proc`'s stdout lines, read by a daemon thread."""
-    lines = queue.Queue()
-
-    def read():
-        for line in proc.stdout:
-            lines.put(line)
-    threading.Thread(target=read, daemon=True).start()
-    return lines
-
-
-def _next_json(proc, lines, timeout):
-    try:
-        return json.loads(lines.get(timeout=timeout))
-    except queue.Empty:
-        proc.kill()
-        proc.wait(timeout=60)
-        with open(proc.log) as f:
-            raise AssertionError(
-                f"no answer within {timeout} s; stderr: {f.read()[-3000:]}") from None
-
-
-def test_tf_data_service_workers_in_other_processes(tmp_path):
+    scripts = json.loads(sys.argv[1])
+    logs, deadline = sys.argv[2], time.monotonic() + float(sys.argv[3])
     procs = []
+
+    def left():
+        return max(deadline - time.monotonic(), 1.0)
+
+    def stderr_of(name):
+        with open(os.path.join(logs, name + ".log")) as f:
+            return f.read()[-3000:]
+
+    def start(name, script, *args, **env):
+        # stderr to a file: a pipe nobody reads could fill up and stall it.
+        with open(os.path.join(logs, name + ".log"), "w") as stderr:
+            proc = subprocess.Popen([sys.executable, "-c", script, *args],
+                                    env=dict(os.environ, **env), stdout=subprocess.PIPE,
+                                    stderr=stderr, text=True)
+        procs.append(proc)
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout],
+                         daemon=True).start()
+        return name, lines
+
+    def answer(server):
+        name, lines = server
+        try:
+            return json.loads(lines.get(timeout=left()))
+        except queue.Empty:
+            raise SystemExit(f"{name}: no answer in time; stderr: {stderr_of(name)}")
+
     try:
-        dispatcher = _start(_DISPATCHER, env=_env(), log=tmp_path / "dispatcher.log")
-        procs.append(dispatcher)
-        dispatcher_lines = _lines(dispatcher)
-        port = _next_json(dispatcher, dispatcher_lines, TIMEOUT)["port"]
-        address = f"127.0.0.1:{port}"
-        worker_pids = set()
-        for i in range(2):
-            worker = _start(_WORKER, address, env=_env(PFB_TRUST_PICKLED="1"),
-                            log=tmp_path / f"worker{i}.log")
-            procs.append(worker)
-            worker_pids.add(_next_json(worker, _lines(worker), TIMEOUT)["pid"])
-        assert _next_json(dispatcher, dispatcher_lines, TIMEOUT) == {"workers": 2}
-        pairs = run_python(_CLIENT, f"grpc://{address}")
+        report = {"interfaces": sorted(name for _, name in socket.if_nameindex())}
+        dispatcher = start("dispatcher", scripts["dispatcher"])
+        address = f"127.0.0.1:{answer(dispatcher)['port']}"
+        report["worker_pids"] = [
+            answer(start(f"worker{i}", scripts["worker"], address,
+                         PFB_TRUST_PICKLED="1"))["pid"]
+            for i in range(2)]
+        report["registered"] = answer(dispatcher)
+        client = subprocess.run([sys.executable, "-c", scripts["client"],
+                                 f"grpc://{address}"],
+                                capture_output=True, text=True, timeout=left())
+        if client.returncode != 0:
+            raise SystemExit(f"client failed: {client.stderr[-4000:]}")
+        report["pairs"] = json.loads(client.stdout.strip().splitlines()[-1])
+        print(json.dumps(report), flush=True)
     finally:
         for proc in procs:
             proc.kill()
+        for proc in procs:
             proc.wait(timeout=60)
+"""
+
+# Runs a program in a new user and network namespace whose only interface,
+# loopback, is brought up: nothing outside can reach what listens there.
+_NETNS = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
+
+
+def _network_namespace():
+    """_NETNS, or a skip saying why a private network namespace cannot be made."""
+    why = ("the tf.data service test runs TF's servers, which listen on every "
+           "interface, only in a private network namespace")
+    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not found: {why}")
+    try:
+        probe = subprocess.run(_NETNS + [sys.executable, "-c", "print('ok')"],
+                               capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"`unshare -rn` did not finish in 60 s: {why}")
+    if probe.returncode != 0 or probe.stdout.strip() != "ok":
+        pytest.skip(f"`unshare -rn` with `ip link set lo up` failed "
+                    f"({probe.stderr.strip()[-500:]}): {why}")
+    return _NETNS
+
+
+def test_tf_data_service_workers_in_other_processes(tmp_path):
+    netns = _network_namespace()
+    scripts = {"dispatcher": _DISPATCHER, "worker": _WORKER, "client": _CLIENT}
+    scripts = {name: textwrap.dedent(script) for name, script in scripts.items()}
+    driver = subprocess.Popen(
+        netns + [sys.executable, "-c", textwrap.dedent(_SERVICE_DRIVER),
+                 json.dumps(scripts), str(tmp_path), str(2 * TIMEOUT)],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)  # its own process group: all of it can be killed
+    try:
+        out, err = driver.communicate(timeout=2 * TIMEOUT + 120)
+    except subprocess.TimeoutExpired:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and every server
+        driver.communicate()
+        raise AssertionError(f"the tf.data service test did not finish in "
+                             f"{2 * TIMEOUT + 120} s") from None
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert driver.returncode == 0, err[-4000:]
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["interfaces"] == ["lo"]  # nothing beyond loopback
+    assert report["registered"] == {"workers": 2}
     # parallel_epochs: each worker runs the whole pipeline once.
     want = sorted(3 * i + 1 + 1000 for i in range(20))
     by_worker = {}
-    for value, pid in pairs:
+    for value, pid in report["pairs"]:
         by_worker.setdefault(pid, []).append(value)
-    assert set(by_worker) == worker_pids
+    assert set(by_worker) == set(report["worker_pids"])
     for values in by_worker.values():
         assert sorted(values) == want
 
