@@ -1,9 +1,12 @@
 """Loading of the compiled layers: the op library and the conversion module.
 
-Both load lazily, on the first op that is built or run, so that
-``import pyfunc_bridge`` costs little beyond ``import tensorflow``.
+The op library loads at import (about 5 ms), so that graphs naming the ops
+can be loaded and run: SavedModels, imported GraphDefs, tf.data service
+workers.  The conversion module (and any framework) loads on first use, so
+that ``import pyfunc_bridge`` costs little beyond ``import tensorflow``.
 """
 import atexit
+import importlib
 import os
 import re
 import threading
@@ -89,9 +92,8 @@ def ops():
                     raise ImportError(
                         f"pyfunc_bridge's op library is missing ({_KERNELS}); "
                         f"reinstall pyfunc_bridge")
-                # Import the conversion layer first so that a broken build fails
-                # here, not inside the first kernel call.
-                conversion()
+                # Not the conversion layer: that loads when the first op is
+                # built (or, in a graph from elsewhere, first run).
                 ops_module = tf.load_op_library(_KERNELS)
                 _set_shutdown_hook()
                 _ops = ops_module
@@ -117,6 +119,8 @@ def conversion():
     framework adapters of pyfunc_bridge/_frameworks.py itself)."""
     global _conversion
     if _conversion is None:
-        from pyfunc_bridge import _conversion as module
+        # By module name: `from pyfunc_bridge import _conversion` would ask the
+        # package's __getattr__, which comes back here.
+        module = importlib.import_module("pyfunc_bridge._conversion")
         _conversion = module
     return _conversion

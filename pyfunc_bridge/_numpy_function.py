@@ -2,7 +2,7 @@
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops
 
-from pyfunc_bridge import _library, _op, _registry, _tout
+from pyfunc_bridge import _library, _op, _tout
 
 STATEFUL_OP = "PyfuncBridge>NumpyFunction"
 STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
@@ -26,8 +26,9 @@ def _inputs(inp):
     return tensors
 
 
-def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
-    """The op for `func`; `framework`: None (NumPy) or an array_function adapter."""
+def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=False):
+    """The op for `func`; `framework`: None (NumPy) or an array_function adapter;
+    `portable`: embed the pickled function in graph ops (_portable.py)."""
     _op.check_callable(func)
     copy_attr, copy_mode = _library.conversion().copy_policy(copy)
     signature = _tout.normalize(Tout)
@@ -43,19 +44,15 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
         if not signature.dtypes:
             return None  # Tout=[]: TF's eager numpy_function returns None
     else:
-        entry = _registry.register(func, framework, name)
-        result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
-                    out_shapes=signature.shapes, copy=copy_attr, name=name)
-        graph = (result[0].graph if isinstance(result, list) and result
-                 else result.graph)
-        _registry.keep_alive(entry, graph)
+        result = _op.build_graph_op(op, func, inputs, signature, name,
+                                    (("copy", copy_attr),), framework, portable)
     if signature.single:
         return result[0]
     return result if isinstance(result, (list, tf.Operation)) or result is None else list(result)
 
 
 def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
-                   copy=None):
+                   copy=None, portable=False):
     """Wraps a Python function taking and returning NumPy arrays as a TF op.
 
     A drop-in for ``tf.numpy_function``: same arguments, same results, the
@@ -81,13 +78,20 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
         memory after the call, then copied once.  ``True``: private writable
         input copies, outputs always copied.  ``False``: never copy numeric
         data; an output that would need a copy is an InvalidArgument error.
+      portable: also embed the function, serialized by cloudpickle, in graph
+        ops, so that another process can run it (a SavedModel, a tf.data
+        service worker) where it trusts pickles (:func:`trust_pickled`).  For
+        lambdas, closures and functions of ``__main__``; a module-level
+        function travels by name when the loading process declares it
+        (:func:`portable`).  Eager calls ignore it.
 
     Returns:
       A tensor, or a list of tensors when Tout is a list.  With no outputs
       (``Tout=[]``): None eagerly, the ``tf.Operation`` in a graph (for
       ``Session.run`` and control dependencies), as ``tf.numpy_function``.
 
-    Without ``func`` it is a decorator:
+    Without ``func`` it is a decorator, which also declares a module-level
+    function portable:
 
     >>> import numpy as np, tensorflow as tf
     >>> @numpy_function(Tout=tf.TensorSpec([None, 2], tf.float32))
@@ -100,11 +104,11 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
     """
     if func is None:
         return _op.decorator(numpy_function, "numpy_function", inp, Tout,
-                             stateful=stateful, name=name, copy=copy)
-    return _bridge_op(func, inp, Tout, stateful, name, copy)
+                             stateful=stateful, name=name, copy=copy, portable=portable)
+    return _bridge_op(func, inp, Tout, stateful, name, copy, portable=portable)
 
 
-def py_func(func, inp, Tout, stateful=True, name=None, *, copy=None):
+def py_func(func, inp, Tout, stateful=True, name=None, *, copy=None, portable=False):
     """TF1's ``tf.compat.v1.py_func`` on pyfunc_bridge's kernel.
 
     Same semantics as :func:`numpy_function` (NumPy arrays in and out), for
@@ -118,4 +122,4 @@ def py_func(func, inp, Tout, stateful=True, name=None, *, copy=None):
     ...         sess.run(y, {x: [1.0, 2.0, 3.0]})
     array([1., 3., 6.])
     """
-    return _bridge_op(func, inp, Tout, stateful, name, copy)
+    return _bridge_op(func, inp, Tout, stateful, name, copy, portable=portable)

@@ -1,6 +1,7 @@
 """What the op-building APIs share (numpy_function, py_func, py_function,
-array_function): argument checks, the decorator form, and running a bridge
-op eagerly.  The API modules keep only what differs between them."""
+array_function): argument checks, the decorator form, building a bridge op
+in a graph (with its portable description, pyfunc_bridge/_portable.py), and
+running one eagerly.  The API modules keep only what differs between them."""
 import functools
 
 from tensorflow.python import pywrap_tfe as _pywrap_tfe
@@ -9,7 +10,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.eager import core as _eager_core
 from tensorflow.python.framework import ops as _tf_ops
 
-from pyfunc_bridge import _errors, _library, _registry, _tout
+from pyfunc_bridge import _errors, _library, _portable, _registry, _tout
 
 # Library code, not user code: autograph calls it as it is.  (A rule rather
 # than @do_not_convert, whose wrapper costs every eager call.)
@@ -57,16 +58,44 @@ def check_input_dtypes(tensors, what):
 
 def decorator(api, api_name, inp, *args, **kwargs):
     """`api` (called as api(func, inp, *args, **kwargs)) without `func`: a
-    decorator that makes the decorated function's arguments the inputs."""
+    decorator that makes the decorated function's arguments the inputs.  It
+    declares a module-level function portable (_portable.declare_if_nameable),
+    so that graphs built elsewhere may run it by name."""
     if inp is not None:
         raise TypeError(f"{api_name} used as a decorator takes no `inp`")
 
     def decorate(func):
+        _portable.declare_if_nameable(func)  # graphs from elsewhere may name it
+
         @functools.wraps(func)
         def wrapper(*call_args):
             return api(func, list(call_args), *args, **kwargs)
         return wrapper
     return decorate
+
+
+def build_graph_op(wrapper, func, inputs, signature, name, attrs=(), framework=None,
+                   portable=False, runs=None, nameable=True):
+    """Builds a bridge op in a graph and returns what `wrapper` (the op's
+    generated wrapper) returns.
+
+    The function the kernel runs (`runs`, default `func`) is registered under
+    a new key, which the op's graph and its outer graphs keep alive.  The op
+    also carries `func`'s portable description (_portable.attrs): its
+    reference, its pickle with `portable=True` (of `runs`), and `framework`'s
+    name, so that a process where the key is not registered can resolve it.
+    `nameable`: False where a reference alone could not rebuild `runs`.
+    `attrs`: the op's further attributes, as (name, value) pairs."""
+    travel = _portable.attrs(func, portable, framework and framework.name,
+                             obj=runs, nameable=nameable)
+    entry = _registry.register(func if runs is None else runs, framework, name)
+    result = wrapper(input=inputs, key=entry.key, Tout=signature.dtypes,
+                     out_shapes=signature.shapes, name=name, **dict(attrs), **travel)
+    # A list of outputs, (outputs, forward) for py_function, or an Operation
+    # when there are no outputs.
+    last = result[-1] if isinstance(result, (list, tuple)) and result else result
+    _registry.keep_alive(entry, last.graph)
+    return result
 
 
 _INTERNAL = 13  # TF's error code INTERNAL

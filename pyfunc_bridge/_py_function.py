@@ -17,7 +17,7 @@ from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
 from tensorflow.python.util import nest as _nest
 
-from pyfunc_bridge import _library, _op, _registry, _tout
+from pyfunc_bridge import _library, _op, _tout
 
 OP = "PyfuncBridge>PyFunction"
 GRAD_OP = "PyfuncBridge>PyFunctionGrad"
@@ -155,10 +155,12 @@ def _flat_inputs(inp):
 def _caller(func, structure, signature):
     """What the kernel runs: component tensors in, component values out."""
     composite = any(not isinstance(v, tf.Tensor) for v in structure)
+    # Specs rather than the (symbolic) inputs: portable=True pickles the caller.
+    specs = [tf.type_spec_from_value(v) for v in structure] if composite else None
 
     def call(*flat):
-        if composite:
-            args = _nest.pack_sequence_as(structure, list(flat), expand_composites=True)
+        if specs is not None:
+            args = _nest.pack_sequence_as(specs, list(flat), expand_composites=True)
         else:
             args = flat
         result = func(*args)
@@ -173,7 +175,7 @@ def _caller(func, structure, signature):
     return functools.update_wrapper(call, func, updated=())
 
 
-def _py_function(func, inp, Tout, name):
+def _py_function(func, inp, Tout, name, portable=False):
     _op.check_callable(func)
     signature = _tout.cached(_Signature, Tout)
     structure, inputs = _flat_inputs(inp)
@@ -186,10 +188,12 @@ def _py_function(func, inp, Tout, name):
         outputs, forward = _op.run_eagerly(
             OP, op, call, inputs, signature, name, record=entry_record)
     else:
-        entry = _registry.register(call, name=name)
-        outputs, forward = op(input=inputs, key=entry.key, Tout=signature.dtypes,
-                              out_shapes=signature.shapes, name=name)
-        _registry.keep_alive(entry, forward.graph)
+        # A reference names `func`; another process rebuilds the caller around
+        # it for dense inputs and outputs only (_portable._dense_caller).
+        dense = not signature.composite and all(isinstance(v, tf.Tensor) for v in structure)
+        outputs, forward = _op.build_graph_op(op, func, inputs, signature, name,
+                                              portable=portable, runs=call,
+                                              nameable=dense)
         if not signature.specs:
             # No outputs: the op itself, for Session.run and control
             # dependencies (TF's py_function returns its Operation too).
@@ -197,7 +201,7 @@ def _py_function(func, inp, Tout, name):
     return signature.pack(list(outputs))
 
 
-def py_function(func=None, inp=None, Tout=None, name=None):
+def py_function(func=None, inp=None, Tout=None, name=None, *, portable=False):
     """Wraps a Python function of EagerTensors as a once-differentiable TF op.
 
     A drop-in for ``tf.py_function``: same arguments, same results, the same
@@ -215,6 +219,10 @@ def py_function(func=None, inp=None, Tout=None, name=None):
         shape), a ``tf.RaggedTensorSpec``/``tf.SparseTensorSpec``, or a list
         of those; ``[]`` or None for no outputs.
       name: the op's name.
+      portable: as for :func:`numpy_function`: also embed the function (with
+        what the op needs around it), serialized by cloudpickle, in graph ops.
+        Without it, only a module-level function with dense inputs and outputs
+        travels, by name.
 
     Returns:
       What Tout declares: one value, or a list.  With no outputs: ``[]``
@@ -239,5 +247,5 @@ def py_function(func=None, inp=None, Tout=None, name=None):
     [[1], [2, 3]]
     """
     if func is None:
-        return _op.decorator(_py_function, "py_function", inp, Tout, name)
-    return _py_function(func, inp, Tout, name)
+        return _op.decorator(_py_function, "py_function", inp, Tout, name, portable)
+    return _py_function(func, inp, Tout, name, portable)

@@ -12,7 +12,7 @@
 /* dlpack.h declares only the struct tag in C. */
 typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
 
-#define PFB_BRIDGE_ABI_VERSION 2
+#define PFB_BRIDGE_ABI_VERSION 3
 /* PyCapsule_Import name of the PfbBridgeApi table exported by the conversion layer. */
 #define PFB_BRIDGE_CAPSULE "pyfunc_bridge._conversion._bridge_api"
 
@@ -83,6 +83,18 @@ typedef struct PfbCall {
    * whether the call succeeded or not);
    * with PFB_CALL_GRADIENT it is that state, borrowed. */
   void* state;
+  /* The function's portable description, the op's attributes of the same
+   * names; the callee reads them only when no function is registered under
+   * `key` (a graph from another process, or one whose source graph is gone).
+   * Each is empty when the op has none: `reference` is "module:qualname",
+   * `pickled` the function serialized by cloudpickle (binary), `framework`
+   * array_function's framework (empty for NumPy). */
+  const char* reference;
+  size_t reference_len;
+  const char* pickled;
+  size_t pickled_len;
+  const char* framework;
+  size_t framework_len;
 } PfbCall;
 
 typedef struct PfbStatus {

@@ -532,9 +532,11 @@ def fresh_interpreter():
 
 
 def test_import_is_cheap(fresh_interpreter):
+    # The op library loads at import (graphs naming the ops must load), the
+    # conversion layer and the frameworks on first use.
     state = fresh_interpreter["after_import"]
     assert state["conversion"] is False
-    assert state["kernels"] == []
+    assert len(state["kernels"]) == 1
     assert state["heavy"] == []
 
 

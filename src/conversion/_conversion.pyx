@@ -15,7 +15,10 @@ The kernel hands every call over through the PfbBridgeApi capsule
    call builds the same PfbCall in ``call_eagerly`` (eager.pxi) instead.
 2. ``_run`` (bridge.pxi), the one driver: ``_stats_begin``; ``_adopt_inputs``
    (one ``_DLPackOwner`` per input); ``_entry`` (the registry, the eager slot,
-   or a gradient's recorded ``_Forward``); ``_converter``: the entry's
+   or a gradient's recorded ``_Forward``; a key missing from the registry is
+   resolved once from the op's portable description in the PfbCall, by
+   ``_resolve_missing`` -> ``pyfunc_bridge/_portable.py``, into an entry with
+   the converter of the recorded framework); ``_converter``: the entry's
    ``_NUMPY`` (``_NUMPY_EAGER`` for an eager call) or ``_FrameworkConverter``
    (converters.pxi), or ``_TENSORS`` for the py_function kernels (tensors.pxi).
 3. ``converter.inputs``: owners -> read-only ndarray views (``_input_arrays``;

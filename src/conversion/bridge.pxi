@@ -18,19 +18,45 @@ def registry():
     return _functions
 
 
-cdef object _lookup(const char* key, size_t key_len):
+cdef object _lookup(PfbCall* call):
+    cdef const char* key = call.key
+    cdef size_t key_len = call.key_len
     if key_len == _EAGER_KEY_LEN and memcmp(key, _EAGER_KEY_C, key_len) == 0:
         entry = getattr(_eager, "entry", None)
-    else:
-        ref = _functions.get(key[:key_len].decode("utf-8"))
-        entry = ref() if ref is not None else None
+        if entry is None:
+            raise ValueError(
+                f"pyfunc_bridge: no Python function is registered under key "
+                f"{EAGER_KEY!r}: this key is for eager calls made by pyfunc_bridge "
+                f"itself; build the op with pfb.numpy_function/py_function")
+        return entry
+    ref = _functions.get(key[:key_len].decode("utf-8"))
+    entry = ref() if ref is not None else None
     if entry is None:
-        raise ValueError(
-            f"pyfunc_bridge: no Python function is registered under key "
-            f"{key[:key_len].decode('utf-8', 'replace')!r}. Functions live as long "
-            f"as the graphs or tf.functions that created them; keep that graph or "
-            f"function alive while its ops run")
+        return _resolve_missing(call)
     return entry
+
+
+cdef object _resolve = None  # pyfunc_bridge._portable.resolve, on the first miss
+
+
+cdef bytes _attr_bytes(const char* data, size_t size):
+    return data[:size] if size != 0 else b""
+
+
+cdef object _resolve_missing(PfbCall* call):
+    """A key this process did not register (a graph from elsewhere, or a
+    dropped source graph): the op's portable description may name the
+    function.  Resolved once per key; later calls find it in `_functions`."""
+    global _resolve
+    if _resolve is None:
+        from pyfunc_bridge._portable import resolve
+        _resolve = resolve
+    return _resolve(
+        _attr_bytes(call.key, call.key_len).decode("utf-8", "replace"),
+        _attr_bytes(call.reference, call.reference_len).decode("utf-8", "replace"),
+        _attr_bytes(call.pickled, call.pickled_len),
+        _attr_bytes(call.framework, call.framework_len).decode("utf-8", "replace"),
+        bool(call.flags & PFB_CALL_TENSORS), call.num_outputs)
 
 
 cdef tuple _adopt_inputs(PfbCall* call):
@@ -63,7 +89,7 @@ cdef object _entry(PfbCall* call):
     recorded forward state (PfbCall.state, borrowed)."""
     if call.flags & PFB_CALL_GRADIENT:
         return <object>call.state
-    return _lookup(call.key, call.key_len)
+    return _lookup(call)
 
 
 cdef _Converter _converter(PfbCall* call, object entry):

@@ -82,6 +82,13 @@ def call_eagerly(list inputs, list dtypes, list shapes, int copy_mode):
         call.device_name = NULL
         call.stream = NULL
         call.state = NULL
+        # The eager slot always holds the function: no portable description.
+        call.reference = NULL
+        call.reference_len = 0
+        call.pickled = NULL
+        call.pickled_len = 0
+        call.framework = NULL
+        call.framework_len = 0
         try:
             _run(&call)  # consumes the inputs; frees its outputs on error
         except BaseException as exc:

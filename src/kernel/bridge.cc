@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -284,6 +285,11 @@ absl::Status MakeOutput(OpKernelContext* ctx, int index,
 BridgeKernel::BridgeKernel(OpKernelConstruction* ctx, int num_bridge_outputs)
     : OpKernel(ctx) {
   if (ctx->HasAttr("key")) OP_REQUIRES_OK(ctx, ctx->GetAttr("key", &key_));
+  for (auto [name, value] : {std::pair{"reference", &reference_},
+                             std::pair{"pickled", &pickled_},
+                             std::pair{"framework", &framework_}}) {
+    if (ctx->HasAttr(name)) OP_REQUIRES_OK(ctx, ctx->GetAttr(name, value));
+  }
   if (ctx->HasAttr("copy")) {
     std::string copy;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("copy", &copy));
@@ -381,6 +387,12 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
   call.device_name = device_name_.c_str();
   call.stream = stream;
   call.state = state != nullptr ? *state : nullptr;
+  call.reference = reference_.data();
+  call.reference_len = reference_.size();
+  call.pickled = pickled_.data();
+  call.pickled_len = pickled_.size();
+  call.framework = framework_.data();
+  call.framework_len = framework_.size();
   PfbStatus status{0, nullptr};
   api->call(&call, &status);  // consumes the inputs, on every path
   // A recorded state is the caller's on error too (bridge_abi.h).
