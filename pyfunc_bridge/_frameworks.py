@@ -38,6 +38,13 @@ class Adapter:
     ``to_capsule(obj)``
         a DLPack capsule (either kind) of a CPU result, or None to let the bridge
         call ``obj.__dlpack__``; a fast path where the framework's protocol is slow.
+    ``resolve(obj)`` (optional)
+        a result whose memory does not hold the values it reads as (torch's lazy
+        conjugate and negative views) -> a new tensor with the values, else None.
+        The bridge exports the new tensor instead; that copy is judged by the copy
+        decision like any other (statistics reason ``lazy_view``; under copy=False
+        an error).  An adapter whose arrays have no such views leaves it out, and
+        the bridge then never calls it.
 
     Results exporting ``__dlpack__`` and ``tf.Tensor`` results are imported by the
     conversion layer itself; an adapter does not convert outputs.
@@ -127,6 +134,15 @@ class TorchAdapter(Adapter):
             return True
         # Memory torch did not allocate (from_numpy, DLPack) has another owner.
         return not storage.resizable()
+
+    def resolve(self, t):
+        # A conjugate / negative view shares memory holding the unconjugated,
+        # unnegated values; DLPack has no flag for either, and to_dlpack does
+        # not refuse them (Tensor.__dlpack__ does), so they are materialized.
+        self.load()
+        if isinstance(t, self._tensor) and (t.is_conj() or t.is_neg()):
+            return t.resolve_conj().resolve_neg()
+        return None
 
     def to_capsule(self, t):
         # torch.utils.dlpack.to_dlpack (C) instead of Tensor.__dlpack__ (Python,

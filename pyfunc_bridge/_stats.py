@@ -39,7 +39,9 @@ class FunctionStats:
     - ``aliasing``: an output whose memory Python can still reach;
     - ``dtype_conversion``: Python scalars and lists converted to the declared dtype;
     - ``string``: tf.string data (always converted, both ways);
-    - ``copy_requested``: ``copy=True`` inputs and outputs.
+    - ``copy_requested``: ``copy=True`` inputs and outputs;
+    - ``lazy_view``: torch's lazy conjugate / negative views, resolved into
+      new tensors (their memory does not hold the values they read as).
 
     ``seconds_in_function``: time in the Python function;
     ``seconds_marshalling``: time in the conversion layer around it.

@@ -10,6 +10,22 @@ import tensorflow as tf  # noqa: E402
 
 import pyfunc_bridge as pfb  # noqa: E402
 
+# Property-based tests (tests/test_conversion_fuzz.py).  "ci" is the default:
+# deterministic (derandomized, no example database) and inside CI's minute;
+# "long" explores deeper.  Pick one with --hypothesis-profile=long or the
+# HYPOTHESIS_PROFILE environment variable.
+try:
+    from hypothesis import HealthCheck, settings
+
+    _FUZZ = dict(deadline=None, database=None, print_blob=True,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                        HealthCheck.filter_too_much])
+    settings.register_profile("ci", max_examples=150, derandomize=True, **_FUZZ)
+    settings.register_profile("long", max_examples=10000, **_FUZZ)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+except ImportError:  # the fuzz tests skip without hypothesis
+    pass
+
 
 @pytest.fixture
 def registry():

@@ -7,7 +7,7 @@
 # Why bytes were copied; the order of the statistics' counters (stats.pxi)
 # and of pyfunc_bridge.stats()'s bytes_copied.
 COPY_REASONS = ("unaligned", "non_contiguous", "aliasing", "dtype_conversion",
-                "string", "copy_requested")
+                "string", "copy_requested", "lazy_view")
 
 _COPY_REASON_TEXT = {
     "aliasing": "its memory is still reachable from Python after the call (a global, "
@@ -15,6 +15,8 @@ _COPY_REASON_TEXT = {
                 "the tensor later",
     "non_contiguous": "it is not C-contiguous (a strided or transposed view)",
     "unaligned": "its data is not 64-byte aligned, which TensorFlow needs to share it",
+    "lazy_view": "it is a lazy conjugate or negative view (torch), whose memory does not "
+                 "hold its values until it is resolved into a new tensor",
 }
 
 # copy= -> (the ops' `copy` attribute, bridge_abi.h's PFB_COPY_*).
@@ -43,26 +45,43 @@ def copy_policy(copy):
 
 
 cdef object _copy_reason(int copy_mode, bint empty, bint writable_elsewhere,
-                         bint compact, bint aligned):
+                         bint compact, bint aligned, bint lazy=False):
     """The copy decision: None to share the memory with TensorFlow, else why
     it is copied (a COPY_REASONS entry).
 
     `empty`: no element (nothing to share or protect; TF allocates it);
     `writable_elsewhere`: Python could write the memory after the call;
-    `compact`: row-major without gaps; `aligned`: to PFB_TENSOR_ALIGNMENT.
-    Under copy=False a reason is the caller's error to raise.
+    `compact`: row-major without gaps; `aligned`: to PFB_TENSOR_ALIGNMENT;
+    `lazy`: the memory is a lazy view's resolved copy (an adapter's
+    `resolve`: torch's conjugate / negative views, whose own memory does not
+    hold their values), fresh, and the other facts are its own.
+    Under copy=False a reason is the caller's error to raise.  "lazy_view" is
+    the one reason whose copy is already made (_copy_needed): under copy=False
+    it comes first, since resolving was a copy; otherwise it is given only
+    when the resolved tensor can be shared as it is.
     """
     if empty:
         return None
     if copy_mode == PFB_COPY_TRUE:
         return "copy_requested"
+    if lazy and copy_mode == PFB_COPY_FALSE:
+        return "lazy_view"
     if writable_elsewhere:
         return "aliasing"
     if not compact:
         return "non_contiguous"
     if not aligned:
         return "unaligned"
+    if lazy:
+        return "lazy_view"
     return None
+
+
+cdef inline bint _copy_needed(object reason):
+    """Whether the caller copies for `reason` (not None, copy=None/True): every
+    reason but "lazy_view", whose copy the adapter's resolve has made (the
+    resolved tensor is shared)."""
+    return reason != "lazy_view"
 
 
 cdef inline bint _aligned(const void* data) noexcept:
@@ -134,10 +153,11 @@ cdef bint _dl_empty(const DLTensor* t) noexcept:
     return False
 
 
-cdef object _dl_copy_reason(const DLTensor* t, int copy_mode, bint writable_elsewhere):
+cdef object _dl_copy_reason(const DLTensor* t, int copy_mode, bint writable_elsewhere,
+                            bint lazy=False):
     """_copy_reason with the layout facts of a DLPack tensor."""
     return _copy_reason(copy_mode, _dl_empty(t), writable_elsewhere, _is_compact(t),
-                        _aligned(<char*>t.data + t.byte_offset))
+                        _aligned(<char*>t.data + t.byte_offset), lazy)
 
 
 cdef object _array_copy_reason(PyArrayObject* arr, int copy_mode, bint writable_elsewhere):

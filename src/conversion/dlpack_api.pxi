@@ -2,20 +2,25 @@
 # <-> DLPack producers and NumPy arrays, zero-copy where the memory allows.
 
 cdef object _tensor_from_owner(_DLPackOwner owner, object copy, bint writable_elsewhere,
-                               str api):
-    """An EagerTensor of the owner's memory: zero-copy, or one aligned copy."""
+                               str api, bint lazy=False):
+    """An EagerTensor of the owner's memory: zero-copy, or one aligned copy.
+    `lazy`: the owner holds a lazy view's resolved copy (see _copy_reason)."""
     cdef DLTensor* t = _owner_tensor(owner)
-    if t.device.device_type != kDLCPU:
-        if copy is True:
-            raise BufferError(f"{api}: copy=True of device memory is not supported; "
-                              f"copy it with TensorFlow after the import")
-        return _tf_tensor(owner)
-    reason = _dl_copy_reason(t, (<tuple>_COPY_POLICIES[copy])[1], writable_elsewhere)
+    cdef int copy_mode = (<tuple>_COPY_POLICIES[copy])[1]
+    cdef bint on_host = t.device.device_type == kDLCPU
+    if not on_host and copy is True:
+        raise BufferError(f"{api}: copy=True of device memory is not supported; "
+                          f"copy it with TensorFlow after the import")
+    # Device memory is shared as it is: only its being a resolved copy counts.
+    reason = (_dl_copy_reason(t, copy_mode, writable_elsewhere, lazy) if on_host
+              else _copy_reason(copy_mode, _dl_empty(t), False, True, True, lazy))
     if reason is not None and copy is False:
         raise BufferError(
             f"{api} would need a copy because {_COPY_REASON_TEXT[reason]}; copy=False "
             f"forbids copies (use copy=None to copy once)")
-    if reason is not None or _dl_empty(t):
+    if not on_host:
+        return _tf_tensor(owner)
+    if (reason is not None and _copy_needed(reason)) or _dl_empty(t):
         owner = _adopt_checked(_private_copy(owner))  # empty: TF wants a real pointer
     return _tf_tensor(owner)
 
@@ -46,8 +51,17 @@ def from_dlpack(obj, *, copy=None):
     BufferError: from_dlpack would need a copy because it is not C-contiguous (a strided or transposed view); copy=False forbids copies (use copy=None to copy once)
     """
     _check_copy(copy)
+    cdef bint lazy = False
+    if not PyCapsule_CheckExact(obj):
+        resolved = _resolved(obj)
+        if resolved is not None:
+            # torch's lazy conjugate / negative views: their memory does not
+            # hold the values, so the resolved copy is imported instead (the
+            # copy decision names it: lazy_view).
+            obj = resolved
+            lazy = True
     cdef DLManagedTensorVersioned* m = _consume(obj, _tf_has_gpu())
-    return _tensor_from_owner(_adopt_checked(m), copy, False, "from_dlpack")
+    return _tensor_from_owner(_adopt_checked(m), copy, False, "from_dlpack", lazy)
 
 
 def from_numpy(array, *, copy=None):

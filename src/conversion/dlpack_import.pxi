@@ -3,6 +3,8 @@
 # BufferError with a precise message; the capsule is renamed used_* last, so a
 # rejected capsule stays with its producer (its destructor frees it).
 
+from libc.stdint cimport INT64_MAX, UINTPTR_MAX
+
 cdef extern from "Python.h":
     const char* PyCapsule_GetName(object capsule) except? NULL
     void* PyCapsule_GetPointer(object capsule, const char* name) except? NULL
@@ -11,7 +13,22 @@ cdef extern from "Python.h":
 
 cdef enum:
     MAX_NDIM = 64             # NumPy's limit, far above TensorFlow's needs
-    MAX_ELEMENT_BITS = 62     # a tensor's size in bits must fit an int64 comfortably
+
+# DLPack carries no buffer size, so a consistent lie cannot be caught; byte
+# extents that overflow can.  Checked arithmetic, so that no wrapped value
+# ever reaches a copy loop or a NumPy view (holes of issue 14).
+cdef extern from *:
+    """
+    #include <stdint.h>
+    static inline int pfb_mul_overflows(int64_t a, int64_t b, int64_t* out) {
+        return __builtin_mul_overflow(a, b, out);
+    }
+    static inline int pfb_add_overflows(int64_t a, int64_t b, int64_t* out) {
+        return __builtin_add_overflow(a, b, out);
+    }
+    """
+    bint _mul_overflows "pfb_mul_overflows"(int64_t a, int64_t b, int64_t* out) noexcept nogil
+    bint _add_overflows "pfb_add_overflows"(int64_t a, int64_t b, int64_t* out) noexcept nogil
 
 # DLPack device type numbers (dlpack.h) -> names, for messages.
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal",
@@ -37,27 +54,97 @@ cdef int _check_version(const DLManagedTensorVersioned* m) except -1:
 
 
 cdef int _check_shape_fields(const DLTensor* t) except -1:
-    """ndim in range, a shape array, no negative dimension, a sane size."""
+    """ndim in range, a shape array, no negative dimension, a countable size.
+
+    The element count leaves out zero dimensions, as NumPy's does: an empty
+    tensor's other dimensions must still be representable.
+    """
     cdef int i
-    cdef int bits = 0
-    cdef int64_t d
+    cdef int64_t count = 1
     if t.ndim < 0 or t.ndim > MAX_NDIM:
         raise BufferError(f"DLPack tensor has ndim {t.ndim}; expected 0 to {MAX_NDIM}")
     if t.ndim > 0 and t.shape == NULL:
         raise BufferError("DLPack tensor has a NULL shape")
     for i in range(t.ndim):
-        d = t.shape[i]
-        if d < 0:
-            raise BufferError(f"DLPack tensor has a negative dimension {d} (axis {i})")
-        if d == 0:
-            return 0  # empty: the other dimensions cannot make it huge
-        while d > 0:
-            bits += 1
-            d >>= 1
-    if bits > MAX_ELEMENT_BITS:
+        if t.shape[i] < 0:
+            raise BufferError(
+                f"DLPack tensor has a negative dimension {t.shape[i]} (axis {i})")
+    for i in range(t.ndim):
+        if t.shape[i] != 0 and _mul_overflows(count, t.shape[i], &count):
+            raise BufferError(
+                f"DLPack tensor shape {_shape_list(t)} is too large to address (its "
+                f"element count overflows 64 bits)")
+    return 0
+
+
+cdef list _shape_list(const DLTensor* t):
+    return [t.shape[i] for i in range(t.ndim)]
+
+
+cdef int _check_extent(const DLTensor* t) except -1:
+    """Every byte offset the tensor can reach fits in 64 bits and in the
+    address space (shape, strides and dtype already checked).
+
+    Byte size, each byte stride, the lowest and highest byte reached and the
+    byte_offset are computed with overflow checks: a wrapped value would make
+    a copy read outside the buffer, or a view show the wrong elements.
+    """
+    cdef int64_t itemsize = (t.dtype.bits * t.dtype.lanes + 7) // 8
+    cdef int64_t count = 1, nbytes, step, reach, lo = 0, hi = 0
+    cdef int i
+    cdef bint empty = False, overflow
+    for i in range(t.ndim):
+        if t.shape[i] == 0:
+            empty = True
+        else:
+            count *= t.shape[i]  # cannot overflow: _check_shape_fields counted it
+    if _mul_overflows(count, itemsize, &nbytes):
         raise BufferError(
-            f"DLPack tensor shape {[t.shape[i] for i in range(t.ndim)]} is too large "
-            f"to address")
+            f"DLPack tensor shape {_shape_list(t)} of {itemsize}-byte elements is too large "
+            f"to address (its byte size overflows 64 bits)")
+    if t.byte_offset > <uint64_t>INT64_MAX:
+        raise BufferError(
+            f"DLPack tensor has byte_offset {t.byte_offset}, which overflows 64 bits "
+            f"(signed); the data pointer plus the offset cannot be addressed")
+    if t.strides != NULL:
+        # NumPy views hold byte strides, even of axes of size 0 or 1.
+        for i in range(t.ndim):
+            if _mul_overflows(t.strides[i], itemsize, &step):
+                raise BufferError(
+                    f"DLPack tensor stride {t.strides[i]} of {itemsize}-byte elements "
+                    f"overflows 64 bits in bytes (axis {i})")
+    if empty or t.data == NULL:
+        return 0  # no byte is ever read (NULL data: _check_data decides)
+    if t.strides == NULL:
+        hi = nbytes
+    else:
+        for i in range(t.ndim):
+            step = t.strides[i] * itemsize  # checked above
+            overflow = _mul_overflows(t.shape[i] - 1, step, &reach)
+            if not overflow:
+                if reach > 0:
+                    overflow = _add_overflows(hi, reach, &hi)
+                else:
+                    overflow = _add_overflows(lo, reach, &lo)
+            if overflow:
+                raise BufferError(
+                    f"DLPack tensor's byte extent overflows 64 bits at axis {i} (shape "
+                    f"{_shape_list(t)}, strides {[t.strides[j] for j in range(t.ndim)]}, "
+                    f"{itemsize}-byte elements)")
+    if (_add_overflows(hi, itemsize if t.strides != NULL else 0, &hi)  # the last element's bytes
+            or _add_overflows(lo, <int64_t>t.byte_offset, &lo)
+            or _add_overflows(hi, <int64_t>t.byte_offset, &hi)):
+        raise BufferError(
+            f"DLPack tensor's byte extent plus byte_offset {t.byte_offset} overflows 64 bits")
+    cdef uintptr_t data = <uintptr_t>t.data
+    if lo < 0 and data < <uintptr_t>(-(lo + 1)) + 1:
+        raise BufferError(
+            f"DLPack tensor reaches below address 0: data {data:#x}, lowest byte at "
+            f"offset {lo}; its strides or byte_offset are wrong")
+    if hi > 0 and data > UINTPTR_MAX - <uintptr_t>hi:
+        raise BufferError(
+            f"DLPack tensor reaches past the end of the address space: data {data:#x}, "
+            f"highest byte at offset {hi}; its strides or byte_offset are wrong")
     return 0
 
 
@@ -97,6 +184,7 @@ cdef int _check_tensor(const DLTensor* t, bint allow_cuda) except -1:
     _check_dtype(t)
     _check_device(t, allow_cuda)
     _check_data(t)
+    _check_extent(t)
     return 0
 
 
@@ -148,6 +236,33 @@ cdef DLManagedTensorVersioned* _wrap_legacy(DLManagedTensor* legacy) except NULL
     return m
 
 
+cdef void _free_offset_wrapper(DLManagedTensorVersioned* m) noexcept nogil:
+    """Deleter of the struct made by _fold_offset: frees the producer's tensor."""
+    cdef DLManagedTensorVersioned* inner = <DLManagedTensorVersioned*>m.manager_ctx
+    if inner != NULL and inner.deleter != NULL:
+        inner.deleter(inner)
+    free(m)
+
+
+cdef DLManagedTensorVersioned* _fold_offset(DLManagedTensorVersioned* m) except NULL:
+    """`m` with its byte_offset folded into the data pointer (byte_offset 0).
+
+    TensorFlow's DLPack import refuses any non-zero byte_offset.  A producer's
+    struct is left as it made it (its deleter may read it): the fold happens in
+    a wrapper that owns it.  On error the caller still owns `m`.
+    """
+    cdef DLManagedTensorVersioned* w = <DLManagedTensorVersioned*>malloc(
+        sizeof(DLManagedTensorVersioned))
+    if w == NULL:
+        raise MemoryError("cannot allocate a DLPack tensor")
+    w[0] = m[0]
+    w.dl_tensor.data = <char*>m.dl_tensor.data + m.dl_tensor.byte_offset
+    w.dl_tensor.byte_offset = 0
+    w.manager_ctx = m  # the wrapper owns the producer's tensor now
+    w.deleter = _free_offset_wrapper
+    return w
+
+
 cdef DLManagedTensorVersioned* _consume_capsule(object capsule, bint allow_cuda) except NULL:
     """Validates a DLPack capsule and takes its tensor (legacy ones wrapped).
 
@@ -164,12 +279,18 @@ cdef DLManagedTensorVersioned* _consume_capsule(object capsule, bint allow_cuda)
         m = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, name)
         _check_version(m)  # before reading fields whose layout the version fixes
         _check_tensor(&m.dl_tensor, allow_cuda)
+        if m.dl_tensor.byte_offset != 0 and m.dl_tensor.data != NULL:
+            m = _fold_offset(m)  # before the rename: on error the producer keeps it
         PyCapsule_SetName(capsule, b"used_dltensor_versioned")  # consumed: ours now
         return m
     if name != NULL and strcmp(name, b"dltensor") == 0:
         legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, name)
         _check_tensor(&legacy.dl_tensor, allow_cuda)
         m = _wrap_legacy(legacy)
+        if m.dl_tensor.data != NULL:
+            # The wrapper is ours: fold the offset in place (TF accepts only 0).
+            m.dl_tensor.data = <char*>m.dl_tensor.data + m.dl_tensor.byte_offset
+            m.dl_tensor.byte_offset = 0
         PyCapsule_SetName(capsule, b"used_dltensor")  # consumed: ours now
         return m
     cdef bytes kind = b"" if name == NULL else <bytes>name

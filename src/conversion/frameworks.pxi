@@ -2,10 +2,17 @@
 # framework's adapter, any DLPack producer consumed, and the inputs and results
 # of array_function.  The adapter protocol is documented once, on
 # pyfunc_bridge/_frameworks.py's Adapter; this layer reads name, modules,
-# wrap_input, check_inputs, writable_elsewhere and to_capsule.
+# wrap_input, check_inputs, writable_elsewhere, to_capsule and (optional)
+# resolve.
+
+from functools import partial
+from operator import index as _index
 
 cdef dict _adapters_by_module = {}   # top-level module name -> adapter
-cdef dict _handlers = {}             # result type -> (writable_elsewhere, to_capsule)
+# id(result type) -> (weak reference to the type, handler).  Weakly keyed, so
+# that dynamically made classes are not kept alive; an entry goes when its
+# type dies, and the reference check catches an id reused before that.
+cdef dict _handlers = {}
 
 
 def register_framework(adapter):
@@ -34,21 +41,54 @@ def _no_capsule(obj):
     return None
 
 
+def _forget_handler(ref, key):
+    if _handlers is None:
+        return  # the module is being torn down at exit
+    entry = _handlers.get(key)
+    if entry is not None and entry[0] is ref:
+        del _handlers[key]
+
+
 cdef tuple _handler(object tp):
-    """(writable_elsewhere, to_capsule) for results of type `tp`."""
-    handler = _handlers.get(tp)
-    if handler is None:
-        if _is_eager_tensor_type(tp):
-            handler = (_immutable, _no_capsule)
+    """(writable_elsewhere, to_capsule, resolve or None) for results of type `tp`."""
+    key = id(tp)
+    entry = _handlers.get(key)
+    if entry is not None and (<tuple>entry)[0]() is tp:
+        return <tuple>(<tuple>entry)[1]
+    if _is_eager_tensor_type(tp):
+        handler = (_immutable, _no_capsule, None)
+    else:
+        module = getattr(tp, "__module__", None)  # may be None or anything (hole 5)
+        adapter = (_adapters_by_module.get(module.partition(".")[0])
+                   if type(module) is str else None)
+        if adapter is None:
+            handler = (_unknown_memory, _no_capsule, None)
         else:
-            adapter = _adapters_by_module.get(tp.__module__.partition(".")[0])
-            if adapter is None:
-                handler = (_unknown_memory, _no_capsule)
-            else:
-                handler = (adapter.writable_elsewhere,
-                           getattr(adapter, "to_capsule", _no_capsule))
-        _handlers[tp] = handler
+            handler = (adapter.writable_elsewhere,
+                       getattr(adapter, "to_capsule", _no_capsule),
+                       getattr(adapter, "resolve", None))
+    _handlers[key] = (weakref.ref(tp, partial(_forget_handler, key=key)), handler)
     return <tuple>handler
+
+
+cdef object _resolved(object obj):
+    """A resolved copy of `obj` when its framework says its memory does not hold
+    its values as they read (torch's lazy conjugate / negative views); else None."""
+    resolve = (<tuple>_handler(type(obj)))[2]
+    return None if resolve is None else resolve(obj)
+
+
+cdef tuple _dlpack_device(object obj):
+    """``obj.__dlpack_device__()``, checked: a (device_type, device_id) pair of ints."""
+    device = obj.__dlpack_device__()
+    try:
+        if isinstance(device, tuple) and len(device) == 2:
+            return (_index(device[0]), _index(device[1]))
+    except TypeError:
+        pass
+    raise BufferError(
+        f"{type(obj).__name__}.__dlpack_device__() returned {device!r:.80}; the DLPack "
+        f"protocol requires a (device_type, device_id) tuple of two ints")
 
 
 cdef bint _is_eager_tensor_type(object tp):
@@ -87,7 +127,7 @@ cdef DLManagedTensorVersioned* _consume(object obj, bint allow_cuda) except NULL
             f"pass an array of a DLPack-capable library or a DLPack capsule")
     cdef DLDevice device
     cdef DLTensor probe
-    device_type, device_id = obj.__dlpack_device__()
+    device_type, device_id = _dlpack_device(obj)
     device.device_type = <DLDeviceType><int>device_type
     device.device_id = <int32_t>device_id
     if device.device_type == kDLCPU:
@@ -136,12 +176,22 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
     if (_is_string_dtype(spec.dtype) or PyArray_Check(raw)
             or getattr(tp, "__dlpack__", None) is None or isinstance(value, np.generic)):
         return _export_output(raw, outside_refs, index, spec, copy_mode, counts)
-    writable_elsewhere, to_capsule = _handler(tp)
-    cdef bint foreign = copy_mode != PFB_COPY_TRUE and writable_elsewhere(value, outside_refs)
+    writable_elsewhere, to_capsule, resolve = _handler(tp)
+    # A lazy view (torch's conjugate / negative views) is a fact: its memory
+    # does not hold the values, so its adapter's resolved tensor, fresh and
+    # held by nobody else, is what is exported; the copy decision names it.
+    cdef bint lazy = False
+    if resolve is not None:
+        resolved = resolve(value)
+        if resolved is not None:
+            value = resolved
+            lazy = True
+    cdef bint foreign = (copy_mode != PFB_COPY_TRUE and not lazy
+                         and writable_elsewhere(value, outside_refs))
     capsule = to_capsule(value)
     cdef bint on_host = spec.device.device_type == kDLCPU
     if capsule is None:
-        device_type, device_id = value.__dlpack_device__()
+        device_type, device_id = _dlpack_device(value)
         if on_host and device_type != kDLCPU:
             raise _OutputError(
                 f"output {index} is a {tp.__name__} in device memory (DLPack device "
@@ -163,13 +213,14 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
     _check_dims(t.ndim, t.shape, spec, index, f"a {tp.__name__}")
     if foreign and _inside(t, ranges):
         foreign = False  # a view of an input: TensorFlow's memory, which nobody may write
-    reason = _dl_copy_reason(t, copy_mode, foreign)
+    reason = _dl_copy_reason(t, copy_mode, foreign, lazy)
     if counts != NULL:
         _count_bytes(counts, reason, _nbytes(t))
     if reason is not None:
         if copy_mode == PFB_COPY_FALSE:
             _raise_copy_forbidden(index, reason)
-        return _private_copy(owner)
+        if _copy_needed(reason):
+            return _private_copy(owner)
     return _hand_over(owner)
 
 

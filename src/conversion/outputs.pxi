@@ -100,24 +100,125 @@ cdef int _check_dims(int ndim, const int64_t* shape, const PfbOutputSpec* spec, 
     return 0
 
 
-# Python values convert to a declared dtype of the same or a wider kind.
+# Python values convert to a declared dtype of the same or a wider kind, and
+# only when every value is in range (NumPy's rule for Python scalars: an int
+# out of bounds is an error, and so is a float that would become inf).
 _KIND_RANK = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
+_KIND_WORD = {"b": "bool", "i": "int", "u": "int", "f": "float", "c": "complex"}
+_INF = float("inf")
+
+
+def _overflow_at(dtype):
+    """The smallest Python float that becomes inf in `dtype`, found by bisecting
+    the bit patterns above its largest value (the conversion's own rounding,
+    which for bfloat16 goes through float32, decides)."""
+    import struct
+    bits = lambda x: struct.unpack("<q", struct.pack("<d", x))[0]
+    value = lambda b: struct.unpack("<d", struct.pack("<q", b))[0]
+    finite = bits(float(ml_dtypes.finfo(dtype).max))
+    infinite = bits(float(ml_dtypes.finfo(dtype).max) * 2)
+    with np.errstate(over="ignore", invalid="ignore"):
+        while infinite - finite > 1:
+            middle = (finite + infinite) // 2
+            if np.isinf(np.asarray(value(middle), dtype=dtype)):
+                infinite = middle
+            else:
+                finite = middle
+    return value(infinite)
+
+
+# Floats narrower than a Python float (complex64: per part): the magnitude at
+# which a value overflows to inf.  Keyed by dtype (dtype.name costs microseconds).
+_OVERFLOW_AT = {np.dtype(dtype): _overflow_at(part) for dtype, part in [
+    (np.float16, np.float16), (_BFLOAT16, _BFLOAT16), (np.float32, np.float32),
+    (np.complex64, np.float32)]}
+
+
+cdef str _short_repr(object value):
+    text = repr(value)
+    if len(text) > 120:
+        return f"{text[:100]}... ({type(value).__name__} of {len(value)} items)" \
+            if isinstance(value, (list, tuple)) else f"{text[:100]}..."
+    return text
+
+
+cdef str _leaf_kind(object value, int limit):
+    """The widest kind among the Python values in `value` (nested lists),
+    stopping at the first one ranked above `limit`."""
+    cdef str widest = "b"
+    cdef str kind
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(item)
+            continue
+        if isinstance(item, bool) or isinstance(item, np.bool_):
+            kind = "b"
+        elif isinstance(item, int):
+            kind = "i"
+        elif isinstance(item, float):
+            kind = "f"
+        elif isinstance(item, complex):
+            kind = "c"
+        elif isinstance(item, np.generic) and item.dtype.kind in _KIND_RANK:
+            kind = item.dtype.kind
+        else:
+            return "O"
+        if _KIND_RANK[kind] > _KIND_RANK[widest]:
+            widest = kind
+            if _KIND_RANK[kind] > limit:
+                return kind
+    return widest
 
 
 cdef cnp.ndarray _coerce(object value, cnp.dtype want, int index):
-    """Python scalars and (nested) lists -> an ndarray of the declared dtype."""
+    """Python scalars and (nested) lists -> an ndarray of the declared dtype,
+    when that loses nothing: no narrower kind, no value out of range."""
+    want_kind = "f" if want is _BFLOAT16 else (<object>want).kind
+    cdef int want_rank = _KIND_RANK.get(want_kind, -1)
     natural = np.asarray(value)
-    have_rank = _KIND_RANK.get(natural.dtype.kind, 99)
-    if have_rank > _KIND_RANK.get((<object>want).kind, -1):
+    kind = natural.dtype.kind
+    if natural.size > 0:  # an empty list has no value to lose
+        if kind == "O" or (kind == "f" and want_rank < 2):
+            # Ints beyond int64 make NumPy guess float64 or object: ask the values.
+            kind = _leaf_kind(value, want_rank)
+        if _KIND_RANK.get(kind, 99) > want_rank:
+            what = _KIND_WORD.get(kind, "non-numeric")
+            raise _OutputError(
+                f"output {index}: Tout declares {want.name} but the function returned "
+                f"{_short_repr(value)}: {what} values do not convert to {want.name} "
+                f"without loss; return an array of dtype {want.name} if that is intended")
+    limit = _OVERFLOW_AT.get(want)  # None: no finite Python value overflows
+    try:
+        if limit is None:
+            arr = np.asarray(value, dtype=want)  # ints out of range raise OverflowError
+        elif not isinstance(value, (list, tuple)):
+            # A scalar (the common case) is judged in Python: errstate and
+            # isinf would cost more than the whole conversion.
+            c = complex(value)
+            if (limit <= abs(c.real) < _INF) or (limit <= abs(c.imag) < _INF):
+                raise _OutputError(
+                    f"output {index}: Tout declares {want.name} but the function returned "
+                    f"{_short_repr(value)}, which overflows {want.name} (it would become inf)")
+            arr = np.asarray(value, dtype=want)
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):
+                arr = np.asarray(value, dtype=want)
+            overflowed = np.isinf(arr)
+            if overflowed.any():
+                if natural.dtype.kind in "fc":
+                    overflowed &= ~np.isinf(natural)  # an inf given stays an inf
+                if overflowed.any():
+                    raise _OutputError(
+                        f"output {index}: Tout declares {want.name} but the function "
+                        f"returned {_short_repr(value)}, which overflows {want.name} (it "
+                        f"would become inf)")
+    except OverflowError as exc:
         raise _OutputError(
             f"output {index}: Tout declares {want.name} but the function returned "
-            f"{type(value).__name__} values of kind {natural.dtype.name}, which do not "
-            f"convert to {want.name} without loss; return "
-            f"np.asarray(value, dtype=np.{want.name}) if that is intended")
-    try:
-        return np.asarray(value, dtype=want)
-    except OverflowError as exc:
-        raise _OutputError(f"output {index}: {exc} (declared dtype {want.name})") from None
+            f"{_short_repr(value)}, which is out of bounds for {want.name} ({exc})") from None
+    return arr
 
 
 cdef cnp.ndarray _as_string_array(object value, int index):

@@ -16,7 +16,7 @@ cdef extern from "<time.h>" nogil:
 
 # _CallCounts.copied is in the order of COPY_REASONS (copy.pxi).
 cdef enum:
-    _NUM_REASONS = 6
+    _NUM_REASONS = 7
     _STRING = 4
     _COPY_REQUESTED = 5
 cdef dict _REASON_INDEX = {reason: i for i, reason in enumerate(COPY_REASONS)}
