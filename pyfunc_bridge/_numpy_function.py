@@ -98,7 +98,16 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
         if direct and conversion.direct_eager_calls():
             return conversion.call_eagerly(inputs, signature.dtypes, signature.shapes,
                                            _COPY_MODE[dict(attrs)["copy"]])
-        return _execute(op_name, wrapper, inputs, key, signature, name, attrs)
+        conversion.take_raised()
+        try:
+            return _execute(op_name, wrapper, inputs, key, signature, name, attrs)
+        except tf.errors.OpError:
+            # SystemExit, KeyboardInterrupt and TF errors raised by the function
+            # leave an eager numpy_function as they are, as they leave TF's.
+            raised = conversion.take_raised()
+            if raised is None:
+                raise
+            raise raised from None
     finally:
         slot.entry = previous
 

@@ -188,6 +188,36 @@ cdef int _run_py_function(PfbCall* call, _CallCounts* counting) except -1:
     return 0
 
 
+cdef object _OpError = None
+
+
+cdef bint _raised_as_is(PfbCall* call, object exc) except -1:
+    """Whether the eager caller re-raises `exc` itself instead of the TF error
+    of the status, as TensorFlow's eager numpy_function and py_func do for
+    exceptions our table would turn into another class: a BaseException that
+    is no Exception (SystemExit, KeyboardInterrupt) and a TF error (which keeps
+    its class).  Eager py_function calls map them, as TF's py_function does."""
+    global _OpError
+    if call.flags & (PFB_CALL_TENSORS | PFB_CALL_GRADIENT):
+        return False
+    if call.key_len != _EAGER_KEY_LEN or memcmp(call.key, _EAGER_KEY_C, call.key_len) != 0:
+        return False
+    if not isinstance(exc, Exception):
+        return True
+    if _OpError is None:
+        from tensorflow.python.framework.errors_impl import OpError
+        _OpError = OpError
+    return isinstance(exc, _OpError)
+
+
+def take_raised():
+    """The exception the last failed eager call on this thread left to be
+    re-raised as it is (see _raised_as_is), or None; clears it."""
+    exc = getattr(_eager, "raised", None)
+    _eager.raised = None
+    return exc
+
+
 cdef int32_t _bridge_call(PfbCall* call, PfbStatus* status) noexcept:
     status.code = 0
     status.message = NULL
@@ -195,6 +225,11 @@ cdef int32_t _bridge_call(PfbCall* call, PfbStatus* status) noexcept:
         _run(call)
     except BaseException as exc:
         _set_status(status, exc)
+        try:
+            if _raised_as_is(call, exc):
+                _eager.raised = exc  # taken by the eager caller on this thread
+        except BaseException:
+            pass  # the status alone then reports the error
     return status.code
 
 

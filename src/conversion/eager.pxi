@@ -106,8 +106,13 @@ def call_eagerly(list inputs, list dtypes, list shapes, int copy_mode):
         call.state = NULL
         status.code = 0
         status.message = NULL
+        _eager.raised = None
         _bridge_call(&call, &status)  # consumes the inputs
         if status.code != 0:
+            raised = take_raised()
+            if raised is not None:
+                free(status.message)
+                raise raised
             message = (status.message[:strlen(status.message)].decode("utf-8", "replace")
                        if status.message != NULL else "(no message)")
             free(status.message)

@@ -35,7 +35,16 @@ def error_code(exc):
 
 
 def error_message(exc):
-    """The TF error message: the exception, then the Python traceback."""
+    """The TF error message: the exception, then the Python traceback.
+
+    NUL bytes are written as ``\\x00``: TensorFlow's status messages end at
+    the first NUL on their way to Python, which would cut the rest of the
+    message and the traceback.
+    """
+    return _error_text(exc).replace("\0", "\\x00")
+
+
+cdef str _error_text(exc):
     summary = "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
     if isinstance(exc, _OutputError):
         return "pyfunc_bridge: " + summary.partition(": ")[2]
