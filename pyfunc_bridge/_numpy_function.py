@@ -12,6 +12,12 @@ from pyfunc_bridge import _library, _registry, _tout
 
 STATEFUL_OP = "PyfuncBridge>NumpyFunction"
 STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
+# Default node names.  A node is named after its op type unless told otherwise,
+# and ours contain ">", which TF's error interpolation does not parse as a
+# node name: its errors then lose "Detected at node ..." and take time
+# quadratic in the message's length.
+NODE_NAME = "NumpyFunction"
+ARRAY_NODE_NAME = "ArrayFunction"
 
 # Like TF's PyFunc: the function is opaque to autodiff.
 _tf_ops.no_gradient(STATEFUL_OP)
@@ -129,6 +135,8 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None):
                              (("copy", copy_attr),), framework, direct=True)
     else:
         entry = _registry.register(func, framework, name)
+        if name is None:
+            name = NODE_NAME if framework is None else ARRAY_NODE_NAME
         result = op(input=inputs, key=entry.key, Tout=signature.dtypes,
                     out_shapes=signature.shapes, copy=copy_attr, name=name)
         graph = (result[0].graph if isinstance(result, list) and result

@@ -21,6 +21,10 @@ from pyfunc_bridge import _library, _numpy_function, _registry, _tout
 
 OP = "PyfuncBridge>PyFunction"
 GRAD_OP = "PyfuncBridge>PyFunctionGrad"
+# Default node names that TF's error interpolation parses (see
+# _numpy_function.NODE_NAME).
+NODE_NAME = "PyFunction"
+GRAD_NODE_NAME = "PyFunctionGrad"
 
 
 def _floating(dtype):
@@ -45,7 +49,8 @@ def _py_function_grad(op, *grads):
     if not floating:
         return [None] * len(input_dtypes)
     input_grads = iter(_library.ops().pyfunc_bridge_py_function_grad(
-        forward=op.outputs[-1], grads=output_grads, Tdx=floating))
+        forward=op.outputs[-1], grads=output_grads, Tdx=floating,
+        name=None if tf.executing_eagerly() else GRAD_NODE_NAME))
     return [next(input_grads) if _floating(dtype) else None for dtype in input_dtypes]
 
 
@@ -207,7 +212,8 @@ def _py_function(func, inp, Tout, name):
     else:
         entry = _registry.register(call, name=name)
         outputs, forward = op(input=inputs, key=entry.key, Tout=signature.dtypes,
-                              out_shapes=signature.shapes, name=name)
+                              out_shapes=signature.shapes,
+                              name=NODE_NAME if name is None else name)
         _registry.keep_alive(entry, forward.graph)
     return signature.pack(list(outputs))
 
