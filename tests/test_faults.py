@@ -286,3 +286,53 @@ def test_every_run_exits_as_expected_with_nothing_on_stderr(fault_runs, name):
     assert not bad, (f"{len(bad)} of {RUNS} runs ended otherwise than with status "
                      f"{status} and stderr {stderr!r}; first: status {bad[0][0]}, "
                      f"stderr:\n{bad[0][1][-3000:]}")
+
+
+# ------------------------------------- the exit hook's threading.excepthook --
+
+@pytest.fixture
+def quiet_hook(monkeypatch):
+    """The excepthook the exit hook installs, over a recording one."""
+    import threading
+
+    import pyfunc_bridge as pfb
+    printed = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: printed.append(args))
+    pfb._library._quiet_cancelled_daemon_threads()
+    return threading.excepthook, printed
+
+
+def _hook_args(exc, daemon):
+    import threading
+    thread = threading.Thread(target=lambda: None, daemon=daemon)
+    return threading.ExceptHookArgs((type(exc), exc, None, thread))
+
+
+@pytest.mark.parametrize("exc, daemon, reported", [
+    ("refused", True, False),   # the exit refused its call: ends silently
+    ("refused", False, True),   # not a daemon thread
+    ("other_cancel", True, True),  # a CancelledError of something else
+    ("other", True, True),
+])
+def test_the_exit_hook_silences_only_refused_calls_of_daemon_threads(
+        quiet_hook, exc, daemon, reported):
+    import tensorflow as tf
+
+    import pyfunc_bridge as pfb
+    error = {
+        "refused": tf.errors.CancelledError(
+            None, None, pfb._library._SHUTDOWN_ERROR + " (it is shutting down)"),
+        "other_cancel": tf.errors.CancelledError(None, None, "cancelled by the user"),
+        "other": RuntimeError(pfb._library._SHUTDOWN_ERROR),
+    }[exc]
+    hook, printed = quiet_hook
+    hook(_hook_args(error, daemon))
+    assert [args.exc_value for args in printed] == ([error] if reported else [])
+
+
+def test_the_refused_call_message_is_the_one_the_hook_looks_for():
+    import pathlib
+
+    import pyfunc_bridge as pfb
+    kernel = pathlib.Path(__file__).parent.parent / "src" / "kernel" / "bridge.cc"
+    assert pfb._library._SHUTDOWN_ERROR in kernel.read_text()
