@@ -7,7 +7,8 @@ size_sweep, memory.  Every scenario runs ours and TF's variant alternately
 in this process, several repetitions, and reports medians and ratios (the
 ratios are the result on a noisy machine).  Writes a table to stdout,
 DIR/results.json (one key per scenario, each with ours, TF's and the ratio)
-and DIR/benchmark.png.  --quick takes under a minute; --smoke is the fastest
+and DIR/benchmark.png (with matplotlib: the ``bench`` extra; without it the
+run says so at the start and writes the rest).  --quick takes under a minute; --smoke is the fastest
 (one repetition, few calls: checks the suite runs, measures nothing reliably).
 """
 import argparse
@@ -47,6 +48,19 @@ def run_all(mode, names):
         T.progress(f"[{i}/{len(names)}] {name} done in {result['seconds']:.1f} s")
         results[name] = result
     return results
+
+
+PLOT_NEEDS = ("the plot (benchmark.png) needs matplotlib, which is not installed: "
+              "install the bench extra (pip install -e \".[cpu,bench]\")")
+
+
+def can_plot():
+    """Whether matplotlib is importable (checked before the scenarios run)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def plot(results, path):
@@ -115,6 +129,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     selected = args.smoke and "smoke" or args.quick and "quick" or "full"
     T.progress(f"pyfunc_bridge benchmarks ({selected}): {', '.join(args.only)}")
+    plotting = can_plot()
+    if not plotting:
+        T.progress(f"note: {PLOT_NEEDS}; the table and results.json are still written")
     start = time.perf_counter()
     results = run_all(selected, args.only)
     for name in args.only:
@@ -127,9 +144,12 @@ def main(argv=None):
             "cpus": os.cpu_count(), "stats_enabled": pfb.stats().enabled}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({**results, "meta": meta}, f, indent=2)
-    plot(results, os.path.join(args.out, "benchmark.png"))
-    print(f"total {meta['seconds']:.0f} s; wrote {args.out}/results.json and "
-          f"{args.out}/benchmark.png")
+    if plotting:
+        plot(results, os.path.join(args.out, "benchmark.png"))
+        print(f"total {meta['seconds']:.0f} s; wrote {args.out}/results.json and "
+              f"{args.out}/benchmark.png")
+    else:
+        print(f"total {meta['seconds']:.0f} s; wrote {args.out}/results.json; {PLOT_NEEDS}")
     return 0
 
 

@@ -12,29 +12,37 @@ built on the project's own op kernel and a Cython DLPack bridge:
 >>> float(f(tf.constant(1.0)))  # doctest: +ELLIPSIS
 1.381097...
 
-Importing is cheap: the op library and the conversion module load on first use.
+Importing registers the ops, so graphs that name them (SavedModels, imported
+GraphDefs, tf.data service jobs) load and run; the conversion module and any
+framework load on first use.
 """
-from pyfunc_bridge._library import check_tensorflow_version as _check
+from pyfunc_bridge import _library
 
-_check()
-del _check
+_library.check_tensorflow_version()
+_library.ops()  # registers the ops with TensorFlow
 
 from pyfunc_bridge._numpy_function import numpy_function, py_func  # noqa: E402
 from pyfunc_bridge._py_function import py_function  # noqa: E402
 from pyfunc_bridge._array_function import array_function  # noqa: E402
 from pyfunc_bridge._stats import enable_stats, reset_stats, stats  # noqa: E402
+from pyfunc_bridge._portable import portable, trust_pickled  # noqa: E402
 
 __version__ = "0.1.0"
 # The conversion API lives in the conversion layer (src/conversion/dlpack_api.pxi),
 # which is imported on first access.
 _CONVERSION_API = ("from_dlpack", "to_dlpack", "to_numpy", "from_numpy")
 __all__ = ["numpy_function", "py_func", "py_function", "array_function",
-           "stats", "reset_stats", "enable_stats", *_CONVERSION_API]
+           "stats", "reset_stats", "enable_stats", "portable", "trust_pickled",
+           *_CONVERSION_API]
 
 
 def __getattr__(name):
+    if name == "_conversion":
+        # The kernel imports the conversion layer by attribute
+        # (PyCapsule_Import) when it runs a graph from elsewhere before any
+        # op was built here: load it as first use does.
+        return _library.conversion()
     if name in _CONVERSION_API:
-        from pyfunc_bridge import _library
         function = getattr(_library.conversion(), name)
         globals()[name] = function  # later lookups skip this hook
         return function

@@ -16,25 +16,28 @@ __version__: str
 @overload
 def numpy_function(
     func: None = ..., inp: None = ..., Tout: _Tout | None = ..., stateful: bool = ...,
-    name: str | None = ..., *, copy: _Copy = ...,
+    name: str | None = ..., *, copy: _Copy = ..., portable: bool = ...,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 @overload
 def numpy_function(
     func: Callable[..., Any], inp: Sequence[Any] | None, Tout: _Tout,
     stateful: bool = ..., name: str | None = ..., *, copy: _Copy = ...,
+    portable: bool = ...,
 ) -> Any: ...
 def py_func(
     func: Callable[..., Any], inp: Sequence[Any] | None, Tout: _Tout,
     stateful: bool = ..., name: str | None = ..., *, copy: _Copy = ...,
+    portable: bool = ...,
 ) -> Any: ...
 @overload
 def py_function(
     func: None = ..., inp: None = ..., Tout: _PyTout | None = ..., name: str | None = ...,
+    *, portable: bool = ...,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 @overload
 def py_function(
     func: Callable[..., Any], inp: Sequence[Any] | None, Tout: _PyTout | None,
-    name: str | None = ...,
+    name: str | None = ..., *, portable: bool = ...,
 ) -> Any: ...
 
 _Framework = Literal["numpy", "torch", "jax"]
@@ -42,7 +45,11 @@ _Framework = Literal["numpy", "torch", "jax"]
 def array_function(
     func: Callable[..., Any], inp: Sequence[Any] | None, Tout: _Tout, *,
     framework: _Framework, stateful: bool = ..., name: str | None = ..., copy: _Copy = ...,
+    portable: bool = ...,
 ) -> Any: ...
+
+def portable(func: _F) -> _F: ...
+def trust_pickled(flag: bool = ...) -> bool: ...
 
 class DLPackExporter(Protocol):
     """What pfb.to_dlpack returns: the DLPack protocol, consumable once."""

@@ -3,7 +3,8 @@ from pyfunc_bridge import _frameworks
 from pyfunc_bridge._numpy_function import _bridge_op
 
 
-def array_function(func, inp, Tout, *, framework, stateful=True, name=None, copy=None):
+def array_function(func, inp, Tout, *, framework, stateful=True, name=None, copy=None,
+                   portable=False):
     """Wraps a function of torch / JAX / NumPy arrays as a TF op.
 
     Like :func:`numpy_function` (same ``Tout``, shape, error and copy-policy
@@ -21,7 +22,9 @@ def array_function(func, inp, Tout, *, framework, stateful=True, name=None, copy
     Device (CUDA) results are an error: the kernel runs on the CPU.
 
     The framework is imported when the op is built; a missing one is an
-    ImportError naming the package to install.
+    ImportError naming the package to install.  Graph ops record the
+    framework, so a process that loads them converts as it did; ``portable``
+    is as for :func:`numpy_function`.
 
     >>> import numpy as np, tensorflow as tf
     >>> double = lambda a: a * 2
@@ -40,4 +43,4 @@ def array_function(func, inp, Tout, *, framework, stateful=True, name=None, copy
     array([0.6931472], dtype=float32)
     """
     adapter = _frameworks.adapter(framework)
-    return _bridge_op(func, inp, Tout, stateful, name, copy, adapter)
+    return _bridge_op(func, inp, Tout, stateful, name, copy, adapter, portable)

@@ -1,46 +1,50 @@
 """Framework adapters of ``array_function``: how arrays of torch, JAX, ...
 cross the bridge.  Each framework is imported only when an op is built for it.
 
-An adapter is stored as ``Entry.framework`` (None for NumPy, which takes the
-conversion layer's plain NumPy path) and read by the conversion layer
-(src/conversion/frameworks.pxi).  The whole interface:
-
-``name``
-    the framework's name, as given to ``array_function(framework=...)``.
-``package``
-    what to ``pip install`` when the import fails.
-``modules``
-    top-level module names of the framework's array types; results of these
-    types are judged by this adapter, whichever framework the op was built for.
-``load()``
-    imports the framework (called at graph construction).
-``wrap_input(owner, copy)``
-    one input as the framework's array.  ``owner`` is a DLPack exporter
-    (``__dlpack__(*, stream, max_version, dl_device, copy)`` and
-    ``__dlpack_device__()``) over TensorFlow's read-only memory, consumable
-    once; ``copy=True`` asks for a private writable copy
-    (``owner.__dlpack__(copy=True)`` makes one without consuming the owner).
-``check_inputs(args)``
-    after the call (copy=None/False): may raise when the function wrote to an
-    input that its framework could not make read-only.
-``writable_elsewhere(obj, outside_refs)``
-    whether Python could still write result ``obj``'s memory after the call
-    (``outside_refs``: references the bridge does not hold).  True makes the
-    bridge copy the result (or fail under copy=False).
-``to_capsule(obj)``
-    a DLPack capsule (either kind) of a CPU result, or None to let the bridge
-    call ``obj.__dlpack__``; a fast path where the framework's protocol is slow.
-
-Results exporting ``__dlpack__`` and ``tf.Tensor`` results are imported by the
-conversion layer itself; an adapter does not convert outputs.
+The adapter protocol is documented once, on :class:`Adapter`.
 """
 import threading
 
-from pyfunc_bridge import _library
-
 
 class Adapter:
-    """Defaults: no input check; results of unknown provenance are copied."""
+    """The adapter protocol: how one framework's arrays cross the bridge.
+
+    An adapter is stored as ``Entry.framework`` (None for NumPy) and read by
+    the conversion layer (src/conversion/frameworks.pxi and converters.pxi).
+    The whole interface:
+
+    ``name``
+        the framework's name, as given to ``array_function(framework=...)``.
+    ``package``
+        what to ``pip install`` when the import fails.
+    ``modules``
+        top-level module names of the framework's array types; results of these
+        types are judged by this adapter, whichever framework the op was built for.
+    ``load()``
+        imports the framework (called at graph construction).
+    ``wrap_input(owner, copy)``
+        one input as the framework's array.  ``owner`` is a DLPack exporter
+        (``__dlpack__(*, stream, max_version, dl_device, copy)`` and
+        ``__dlpack_device__()``) over TensorFlow's read-only memory, consumable
+        once; ``copy=True`` asks for a private writable copy
+        (``owner.__dlpack__(copy=True)`` makes one without consuming the owner).
+    ``check_inputs(args)``
+        after the call (copy=None/False): may raise when the function wrote to an
+        input that its framework could not make read-only.
+    ``writable_elsewhere(obj, outside_refs)``
+        whether Python could still write result ``obj``'s memory after the call
+        (``outside_refs``: references the bridge does not hold).  True makes the
+        bridge copy the result (or fail under copy=False).
+    ``to_capsule(obj)``
+        a DLPack capsule (either kind) of a CPU result, or None to let the bridge
+        call ``obj.__dlpack__``; a fast path where the framework's protocol is slow.
+
+    Results exporting ``__dlpack__`` and ``tf.Tensor`` results are imported by the
+    conversion layer itself; an adapter does not convert outputs.
+
+    This base class gives the defaults: no input check; results of unknown
+    provenance are copied.
+    """
 
     name = None
     package = None
@@ -160,19 +164,8 @@ class JaxAdapter(Adapter):
         return False  # jax.Array is immutable
 
 
+# Registered with the conversion layer when it loads (frameworks.pxi).
 ADAPTERS = {"torch": TorchAdapter(), "jax": JaxAdapter()}
-_registered = False
-
-
-def register_all(conversion):
-    """Lets the conversion layer judge (and export) every framework's arrays.
-
-    Called when the conversion module is first loaded; imports no framework.
-    """
-    global _registered
-    for each in ADAPTERS.values():
-        conversion.register_framework(each)
-    _registered = True
 
 
 def adapter(framework):
@@ -188,6 +181,4 @@ def adapter(framework):
         names = ", ".join(repr(n) for n in ["numpy", *ADAPTERS])
         raise ValueError(f"framework must be one of {names}, got {framework!r}")
     found.load()
-    if not _registered:
-        _library.conversion()  # registers the adapters
     return found

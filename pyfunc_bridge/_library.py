@@ -1,13 +1,29 @@
 """Loading of the compiled layers: the op library and the conversion module.
 
-Both load lazily, on the first op that is built or run, so that
-``import pyfunc_bridge`` costs little beyond ``import tensorflow``.
+The op library loads at import (about 5 ms), so that graphs naming the ops
+can be loaded and run: SavedModels, imported GraphDefs, tf.data service
+workers.  The conversion module (and any framework) loads on first use, so
+that ``import pyfunc_bridge`` costs little beyond ``import tensorflow``.
 """
 import atexit
+import importlib
 import os
+import re
 import threading
 
-import tensorflow as tf
+_INSTALL_HINT = ("pip install 'pyfunc_bridge[cpu]' (tensorflow-cpu) or "
+                 "'pyfunc_bridge[gpu]' (tensorflow, GPU-capable)")
+
+try:
+    import tensorflow as tf
+except ModuleNotFoundError as exc:
+    if exc.name != "tensorflow":
+        raise
+    # No TensorFlow is a requirement of the package (the user chooses the
+    # distribution): say which to install.
+    raise ImportError(
+        f"pyfunc_bridge needs TensorFlow 2.21.x, and none is installed: "
+        f"{_INSTALL_HINT}") from None
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _KERNELS = os.path.join(_HERE, "_kernels.so")
@@ -49,20 +65,39 @@ def _major_minor(version):
     return tuple(version.split(".")[:2])
 
 
-def check_tensorflow_version():
-    """Raises ImportError unless the installed TensorFlow is the one we built for."""
+def installed_distributions():
+    """'name version' of each installed distribution that provides the
+    ``tensorflow`` package (tensorflow, tensorflow-cpu, ...), for messages."""
+    from importlib import metadata  # only on the error path: it scans site-packages
+    found = []
+    for name in dict.fromkeys(metadata.packages_distributions().get("tensorflow", [])):
+        try:
+            # The canonical project name (the wheel's metadata may say tensorflow_cpu).
+            project = re.sub(r"[-_.]+", "-", metadata.metadata(name)["Name"]).lower()
+            found.append(f"{project} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return " and ".join(found) or "a TensorFlow of unknown distribution"
+
+
+def check_tensorflow_version(installed=None):
+    """Raises ImportError unless the installed TensorFlow (`installed`: its
+    version, default ``tf.__version__``) is the minor version we were built for."""
     try:
         from pyfunc_bridge._build_config import TF_VERSION
     except ImportError:
         raise ImportError(
-            "pyfunc_bridge is not built: install it with `pip install .` (or "
-            "`pip install -e .` in a checkout)") from None
-    if _major_minor(tf.__version__) != _major_minor(TF_VERSION):
+            "pyfunc_bridge is not built: install it with `pip install .[cpu]` (or "
+            "`pip install -e .[cpu]` in a checkout)") from None
+    installed = tf.__version__ if installed is None else installed
+    if _major_minor(installed) != _major_minor(TF_VERSION):
+        needed = ".".join(_major_minor(TF_VERSION))
         raise ImportError(
-            f"pyfunc_bridge was built for TensorFlow {TF_VERSION} but TensorFlow "
-            f"{tf.__version__} is installed; install tensorflow-cpu=={TF_VERSION} "
-            f"or rebuild pyfunc_bridge against this TensorFlow "
-            f"(pip install --force-reinstall --no-build-isolation pyfunc_bridge)")
+            f"pyfunc_bridge needs TensorFlow {needed}.x (it was built for "
+            f"TensorFlow {TF_VERSION}), but {installed_distributions()} is installed "
+            f"(tensorflow {installed}). Install TensorFlow {needed}.x: "
+            f"{_INSTALL_HINT}; or rebuild pyfunc_bridge against the installed "
+            f"TensorFlow, from a checkout: pip install --no-build-isolation -e .")
 
 
 def ops():
@@ -75,9 +110,8 @@ def ops():
                     raise ImportError(
                         f"pyfunc_bridge's op library is missing ({_KERNELS}); "
                         f"reinstall pyfunc_bridge")
-                # Import the conversion layer first so that a broken build fails
-                # here, not inside the first kernel call.
-                conversion()
+                # Not the conversion layer: that loads when the first op is
+                # built (or, in a graph from elsewhere, first run).
                 ops_module = tf.load_op_library(_KERNELS)
                 _set_shutdown_hook()
                 _ops = ops_module
@@ -99,11 +133,12 @@ _conversion = None
 
 
 def conversion():
-    """The Cython conversion module (imported on first use)."""
+    """The Cython conversion module (imported on first use; it registers the
+    framework adapters of pyfunc_bridge/_frameworks.py itself)."""
     global _conversion
     if _conversion is None:
-        from pyfunc_bridge import _conversion as module
-        from pyfunc_bridge import _frameworks
-        _frameworks.register_all(module)  # framework arrays judged by their adapters
+        # By module name: `from pyfunc_bridge import _conversion` would ask the
+        # package's __getattr__, which comes back here.
+        module = importlib.import_module("pyfunc_bridge._conversion")
         _conversion = module
     return _conversion

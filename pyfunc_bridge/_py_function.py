@@ -17,14 +17,10 @@ from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
 from tensorflow.python.util import nest as _nest
 
-from pyfunc_bridge import _library, _numpy_function, _registry, _tout
+from pyfunc_bridge import _library, _op, _tout
 
 OP = "PyfuncBridge>PyFunction"
 GRAD_OP = "PyfuncBridge>PyFunctionGrad"
-# Default node names that TF's error interpolation parses (see
-# _numpy_function.NODE_NAME).
-NODE_NAME = "PyFunction"
-GRAD_NODE_NAME = "PyFunctionGrad"
 
 
 def _floating(dtype):
@@ -50,7 +46,7 @@ def _py_function_grad(op, *grads):
         return [None] * len(input_dtypes)
     input_grads = iter(_library.ops().pyfunc_bridge_py_function_grad(
         forward=op.outputs[-1], grads=output_grads, Tdx=floating,
-        name=None if tf.executing_eagerly() else GRAD_NODE_NAME))
+        name=None if tf.executing_eagerly() else _op.node_name(GRAD_OP)))
     return [next(input_grads) if _floating(dtype) else None for dtype in input_dtypes]
 
 
@@ -93,34 +89,17 @@ class _Signature:
         flat = _tout.normalize([part for parts in self.components for part in parts])
         self.dtypes = flat.dtypes
         self.shapes = flat.shapes
+        self._check_count = _library.conversion().check_count  # the one count check
 
     def flatten(self, result):
         """The function's result -> one value per component tensor."""
         n = len(self.specs)
+        self._check_count(result, n)
         if n == 0:
-            if result is not None and not (isinstance(result, (list, tuple))
-                                           and len(result) == 0):
-                raise ValueError(
-                    f"the function returned {type(result).__name__} but Tout declares "
-                    f"no outputs; return None")
             return []
         # A list or tuple holds one value per output; anything else is the one
         # output (as for numpy_function).
-        if isinstance(result, (list, tuple)):
-            values = result
-            if len(result) != n:
-                noun = "output" if n == 1 else "outputs"
-                hint = ("wrap a list meant as one tensor in tf.constant(...)" if n == 1
-                        else "return one value per output, as a list or tuple")
-                raise ValueError(
-                    f"the function returned {len(result)} value(s) but Tout declares "
-                    f"{n} {noun}; {hint}")
-        elif n == 1:
-            values = (result,)
-        else:
-            raise ValueError(
-                f"the function returned one {type(result).__name__} but Tout declares "
-                f"{n} outputs; return one value per output, as a list or tuple")
+        values = result if isinstance(result, (list, tuple)) else (result,)
         flat = []
         for i, (spec, value) in enumerate(zip(self.specs, values)):
             if type(value) is _EagerTensor and i not in self.composite:
@@ -156,19 +135,13 @@ class _Signature:
                 values.append(chunk[0])
         if self.single:
             return values[0]
-        return values if self.specs else None
+        return values  # [] for no outputs, as TF's eager py_function
 
 
 def _flat_inputs(inp):
-    if inp is None:
-        return [], []
-    if not isinstance(inp, (list, tuple)):
-        raise TypeError(
-            f"inp must be a list or tuple of tensors, got {type(inp).__name__}; "
-            f"wrap a single tensor as [x]")
     structure = []
     dense = True
-    for value in inp:
+    for value in _op.input_list(inp):
         if not isinstance(value, tf.Tensor):
             if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
                 dense = False
@@ -176,29 +149,35 @@ def _flat_inputs(inp):
                 value = tf.convert_to_tensor(value)
         structure.append(value)
     flat = structure if dense else _nest.flatten(structure, expand_composites=True)
-    for i, tensor in enumerate(flat):
-        if tensor.dtype not in _tout.SUPPORTED_DTYPES:
-            _tout.dtype_of(tensor.dtype, f"inp (component {i})")  # raises
+    _op.check_input_dtypes(flat, "inp (component {})")
     return structure, flat
 
 
 def _caller(func, structure, signature):
     """What the kernel runs: component tensors in, component values out."""
     composite = any(not isinstance(v, tf.Tensor) for v in structure)
+    # Specs rather than the (symbolic) inputs: portable=True pickles the caller.
+    specs = [tf.type_spec_from_value(v) for v in structure] if composite else None
 
     def call(*flat):
-        if composite:
-            args = _nest.pack_sequence_as(structure, list(flat), expand_composites=True)
+        if specs is not None:
+            args = _nest.pack_sequence_as(specs, list(flat), expand_composites=True)
         else:
             args = flat
-        return signature.flatten(func(*args))
+        result = func(*args)
+        try:
+            return signature.flatten(result)
+        except ValueError as exc:
+            # TF's words first (code matches on them), then which output and the fix.
+            raise ValueError(
+                f"py_function: func={func!r} returned {result!r}, which did not match "
+                f"Tout={signature.specs!r}. {exc}") from None
     # The registry key and the statistics name the user's function.
     return functools.update_wrapper(call, func, updated=())
 
 
-def _py_function(func, inp, Tout, name):
-    if not callable(func):
-        raise TypeError(f"func must be callable, got {type(func).__name__}: {func!r}")
+def _py_function(func, inp, Tout, name, portable=False):
+    _op.check_callable(func)
     signature = _tout.cached(_Signature, Tout)
     structure, inputs = _flat_inputs(inp)
     call = _caller(func, structure, signature)
@@ -207,22 +186,28 @@ def _py_function(func, inp, Tout, name):
     if tf.executing_eagerly():
         # Record the call for its gradient only when a tape watches it.
         entry_record = _record.should_record_backprop(inputs)
-        outputs, forward = _numpy_function.run_eagerly(
+        outputs, forward = _op.run_eagerly(
             OP, op, call, inputs, signature, name, record=entry_record)
     else:
-        entry = _registry.register(call, name=name)
-        outputs, forward = op(input=inputs, key=entry.key, Tout=signature.dtypes,
-                              out_shapes=signature.shapes,
-                              name=NODE_NAME if name is None else name)
-        _registry.keep_alive(entry, forward.graph)
+        # A reference names `func`; another process rebuilds the caller around
+        # it for dense inputs and outputs only (_portable._dense_caller).
+        dense = not signature.composite and all(isinstance(v, tf.Tensor) for v in structure)
+        outputs, forward = _op.build_graph_op(OP, op, func, inputs, signature, name,
+                                              portable=portable, runs=call,
+                                              nameable=dense)
+        if not signature.specs:
+            # No outputs: the op itself, for Session.run and control
+            # dependencies (TF's py_function returns its Operation too).
+            return forward.op
     return signature.pack(list(outputs))
 
 
-def py_function(func=None, inp=None, Tout=None, name=None):
+def py_function(func=None, inp=None, Tout=None, name=None, *, portable=False):
     """Wraps a Python function of EagerTensors as a once-differentiable TF op.
 
-    A drop-in for ``tf.py_function``: same arguments, same results, same error
-    codes, on pyfunc_bridge's own kernel.
+    A drop-in for ``tf.py_function``: same arguments, same results, the same
+    error classes, on pyfunc_bridge's own kernel (the README lists the
+    deliberate differences).
 
     Args:
       func: the Python function.  It receives one EagerTensor per input
@@ -235,9 +220,15 @@ def py_function(func=None, inp=None, Tout=None, name=None):
         shape), a ``tf.RaggedTensorSpec``/``tf.SparseTensorSpec``, or a list
         of those; ``[]`` or None for no outputs.
       name: the op's name.
+      portable: as for :func:`numpy_function`: also embed the function (with
+        what the op needs around it), serialized by cloudpickle, in graph ops.
+        Without it, only a module-level function with dense inputs and outputs
+        travels, by name.
 
     Returns:
-      What Tout declares: one value, or a list.
+      What Tout declares: one value, or a list.  With no outputs: ``[]``
+      eagerly, the ``tf.Operation`` in a graph (for ``Session.run`` and
+      control dependencies), as ``tf.py_function``.
 
     The op is differentiable once, in eager mode, in tf.function and in TF1
     graphs: the gradient is that of the TF computation the function ran,
@@ -257,13 +248,5 @@ def py_function(func=None, inp=None, Tout=None, name=None):
     [[1], [2, 3]]
     """
     if func is None:
-        if inp is not None:
-            raise TypeError("py_function used as a decorator takes no `inp`")
-
-        def decorate(f):
-            @functools.wraps(f)
-            def wrapper(*args):
-                return _py_function(f, list(args), Tout, name)
-            return wrapper
-        return decorate
-    return _py_function(func, inp, Tout, name)
+        return _op.decorator(_py_function, "py_function", inp, Tout, name, portable)
+    return _py_function(func, inp, Tout, name, portable)

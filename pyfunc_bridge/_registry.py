@@ -20,21 +20,25 @@ class Entry:
     """A registered function; graphs that run it keep it alive.
 
     ``framework`` is None for NumPy functions, else the framework adapter of an
-    array_function (pyfunc_bridge/_frameworks.py), read by the conversion layer.
+    array_function (pyfunc_bridge/_frameworks.py); ``converter`` is the
+    conversion layer's converter for it, which the bridge's driver calls.
     ``record`` (py_function): whether a call may need its gradient (eager
     calls decide per call; in graphs the kernel sees whether one is wired).
     `name` is the op's ``name=``, under which the statistics count its calls
     (None: the function's ``__qualname__``); `stats_record` is where the
-    conversion layer counts them.
+    conversion layer counts them.  `eager`: the entry of an eager call, whose
+    0-d inputs a NumPy function receives as 0-d arrays (in graphs: as NumPy
+    scalars, as TensorFlow hands them over); it picks the converter.
     """
 
-    __slots__ = ("func", "key", "framework", "record", "name", "stats_record",
-                 "__weakref__")
+    __slots__ = ("func", "key", "framework", "converter", "record", "name",
+                 "stats_record", "__weakref__")
 
-    def __init__(self, func, key, framework=None, record=True, name=None):
+    def __init__(self, func, key, framework=None, record=True, name=None, eager=False):
         self.func = func
         self.key = key
         self.framework = framework
+        self.converter = _library.conversion().converter(framework, eager)
         self.record = record
         self.name = name
         self.stats_record = None
@@ -56,11 +60,11 @@ def _forget(functions, key, ref):
         del functions[key]
 
 
-def register(func, framework=None, name=None):
+def register(func, framework=None, name=None, eager=False):
     """Registers `func` under a new key and returns its Entry."""
     functions = _library.conversion().registry()
     key = f"{function_reference(func)}@{uuid.uuid4().hex}"
-    entry = Entry(func, key, framework, name=name)
+    entry = Entry(func, key, framework, name=name, eager=eager)
     functions[key] = weakref.ref(entry, lambda ref: _forget(functions, key, ref))
     return entry
 

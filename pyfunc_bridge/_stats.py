@@ -20,8 +20,10 @@ import dataclasses
 
 from pyfunc_bridge import _library
 
-COPY_REASONS = ("unaligned", "non_contiguous", "aliasing", "dtype_conversion",
-                "string", "copy_requested")
+
+def _copy_reasons():
+    """The conversion layer's COPY_REASONS (src/conversion/copy.pxi)."""
+    return _library.conversion().COPY_REASONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +32,7 @@ class FunctionStats:
 
     Bytes count inputs and outputs.  ``bytes_zero_copy``: handed across without
     a copy; ``bytes_copied``: reason -> bytes copied (or converted) for that
-    reason, one of ``COPY_REASONS``:
+    reason, one of the conversion layer's ``COPY_REASONS``:
 
     - ``unaligned``: an output whose data is not 64-byte aligned;
     - ``non_contiguous``: an output that is not C-contiguous;
@@ -47,7 +49,7 @@ class FunctionStats:
     errors: int = 0
     bytes_zero_copy: int = 0
     bytes_copied: dict = dataclasses.field(
-        default_factory=lambda: dict.fromkeys(COPY_REASONS, 0))
+        default_factory=lambda: dict.fromkeys(_copy_reasons(), 0))
     seconds_in_function: float = 0.0
     seconds_marshalling: float = 0.0
 
@@ -59,7 +61,7 @@ class FunctionStats:
 def _add(a, b):
     return FunctionStats(
         a.calls + b.calls, a.errors + b.errors, a.bytes_zero_copy + b.bytes_zero_copy,
-        {r: a.bytes_copied[r] + b.bytes_copied[r] for r in COPY_REASONS},
+        {r: a.bytes_copied[r] + b.bytes_copied[r] for r in _copy_reasons()},
         a.seconds_in_function + b.seconds_in_function,
         a.seconds_marshalling + b.seconds_marshalling)
 

@@ -3,12 +3,19 @@ import collections
 
 import tensorflow as tf
 
-SUPPORTED_DTYPES = frozenset([
-    tf.float16, tf.bfloat16, tf.float32, tf.float64,
-    tf.int8, tf.int16, tf.int32, tf.int64,
-    tf.uint8, tf.uint16, tf.uint32, tf.uint64,
-    tf.bool, tf.complex64, tf.complex128, tf.string,
-])
+from pyfunc_bridge import _library
+
+_supported_dtypes = None
+
+
+def supported_dtypes():
+    """The dtypes that cross the bridge, from the conversion layer's dtype
+    table (src/conversion/dtypes.pxi; loaded on the first op)."""
+    global _supported_dtypes
+    if _supported_dtypes is None:
+        _supported_dtypes = frozenset(
+            tf.as_dtype(name) for name in _library.conversion().DTYPE_NAMES)
+    return _supported_dtypes
 
 OutputSignature = collections.namedtuple(
     "OutputSignature", ["dtypes", "shapes", "single"])
@@ -21,8 +28,9 @@ single: Tout was one dtype/spec (the op returns a tensor, not a list).
 
 
 def _supported(dtype, what):
-    if dtype not in SUPPORTED_DTYPES:
-        names = ", ".join(sorted(d.name for d in SUPPORTED_DTYPES))
+    supported = supported_dtypes()
+    if dtype not in supported:
+        names = ", ".join(sorted(d.name for d in supported))
         raise TypeError(
             f"{what}: pyfunc_bridge does not support dtype {dtype.name}; supported "
             f"dtypes are {names}")
@@ -33,10 +41,12 @@ def dtype_of(value, what):
     """A supported tf.DType for `value`, or a TypeError naming `what`."""
     try:
         dtype = tf.as_dtype(value)
-    except TypeError:
+    except TypeError as exc:
+        # TF's own words first ("Cannot convert ... to a TensorFlow DType."):
+        # code matches on them.
         raise TypeError(
-            f"{what} must be a tf.DType, a NumPy dtype or a tf.TensorSpec, got "
-            f"{value!r}") from None
+            f"{what}: {exc} {what} must be a tf.DType, a NumPy dtype or a "
+            f"tf.TensorSpec, got {value!r}") from None
     return _supported(dtype, what)
 
 

@@ -12,7 +12,7 @@
 /* dlpack.h declares only the struct tag in C. */
 typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
 
-#define PFB_BRIDGE_ABI_VERSION 2
+#define PFB_BRIDGE_ABI_VERSION 3
 /* PyCapsule_Import name of the PfbBridgeApi table exported by the conversion layer. */
 #define PFB_BRIDGE_CAPSULE "pyfunc_bridge._conversion._bridge_api"
 
@@ -25,6 +25,10 @@ typedef struct PfbStringRef {
 
 #define PFB_STRING_DTYPE_CODE kDLOpaqueHandle
 #define PFB_STRING_DTYPE_BITS (8 * sizeof(PfbStringRef))
+
+/* TensorFlow needs this alignment to use a foreign buffer without copying
+ * it; the conversion layer allocates and hands over memory aligned so. */
+#define PFB_TENSOR_ALIGNMENT 64
 
 /* Copy policy, NumPy 2's tri-state (attribute `copy` of the ops). */
 enum { PFB_COPY_NONE = 0, PFB_COPY_TRUE = 1, PFB_COPY_FALSE = 2 };
@@ -42,7 +46,8 @@ enum {
   /* The kernel runs on a thread that only TF's kernels use (the kernel made
    * its Python thread state): per-thread Python settings may stay installed. */
   PFB_CALL_WORKER_THREAD = 1,
-  /* py_function ops: inputs become EagerTensors, results may be EagerTensors. */
+  /* The py_function kernel made the call: its function takes and returns
+   * EagerTensors (the conversion layer's EagerTensor converter). */
   PFB_CALL_TENSORS = 2,
   /* py_function ops whose gradient may run: record the function's TF
    * computation and return it in PfbCall.state. */
@@ -63,7 +68,10 @@ typedef struct PfbCall {
   int32_t num_outputs;
   const PfbOutputSpec* output_specs;
   /* Filled by the callee on success; the caller then owns each of them and
-   * must call its deleter with the GIL held or takeable. */
+   * must call its deleter with the GIL held or takeable.  Each has the
+   * declared dtype and device and is either empty (no element) or compact
+   * row-major with strides == NULL and data aligned to PFB_TENSOR_ALIGNMENT:
+   * the callee makes every copy, the caller wraps without one. */
   DLManagedTensorVersioned** outputs;
   /* The op's TF device, e.g. "/job:localhost/replica:0/task:0/device:CPU:0". */
   const char* device_name;
@@ -71,9 +79,22 @@ typedef struct PfbCall {
    * enqueued before the call is complete when the call starts. */
   void* stream;
   /* A PyObject*: with PFB_CALL_RECORD the callee may set it to a new
-   * reference (the forward state, released by the caller with the GIL held);
+   * reference (the forward state, released by the caller with the GIL held,
+   * whether the call succeeded or not);
    * with PFB_CALL_GRADIENT it is that state, borrowed. */
   void* state;
+  /* The function's portable description, the op's attributes of the same
+   * names; the callee reads them only when no function is registered under
+   * `key` (a graph from another process, or one whose source graph is gone).
+   * Each is empty when the op has none: `reference` is "module:qualname",
+   * `pickled` the function serialized by cloudpickle (binary), `framework`
+   * array_function's framework (empty for NumPy). */
+  const char* reference;
+  size_t reference_len;
+  const char* pickled;
+  size_t pickled_len;
+  const char* framework;
+  size_t framework_len;
 } PfbCall;
 
 typedef struct PfbStatus {

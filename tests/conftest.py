@@ -42,7 +42,7 @@ class UserValueError(ValueError):
     pass
 
 
-# Python exception -> TF error class, DESIGN's table (subclasses map as their base).
+# Python exception -> TF error class, the table in errors.pxi (subclasses map as their base).
 EXCEPTION_TABLE = [
     (ValueError, tf.errors.InvalidArgumentError),
     (UserValueError, tf.errors.InvalidArgumentError),

@@ -88,7 +88,10 @@ class PfbCall(ctypes.Structure):
                 ("output_specs", ctypes.POINTER(PfbOutputSpec)),
                 ("outputs", ctypes.POINTER(ctypes.POINTER(DLManagedTensorVersioned))),
                 ("device_name", ctypes.c_char_p), ("stream", ctypes.c_void_p),
-                ("state", ctypes.c_void_p)]
+                ("state", ctypes.c_void_p),
+                ("reference", ctypes.c_char_p), ("reference_len", ctypes.c_size_t),
+                ("pickled", ctypes.c_char_p), ("pickled_len", ctypes.c_size_t),
+                ("framework", ctypes.c_char_p), ("framework_len", ctypes.c_size_t)]
 
 
 class PfbStatus(ctypes.Structure):
@@ -186,8 +189,10 @@ class Exporter:
         return self.device
 
 
-def call(api, key, inputs, out_specs, copy_mode=0, flags=0):
-    """Runs api.call; returns (code, message, outputs)."""
+def call(api, key, inputs, out_specs, copy_mode=0, flags=0, reference=b"", pickled=b"",
+         framework=b""):
+    """Runs api.call; returns (code, message, outputs).  `reference`,
+    `pickled`, `framework`: the op's portable description (bytes)."""
     key_b = key.encode()
     in_arr = (ctypes.POINTER(DLManagedTensorVersioned) * max(len(inputs), 1))(
         *[ctypes.pointer(m) for m in inputs])
@@ -195,6 +200,10 @@ def call(api, key, inputs, out_specs, copy_mode=0, flags=0):
     outs = (ctypes.POINTER(DLManagedTensorVersioned) * max(len(out_specs), 1))()
     c = PfbCall(key_b, len(key_b), copy_mode, flags, len(inputs), in_arr, len(out_specs), specs,
                 outs)
+    # Length-delimited, like the kernel's: pickles hold NUL bytes.
+    c.reference, c.reference_len = reference, len(reference)
+    c.pickled, c.pickled_len = pickled, len(pickled)
+    c.framework, c.framework_len = framework, len(framework)
     status = PfbStatus()
     code = api.call(ctypes.byref(c), ctypes.byref(status))
     message = ctypes.string_at(status.message).decode() if status.message else None
@@ -210,3 +219,10 @@ def spec(code=kDLFloat, bits=32, shape=None, device=(kDLCPU, 0)):
                            ctypes.POINTER(ctypes.c_int64))
     return PfbOutputSpec(DLDataType(code, bits, 1), -1 if shape is None else len(shape), dims,
                          DLDevice(*device))
+
+
+def release(outputs):
+    """Calls the deleter of each output a bridge call returned."""
+    for m in outputs:
+        if m:
+            m.contents.deleter(m)

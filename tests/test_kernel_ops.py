@@ -542,5 +542,30 @@ def test_eager_paths_agree_on_errors(eager_path):
 
 def test_eager_paths_agree_on_no_outputs(eager_path):
     seen = []
-    assert pfb.numpy_function(lambda a: seen.append(1), [tf.constant(1)], []) in (None, [])
+    # None, as TF's eager numpy_function (issue 9).
+    assert pfb.numpy_function(lambda a: seen.append(1), [tf.constant(1)], []) is None
     assert seen == [1]
+
+
+def test_eager_paths_agree_on_scalar_inputs(eager_path):
+    """Eagerly a 0-d input is a 0-d array on both paths, as TF's eager
+    numpy_function hands it over (graphs: a NumPy scalar, test_api_parity)."""
+    seen = []
+
+    def body(a, s):
+        seen.append((type(a), a.dtype, a.shape, type(s), s.shape, s[()]))
+        return a, s
+
+    a, s = pfb.numpy_function(body, [tf.constant(1.5), tf.constant("abc")],
+                              [tf.float32, tf.string])
+    assert seen == [(np.ndarray, np.float32, (), np.ndarray, (), b"abc")]
+    assert float(a) == 1.5 and s.numpy() == b"abc"
+
+
+def test_eager_paths_agree_on_unsupported_results(eager_path):
+    """A result without a tensor form: InternalError (TF's class in graphs)
+    and ValueError (its eager class), on both paths."""
+    structured = np.zeros(2, dtype=[("a", "f4"), ("b", "i4")])
+    with pytest.raises(tf.errors.InternalError, match="Unsupported numpy data type") as info:
+        pfb.numpy_function(lambda a: structured, [tf.constant([1.0])], tf.float32)
+    assert isinstance(info.value, ValueError)

@@ -1,7 +1,7 @@
 """py_function gradients in pipelines, threads and loops, and its memory bounds.
 
 tf.py_function is not used as a reference here: its gradient state is keyed by
-a per-op token and fails these cases (see DESIGN.md)."""
+a per-op token and fails these cases (docs/design.md, "Measured facts")."""
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor

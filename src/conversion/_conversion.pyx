@@ -1,11 +1,50 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: embedsignature=True
-"""Conversion layer of pyfunc_bridge: DLPack <-> NumPy, copy policy, strings.
+"""Conversion layer of pyfunc_bridge: DLPack <-> NumPy / EagerTensors /
+framework arrays, the copy policy, strings, statistics.
 
 The kernel hands every call over through the PfbBridgeApi capsule
-(``_bridge_api``): inputs arrive as DLPack tensors, the registered function runs
-with 64-byte aligned NumPy allocation, and its results go back as DLPack
-tensors checked against the op's declared dtypes and shapes.
+(``_bridge_api``); one driver runs it.  The life of one call:
+
+1. The kernel's ``Compute()`` (src/kernel/numpy_function.cc, py_function.cc)
+   calls ``BridgeKernel::RunBridge`` (src/kernel/bridge.cc) with the flags
+   that describe the call (py_function: PFB_CALL_TENSORS, maybe _RECORD; its
+   gradient: _GRADIENT).  Each input becomes a DLPack tensor (``ExportInput``),
+   the GIL is taken (``GilScope``), and a ``PfbCall`` (bridge_abi.h) goes to
+   ``_bridge_call`` (bridge.pxi).  An eager numpy_function / array_function
+   call builds the same PfbCall in ``call_eagerly`` (eager.pxi) instead.
+2. ``_run`` (bridge.pxi), the one driver: ``_stats_begin``; ``_adopt_inputs``
+   (one ``_DLPackOwner`` per input); ``_entry`` (the registry, the eager slot,
+   or a gradient's recorded ``_Forward``; a key missing from the registry is
+   resolved once from the op's portable description in the PfbCall, by
+   ``_resolve_missing`` -> ``pyfunc_bridge/_portable.py``, into an entry with
+   the converter of the recorded framework); ``_converter``: the entry's
+   ``_NUMPY`` (``_NUMPY_EAGER`` for an eager call) or ``_FrameworkConverter``
+   (converters.pxi), or ``_TENSORS`` for the py_function kernels (tensors.pxi).
+3. ``converter.inputs``: owners -> read-only ndarray views (``_input_arrays``;
+   in graphs a 0-d input becomes a NumPy scalar, ``_scalar_input``), framework
+   arrays (``_framework_inputs``) or EagerTensors (``_input_tensors``).
+4. ``converter.enter``: aligned NumPy allocation, or eager mode + device scope.
+5. ``converter.call``: the function (py_function under a tape, its ``_Forward``
+   put in ``PfbCall.state``; a gradient call: ``_Forward.gradient``).
+6. ``converter.outputs``: ``_export_outputs`` (NumPy, array_function) or
+   ``_export_results`` (py_function) -> per result ``_export_output`` (NumPy
+   values, outputs.pxi) or ``_export_dlpack_output`` (DLPack producers,
+   frameworks.pxi): dtype and shape checked, then ``_copy_reason`` (copy.pxi,
+   the one copy decision) says share, or copy once (``_aligned_copy``).
+7. ``converter.leave``; ``_stats_end``.  On error ``_delete_outputs`` frees the
+   outputs made so far and ``_bridge_call`` fills the PfbStatus
+   (``_failure``, bridge.pxi; ``_status_of``, errors.pxi); ``call_eagerly``
+   raises it as TF's error.  An eager call also leaves on its thread the
+   exception the op layer re-raises as it is (``_raised_as_is``, errors.pxi;
+   ``take_raised``).
+8. Back in ``RunBridge``, ``MakeOutput`` wraps each output without a copy
+   (``DLPackBuffer``, or ``AliasBuffer`` for a view of an input); py_function's
+   ``Compute()`` adds the forward-state output.  ``call_eagerly`` wraps them
+   as EagerTensors (``_eager_output``) instead.
+
+The files are included in dependency order: each uses only earlier ones
+(except that _DLPackOwner's protocol methods call dlpack_export.pxi).
 """
 from cpython.object cimport PyTypeObject
 from cpython.pycapsule cimport (
@@ -47,16 +86,22 @@ cdef extern from "Python.h":
     ctypedef struct PyTypeWeaklist "PyTypeObject":
         Py_ssize_t tp_weaklistoffset
 
+# DLPack and NumPy core
 include "alloc.pxi"
 include "dtypes.pxi"
-include "dlpack.pxi"
 include "dlpack_import.pxi"
+include "dlpack.pxi"
+include "copy.pxi"
 include "dlpack_export.pxi"
 include "strings.pxi"
 include "stats.pxi"
 include "outputs.pxi"
+# TensorFlow and other frameworks
+include "tf.pxi"
 include "frameworks.pxi"
+# The bridge
 include "errors.pxi"
+include "converters.pxi"
 include "tensors.pxi"
 include "bridge.pxi"
 include "eager.pxi"

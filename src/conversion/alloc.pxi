@@ -1,5 +1,6 @@
 # 64-byte aligned NumPy data allocation (PyDataMem_SetHandler), active while a
-# registered function runs so that fresh outputs qualify for zero-copy.
+# registered function runs so that fresh outputs qualify for zero-copy, and
+# _aligned_copy, the one routine that makes the copies the bridge hands over.
 
 cdef extern from "<stdlib.h>" nogil:
     int posix_memalign(void** memptr, size_t alignment, size_t size)
@@ -16,7 +17,6 @@ cdef extern from "<unistd.h>" nogil:
     enum: _SC_PAGESIZE
 
 cdef enum:
-    ALIGNMENT = 64
     # Like NumPy's own allocator: blocks this large ask for transparent huge
     # pages, so that filling a fresh 64 MiB output takes 32 page faults, not 16k.
     HUGEPAGE_THRESHOLD = 4 << 20
@@ -107,7 +107,7 @@ cdef void* _aligned_malloc(void* ctx, size_t size) noexcept nogil:
         p = _cache_take(size)
         if p != NULL:
             return p
-    if posix_memalign(&p, ALIGNMENT, size if size > 0 else 1) != 0:
+    if posix_memalign(&p, PFB_TENSOR_ALIGNMENT, size if size > 0 else 1) != 0:
         return NULL
     cdef uintptr_t start, end
     if size >= HUGEPAGE_THRESHOLD:
@@ -181,3 +181,13 @@ cdef class aligned_allocation:
         cnp.PyDataMem_SetHandler(self._previous)
         self._previous = None
         return False
+
+
+cdef cnp.ndarray _aligned_copy(object arr):
+    """A C-contiguous copy of `arr` in aligned memory: every copy that the
+    bridge hands to TensorFlow is made here, so the kernel never copies again."""
+    previous = cnp.PyDataMem_SetHandler(_aligned_handler_capsule)
+    try:
+        return np.array(arr, order="C", copy=True)
+    finally:
+        cnp.PyDataMem_SetHandler(previous)

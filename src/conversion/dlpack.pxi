@@ -53,6 +53,14 @@ cdef _DLPackOwner _adopt(DLManagedTensorVersioned* managed):
     return owner
 
 
+cdef _DLPackOwner _adopt_checked(DLManagedTensorVersioned* m):
+    try:
+        return _adopt(m)
+    except BaseException:
+        m.deleter(m)
+        raise
+
+
 cdef DLTensor* _owner_tensor(_DLPackOwner owner) except NULL:
     if owner.managed == NULL:
         raise BufferError(
@@ -92,6 +100,17 @@ cdef object _view(_DLPackOwner owner, bint writable):
     owner.shared = True  # the view needs the memory: later exports may not hand it out
     cnp.set_array_base(arr, owner)  # the view keeps the producer's memory alive
     return arr
+
+
+cdef object _strings_from_records(DLTensor* t):
+    shape = tuple([t.shape[i] for i in range(t.ndim)])
+    cdef cnp.ndarray out = np.empty(shape, dtype=object)
+    cdef Py_ssize_t n = out.size, i
+    cdef const PfbStringRef* records = <const PfbStringRef*>(<char*>t.data + t.byte_offset)
+    flat = out.reshape(-1)
+    for i in range(n):
+        flat[i] = records[i].data[:records[i].size]
+    return out
 
 
 cdef void _release_exported(DLManagedTensorVersioned* managed) noexcept nogil:

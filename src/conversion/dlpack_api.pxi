@@ -1,45 +1,21 @@
 # The public conversion API (re-exported by pyfunc_bridge): TensorFlow tensors
 # <-> DLPack producers and NumPy arrays, zero-copy where the memory allows.
 
-cdef object _has_gpu = None
-
-
-cdef bint _tf_has_gpu() except -1:
-    """Whether TensorFlow sees a GPU (then CUDA memory may become a tensor)."""
-    global _has_gpu
-    if _has_gpu is None:
-        import tensorflow as tf
-        _has_gpu = bool(tf.config.list_physical_devices("GPU"))
-    return _has_gpu
-
-
-cdef int _check_copy(object copy) except -1:
-    if copy is not None and type(copy) is not bool:
-        raise ValueError(f"copy must be None, True or False, got {copy!r}")
-    return 0
-
-
-cdef object _tensor_from_owner(_DLPackOwner owner, object copy, object reason, str api):
+cdef object _tensor_from_owner(_DLPackOwner owner, object copy, bint writable_elsewhere,
+                               str api):
     """An EagerTensor of the owner's memory: zero-copy, or one aligned copy."""
     cdef DLTensor* t = _owner_tensor(owner)
-    cdef int i
     if t.device.device_type != kDLCPU:
         if copy is True:
             raise BufferError(f"{api}: copy=True of device memory is not supported; "
                               f"copy it with TensorFlow after the import")
         return _tf_tensor(owner)
-    if copy is True:
-        reason = "copy_requested"
-    elif reason is None:
-        reason = _dl_layout_reason(t)
+    reason = _dl_copy_reason(t, (<tuple>_COPY_POLICIES[copy])[1], writable_elsewhere)
     if reason is not None and copy is False:
         raise BufferError(
             f"{api} would need a copy because {_COPY_REASON_TEXT[reason]}; copy=False "
             f"forbids copies (use copy=None to copy once)")
-    empty = False
-    for i in range(t.ndim):
-        empty = empty or t.shape[i] == 0
-    if reason is not None or empty:
+    if reason is not None or _dl_empty(t):
         owner = _adopt_checked(_private_copy(owner))  # empty: TF wants a real pointer
     return _tf_tensor(owner)
 
@@ -71,23 +47,7 @@ def from_dlpack(obj, *, copy=None):
     """
     _check_copy(copy)
     cdef DLManagedTensorVersioned* m = _consume(obj, _tf_has_gpu())
-    return _tensor_from_owner(_adopt_checked(m), copy, None, "from_dlpack")
-
-
-cdef bint _readonly_memory(object arr):
-    """Whether nobody can write the array's memory through Python: every array
-    on the base chain is read-only and the chain ends at memory that cannot be
-    made writable again (a read-only bridge view of TF memory, or bytes)."""
-    cdef PyObject* obj = <PyObject*>arr
-    while PyArray_Check(obj):
-        if PyArray_FLAGS(<PyArrayObject*>obj) & NPY_ARRAY_WRITEABLE:
-            return False
-        obj = PyArray_BASE(<PyArrayObject*>obj)
-        if obj == NULL:
-            return False  # owns its data: its WRITEABLE flag can be set again
-    if Py_TYPE(obj) == <PyTypeObject*>_DLPackOwner:
-        return not (<_DLPackOwner>obj).writable
-    return Py_TYPE(obj) == <PyTypeObject*>bytes
+    return _tensor_from_owner(_adopt_checked(m), copy, False, "from_dlpack")
 
 
 def from_numpy(array, *, copy=None):
@@ -118,21 +78,17 @@ def from_numpy(array, *, copy=None):
             f"pfb.from_dlpack for other DLPack producers")
     kind = array.dtype.kind
     if kind in "OSU":
-        import tensorflow as tf
-        return tf.convert_to_tensor(array, tf.string)
-    if copy is True:
-        reason = "copy_requested"
-    elif copy is None and not _readonly_memory(array):
-        reason = "aliasing"
-    else:
-        reason = None
+        _load_tf()
+        return _tf_convert(array, _tf_string)
+    # copy=False shares any array: the caller vouches that nobody writes it.
+    cdef bint writable_elsewhere = copy is None and not _readonly_memory(array)
     cdef bint bf16 = array.dtype == _BFLOAT16
     # NumPy exports only its builtin dtypes: bfloat16 travels as uint16.
     cdef DLManagedTensorVersioned* m = _consume(array.view(np.uint16) if bf16 else array,
                                                 False)
     if bf16:
         m.dl_tensor.dtype.code = kDLBfloat
-    return _tensor_from_owner(_adopt_checked(m), copy, reason, "from_numpy")
+    return _tensor_from_owner(_adopt_checked(m), copy, writable_elsewhere, "from_numpy")
 
 
 def to_dlpack(tensor, *, copy=None):

@@ -1,7 +1,7 @@
 # Producing DLPack capsules: the exporter protocol of _DLPackOwner
 # (__dlpack__ with stream / max_version / dl_device / copy), capsules of both
-# kinds with destructors that free only unconsumed tensors, and the exports of
-# TensorFlow tensors (READ_ONLY, bool as kDLBool).
+# kinds with destructors that free only unconsumed tensors, and handing an
+# owner's tensor (or an aligned copy of it) to a consumer.
 
 from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.pycapsule cimport PyCapsule_IsValid
@@ -107,8 +107,7 @@ cdef DLManagedTensorVersioned* _private_copy(_DLPackOwner owner) except NULL:
     cdef DLDataType dtype = t.dtype
     cdef bint was_shared = owner.shared
     view = _view(owner, False)
-    with aligned_allocation():
-        arr = np.array(view, order="C", copy=True)
+    arr = _aligned_copy(view)
     del view
     owner.shared = was_shared  # the temporary view is gone
     cdef DLManagedTensorVersioned* m = _export_array(arr, dtype)
@@ -125,12 +124,13 @@ cdef object _owner_dlpack(_DLPackOwner owner, object stream, object max_version,
     _check_stream(t, stream)
     if dl_device is not None:
         want = (int(dl_device[0]), int(dl_device[1]))
-        if want != (<int>t.device.device_type, t.device.device_id):
+        # Host memory is one address space: any CPU device id is this one.
+        if want[0] != <int>t.device.device_type or (
+                want[0] != kDLCPU and want[1] != t.device.device_id):
             raise BufferError(
                 f"cannot export to device {want}: the tensor is on "
                 f"{_device_name(t.device)} and pyfunc_bridge does not copy across devices")
-    if copy is not None and type(copy) is not bool:
-        raise ValueError(f"copy must be None, True or False, got {copy!r}")
+    _check_copy(copy)
     if copy is True:
         m = _private_copy(owner)
         try:
@@ -146,82 +146,18 @@ cdef object _owner_dlpack(_DLPackOwner owner, object stream, object max_version,
     return capsule
 
 
-# ----------------------------------------------------- TensorFlow's tensors
-
-cdef object _tfe = None  # tensorflow.python.pywrap_tfe, imported on first use
-cdef object _tf_context = None
-
-
-cdef _load_tf():
-    global _tfe, _tf_context
-    if _tfe is None:
-        from tensorflow.python import pywrap_tfe
-        from tensorflow.python.eager import context
-        context.context().ensure_initialized()  # what tf.experimental.dlpack does first
-        _tf_context = context.context
-        _tfe = pywrap_tfe
-
-
-def _sync_tf_devices(stream):
-    """Waits for TensorFlow's pending device work (a CUDA export's consumer
-    stream cannot be joined to TensorFlow's streams from Python)."""
-    import tensorflow as tf
-    tf.test.experimental.sync_devices()
-
-
-cdef int _check_tensor_arg(object tensor, str api) except -1:
-    if not _is_eager_tensor(tensor):
-        if hasattr(tensor, "graph"):
-            raise TypeError(
-                f"{api} takes an eager tf.Tensor, got a symbolic tensor of a graph; "
-                f"inside tf.function use pfb.array_function or pfb.numpy_function")
-        raise TypeError(f"{api} takes an eager tf.Tensor, got {type(tensor).__name__}")
-    return 0
-
-
-cdef _DLPackOwner _tf_export(object tensor, object copy):
-    """An owner of a TF tensor's memory (zero-copy), READ_ONLY, bool as kDLBool."""
-    _load_tf()
-    cdef int datatype = tensor._datatype_enum()  # cheaper than tensor.dtype
-    if datatype == TF_DT_STRING:
-        raise TypeError(
-            "tf.string tensors have no DLPack form; use pfb.to_numpy (an object "
-            "array of bytes)")
-    capsule = _tfe.TFE_ToDlpackCapsule(tensor)
-    cdef DLManagedTensorVersioned* m = _consume_capsule(capsule, True)
-    cdef _DLPackOwner owner
-    try:
-        owner = _adopt(m)
-    except BaseException:
-        m.deleter(m)
-        raise
-    # TF's memory is immutable: no consumer may write it.
-    m.flags |= DLPACK_FLAG_BITMASK_READ_ONLY
-    if datatype == TF_DT_BOOL:
-        m.dl_tensor.dtype.code = kDLBool  # TF exports bool as kDLUInt
-    if m.dl_tensor.device.device_type != kDLCPU:
-        owner.synchronize = _sync_tf_devices
-    if copy is True:
-        return _adopt_checked(_private_copy(owner))
-    return owner
-
-
-cdef _DLPackOwner _adopt_checked(DLManagedTensorVersioned* m):
-    try:
-        return _adopt(m)
-    except BaseException:
-        m.deleter(m)
-        raise
-
-
-# TensorFlow's DataType enum (types.proto), as EagerTensor._datatype_enum() gives it.
-cdef enum:
-    TF_DT_STRING = 7
-    TF_DT_BOOL = 10
-
-
-cdef object _tf_tensor(_DLPackOwner owner):
-    """An EagerTensor over the owner's memory, which TF then owns (zero-copy)."""
-    _load_tf()
-    capsule = _owner_dlpack(owner, None, None, None, None)  # TF reads legacy capsules only
-    return _tfe.TFE_FromDlpackCapsule(capsule, _tf_context()._handle)
+cdef DLManagedTensorVersioned* _hand_over(_DLPackOwner owner) except NULL:
+    """The owner's tensor for the kernel, which takes compact memory with
+    strides == NULL only (bridge_abi.h).  The caller has checked that it is
+    compact; one with explicit strides is handed over as a new struct without
+    them, which keeps the owner (and so the producer's tensor) alive."""
+    cdef DLManagedTensorVersioned* m = _hand_out(owner)
+    if m.dl_tensor.strides == NULL:
+        owner.managed = NULL  # the kernel owns it now
+        return m
+    cdef DLTensor* t = &m.dl_tensor
+    # npy_intp and int64_t are the same size on the 64-bit platforms TF runs on.
+    m = _export(owner, t.dtype, t.ndim, <const npy_intp*>t.shape, NULL, 1,
+                <char*>t.data + t.byte_offset, m.flags)
+    m.dl_tensor.device = t.device
+    return m

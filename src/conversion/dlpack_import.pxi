@@ -115,17 +115,12 @@ cdef bint _is_compact(const DLTensor* t) noexcept:
     return True
 
 
-cdef object _dl_layout_reason(const DLTensor* t):
-    """Why TF cannot take this memory as laid out (None: it can); as _layout_reason."""
+cdef size_t _nbytes(const DLTensor* t) noexcept:
+    cdef size_t n = (t.dtype.bits * t.dtype.lanes + 7) // 8
     cdef int i
     for i in range(t.ndim):
-        if t.shape[i] == 0:
-            return None
-    if not _is_compact(t):
-        return "non_contiguous"
-    if (<uintptr_t>t.data + t.byte_offset) % ALIGNMENT != 0:
-        return "unaligned"
-    return None
+        n *= <size_t>t.shape[i]
+    return n
 
 
 # ---------------------------------------------------------------- consuming
@@ -185,66 +180,3 @@ cdef DLManagedTensorVersioned* _consume_capsule(object capsule, bint allow_cuda)
     raise BufferError(
         f"capsule named {kind.decode(errors='replace')!r} is not a DLPack capsule "
         f"('dltensor' or 'dltensor_versioned')")
-
-
-cdef object _eager_tensor_type = None
-
-
-cdef object _eager_type():
-    """TensorFlow's EagerTensor class (imported on first use)."""
-    global _eager_tensor_type
-    if _eager_tensor_type is None:
-        from tensorflow.python.framework.ops import EagerTensor
-        _eager_tensor_type = EagerTensor
-    return _eager_tensor_type
-
-
-cdef bint _is_eager_tensor(object obj):
-    return isinstance(obj, _eager_type())
-
-
-cdef DLManagedTensorVersioned* _consume(object obj, bint allow_cuda) except NULL:
-    """Any DLPack producer (object or capsule) -> a validated tensor we own.
-
-    Objects are asked for a versioned capsule (max_version) and fall back to
-    the legacy call for producers that predate DLPack 1.0.  CPU memory is
-    requested without a stream; for CUDA memory the consumer's stream is the
-    legacy default stream (1): TensorFlow exposes no stream of its own.
-    """
-    if PyCapsule_CheckExact(obj):
-        return _consume_capsule(obj, allow_cuda)
-    if _is_eager_tensor(obj):
-        return _consume_owner(_tf_export(obj, None))
-    capsule = (<tuple>_handler(type(obj)))[1](obj)  # a framework adapter's fast path
-    if capsule is not None:
-        return _consume_capsule(capsule, allow_cuda)
-    dlpack = getattr(obj, "__dlpack__", None)
-    if dlpack is None:
-        raise TypeError(
-            f"{type(obj).__name__} is not a DLPack producer (it has no __dlpack__); "
-            f"pass an array of a DLPack-capable library or a DLPack capsule")
-    cdef DLDevice device
-    cdef DLTensor probe
-    device_type, device_id = obj.__dlpack_device__()
-    device.device_type = <DLDeviceType><int>device_type
-    device.device_id = <int32_t>device_id
-    if device.device_type == kDLCPU:
-        try:
-            capsule = dlpack(max_version=_MAX_VERSION)
-        except TypeError:
-            capsule = dlpack()  # a producer without DLPack 1.0 keywords
-    else:
-        probe.device = device
-        _check_device(&probe, allow_cuda)  # fail before the producer does any work
-        try:
-            capsule = dlpack(stream=1, max_version=_MAX_VERSION)
-        except TypeError:
-            capsule = dlpack(stream=1)
-    return _consume_capsule(capsule, allow_cuda)
-
-
-cdef DLManagedTensorVersioned* _consume_owner(_DLPackOwner owner) except NULL:
-    """Takes the tensor out of an owner (see _hand_out)."""
-    cdef DLManagedTensorVersioned* m = _hand_out(owner)
-    owner.managed = NULL  # the caller owns it now
-    return m

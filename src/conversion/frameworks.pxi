@@ -1,29 +1,8 @@
-# array_function: inputs as arrays of another framework (torch, JAX, ...)
-# through a framework adapter, and results that export __dlpack__ handed to the
-# kernel through the validated import, zero-copy when the copy policy allows.
-#
-# The adapter interface (objects made by pyfunc_bridge/_frameworks.py, stored
-# as Entry.framework; None means NumPy and takes the plain NumPy path):
-#   adapter.name                          framework name, for messages
-#   adapter.modules                       top-level module names of its array
-#                                         types (e.g. ("jax", "jaxlib"))
-#   adapter.wrap_input(owner, copy)       a _DLPackOwner (full DLPack exporter,
-#                                         consumable once) -> the framework's
-#                                         array; copy=True: a private copy
-#   adapter.check_inputs(args)            after the call, copy=None/False only:
-#                                         may raise if the function wrote to an
-#                                         input it could not be stopped from writing
-#   adapter.writable_elsewhere(obj, outside_refs)
-#                                         whether Python could still write the
-#                                         memory of result `obj` after the call;
-#                                         `outside_refs` counts the references
-#                                         the bridge does not hold
-#   adapter.to_capsule(obj)               a DLPack capsule of a CPU result, or
-#                                         None for the generic obj.__dlpack__
-#                                         path (a fast path: torch's Python-level
-#                                         protocol costs ~8 us)
-# register_framework(adapter) makes the conversion layer judge results of the
-# adapter's types with it, whichever framework the op was built for.
+# Arrays of other frameworks (torch, JAX, ...): results judged by their
+# framework's adapter, any DLPack producer consumed, and the inputs and results
+# of array_function.  The adapter protocol is documented once, on
+# pyfunc_bridge/_frameworks.py's Adapter; this layer reads name, modules,
+# wrap_input, check_inputs, writable_elsewhere and to_capsule.
 
 cdef dict _adapters_by_module = {}   # top-level module name -> adapter
 cdef dict _handlers = {}             # result type -> (writable_elsewhere, to_capsule)
@@ -34,6 +13,13 @@ def register_framework(adapter):
     for module in adapter.modules:
         _adapters_by_module[module] = adapter
     _handlers.clear()
+
+
+def _register_adapters():
+    """Every framework's arrays are judged by its adapter (imports no framework)."""
+    from pyfunc_bridge._frameworks import ADAPTERS
+    for adapter in ADAPTERS.values():
+        register_framework(adapter)
 
 
 def _immutable(obj, Py_ssize_t outside_refs):
@@ -69,37 +55,6 @@ cdef bint _is_eager_tensor_type(object tp):
     return issubclass(tp, _eager_type())
 
 
-cdef list _framework_inputs(tuple args, object adapter, int copy_mode):
-    """Swaps each owner in `args` for the framework's array (strings: object
-    arrays).  Returns the inputs' memory ranges [(start, end), ...]."""
-    cdef Py_ssize_t i
-    cdef DLTensor* t
-    cdef bint private = copy_mode == PFB_COPY_TRUE
-    cdef list ranges = []
-    wrap = adapter.wrap_input
-    for i in range(len(args)):
-        owner = <_DLPackOwner>args[i]
-        t = _owner_tensor(owner)
-        if _is_string_dtype(t.dtype):
-            value = _view(owner, False)
-        else:
-            start = <uintptr_t>t.data + t.byte_offset
-            ranges.append((start, start + _nbytes(t)))
-            value = wrap(owner, private)
-        Py_INCREF(value)  # PyTuple_SET_ITEM steals it
-        Py_XDECREF(PyTuple_GET_ITEM(args, i))
-        PyTuple_SET_ITEM(args, i, value)
-    return ranges
-
-
-cdef size_t _nbytes(const DLTensor* t) noexcept:
-    cdef size_t n = (t.dtype.bits * t.dtype.lanes + 7) // 8
-    cdef int i
-    for i in range(t.ndim):
-        n *= <size_t>t.shape[i]
-    return n
-
-
 cdef bint _inside(const DLTensor* t, list ranges):
     """Whether the tensor lies in an input's memory (TensorFlow's, immutable)."""
     cdef uintptr_t start = <uintptr_t>t.data + t.byte_offset
@@ -110,15 +65,71 @@ cdef bint _inside(const DLTensor* t, list ranges):
     return False
 
 
+cdef DLManagedTensorVersioned* _consume(object obj, bint allow_cuda) except NULL:
+    """Any DLPack producer (object or capsule) -> a validated tensor we own.
+
+    Objects are asked for a versioned capsule (max_version) and fall back to
+    the legacy call for producers that predate DLPack 1.0.  CPU memory is
+    requested without a stream; for CUDA memory the consumer's stream is the
+    legacy default stream (1): TensorFlow exposes no stream of its own.
+    """
+    if PyCapsule_CheckExact(obj):
+        return _consume_capsule(obj, allow_cuda)
+    if _is_eager_tensor(obj):
+        return _consume_owner(_tf_export(obj, None))
+    capsule = (<tuple>_handler(type(obj)))[1](obj)  # a framework adapter's fast path
+    if capsule is not None:
+        return _consume_capsule(capsule, allow_cuda)
+    dlpack = getattr(obj, "__dlpack__", None)
+    if dlpack is None:
+        raise TypeError(
+            f"{type(obj).__name__} is not a DLPack producer (it has no __dlpack__); "
+            f"pass an array of a DLPack-capable library or a DLPack capsule")
+    cdef DLDevice device
+    cdef DLTensor probe
+    device_type, device_id = obj.__dlpack_device__()
+    device.device_type = <DLDeviceType><int>device_type
+    device.device_id = <int32_t>device_id
+    if device.device_type == kDLCPU:
+        try:
+            capsule = dlpack(max_version=_MAX_VERSION)
+        except TypeError:
+            capsule = dlpack()  # a producer without DLPack 1.0 keywords
+    else:
+        probe.device = device
+        _check_device(&probe, allow_cuda)  # fail before the producer does any work
+        try:
+            capsule = dlpack(stream=1, max_version=_MAX_VERSION)
+        except TypeError:
+            capsule = dlpack(stream=1)
+    return _consume_capsule(capsule, allow_cuda)
+
+
+cdef DLManagedTensorVersioned* _consume_owner(_DLPackOwner owner) except NULL:
+    """Takes the tensor out of an owner (see _hand_out)."""
+    cdef DLManagedTensorVersioned* m = _hand_out(owner)
+    owner.managed = NULL  # the caller owns it now
+    return m
+
+
+cdef inline bint _same_memory(DLDevice a, DLDevice b) noexcept:
+    """Whether memory on device `a` can be an output on device `b`: host memory
+    is one address space (TF numbers logical CPUs: CPU:1 exports as kDLCPU id
+    1), device memory must be on the op's own device."""
+    return a.device_type == b.device_type and (a.device_type == kDLCPU
+                                               or a.device_id == b.device_id)
+
+
 cdef DLManagedTensorVersioned* _export_dlpack_output(
         PyObject* raw, Py_ssize_t outside_refs, int index, const PfbOutputSpec* spec,
         int copy_mode, list ranges, _CallCounts* counts) except NULL:
-    """One result of an array_function -> a DLPack tensor for the kernel.
+    """One result of an array_function or py_function -> a DLPack tensor for
+    the kernel.
 
     Objects exporting __dlpack__ go through the validated import: handed over
-    as they are when nothing in Python can write the memory afterwards and it
-    is aligned and compact, else copied once.  Everything else (ndarrays,
-    scalars, lists, strings) takes the NumPy path.
+    as they are when the copy decision allows (nothing in Python can write
+    the memory afterwards, aligned and compact), else copied once.  Everything
+    else (ndarrays, scalars, lists, strings) takes the NumPy path.
     """
     value = <object>raw
     tp = type(value)
@@ -126,12 +137,7 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
             or getattr(tp, "__dlpack__", None) is None or isinstance(value, np.generic)):
         return _export_output(raw, outside_refs, index, spec, copy_mode, counts)
     writable_elsewhere, to_capsule = _handler(tp)
-    if copy_mode == PFB_COPY_TRUE:
-        reason = "copy_requested"
-    elif writable_elsewhere(value, outside_refs):
-        reason = "aliasing"
-    else:
-        reason = None
+    cdef bint foreign = copy_mode != PFB_COPY_TRUE and writable_elsewhere(value, outside_refs)
     capsule = to_capsule(value)
     cdef bint on_host = spec.device.device_type == kDLCPU
     if capsule is None:
@@ -144,8 +150,7 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
         capsule = value
     cdef _DLPackOwner owner = _adopt_checked(_consume(capsule, not on_host))
     cdef DLTensor* t = &owner.managed.dl_tensor
-    if (t.device.device_type != spec.device.device_type
-            or t.device.device_id != spec.device.device_id):
+    if not _same_memory(t.device, spec.device):
         raise _OutputError(
             f"output {index}: the function returned a {tp.__name__} on "
             f"{_device_name(t.device)}, but this output must be on the op's device "
@@ -156,16 +161,16 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
             f"returned a {tp.__name__} of dtype {_dtype_name(t.dtype)}; convert it to "
             f"{_dtype_name(spec.dtype)} or declare Tout=tf.{_dtype_name(t.dtype)}")
     _check_dims(t.ndim, t.shape, spec, index, f"a {tp.__name__}")
-    if reason == "aliasing" and _inside(t, ranges):
-        reason = None  # a view of an input: TensorFlow's memory, which nobody may write
-    if reason is None:
-        reason = _dl_layout_reason(t)
+    if foreign and _inside(t, ranges):
+        foreign = False  # a view of an input: TensorFlow's memory, which nobody may write
+    reason = _dl_copy_reason(t, copy_mode, foreign)
     if counts != NULL:
         _count_bytes(counts, reason, _nbytes(t))
     if reason is not None:
         if copy_mode == PFB_COPY_FALSE:
             _raise_copy_forbidden(index, reason)
         return _private_copy(owner)
-    cdef DLManagedTensorVersioned* m = _hand_out(owner)
-    owner.managed = NULL  # the kernel owns it now
-    return m
+    return _hand_over(owner)
+
+
+_register_adapters()

@@ -1,13 +1,41 @@
-# Results of the registered function -> DLPack tensors: count, dtype and shape
-# checked against what the op declares, then the copy policy decides whether
+# Results of a NumPy function -> DLPack tensors: count, dtype and shape checked
+# against what the op declares, then the copy decision (copy.pxi) says whether
 # the memory can be handed to TensorFlow as it is.
 
 class _OutputError(ValueError):
     """A result that does not match the op's declaration (InvalidArgument)."""
 
 
-cdef int _check_count(object result, int num_outputs) except -1:
-    """Raises unless `result` holds one value per declared output."""
+class _UnsupportedOutput(_OutputError):
+    """A result TensorFlow has no tensor for: a structured or datetime array, a
+    dict, an arbitrary object.  TF's numpy_function reports these as INTERNAL
+    ("Unsupported numpy data type" / "Unsupported object type"); so do we,
+    with TF's phrase in the message.  (py_function: InvalidArgument, as TF.)"""
+
+
+cdef bint _has_tf_dtype(object dt):
+    """Whether TensorFlow has a dtype for NumPy dtype `dt` (strings included)."""
+    kind = dt.kind
+    if dt.names is not None or kind in "Mm":
+        return False
+    if kind == "V":  # plain bytes, except the ml_dtypes types (bfloat16, ...)
+        return dt.type.__module__.startswith("ml_dtypes")
+    if kind in "fc":
+        return dt.itemsize <= (8 if kind == "f" else 16)  # no long double
+    return True
+
+
+cdef int _raise_unsupported_object(object value, int index) except -1:
+    name = type(value).__name__
+    raise _UnsupportedOutput(
+        f"output {index}: the function returned a {name}, which has no tensor form "
+        f"(Unsupported object type {name}); return an ndarray, a NumPy scalar, a "
+        f"Python number or string, or a list of them")
+
+
+cdef int _check_count(object result, int num_outputs, str as_one) except -1:
+    """Raises unless `result` holds one value per declared output: the one
+    output-count check.  `as_one` completes "wrap a list meant as one ..."."""
     if isinstance(result, (list, tuple)):
         count = len(result)
     elif result is None and num_outputs == 0:
@@ -21,12 +49,22 @@ cdef int _check_count(object result, int num_outputs) except -1:
         hint = "return None (Tout=[] declares no outputs)"
     elif isinstance(result, (list, tuple)):
         hint = ("a list or tuple stands for one value per output; wrap a list "
-                "meant as one array in np.asarray(...)")
+                f"meant as one {as_one}")
     else:
         hint = "return one value per declared output, as a list or tuple"
     raise _OutputError(
         f"the function returned {count} value(s) but Tout declares "
         f"{num_outputs} {noun}; {hint}")
+
+
+# The wrap hints of _check_count.
+cdef str _ONE_ARRAY = "array in np.asarray(...)"
+cdef str _ONE_TENSOR = "tensor in tf.constant(...)"
+
+
+def check_count(result, int num_outputs):
+    """The output-count check for the op layer (py_function's structured results)."""
+    _check_count(result, num_outputs, _ONE_TENSOR)
 
 
 cdef str _declared_shape(const PfbOutputSpec* spec):
@@ -82,67 +120,41 @@ cdef cnp.ndarray _coerce(object value, cnp.dtype want, int index):
         raise _OutputError(f"output {index}: {exc} (declared dtype {want.name})") from None
 
 
-cdef object _getweakrefcount = weakref.getweakrefcount
-
-
-cdef bint _weakly_referenced(PyObject* obj):
-    """Whether a weak reference (which can hand the object out again) exists."""
-    cdef Py_ssize_t offset = (<PyTypeWeaklist*>Py_TYPE(obj)).tp_weaklistoffset
-    if offset > 0:
-        return (<PyObject**>(<char*>obj + offset))[0] != NULL
-    return offset != 0 and _getweakrefcount(<object>obj) > 0
-
-
-cdef object _layout_reason(PyArrayObject* arr):
-    """Why TF cannot take this array's memory as laid out (None: it can)."""
-    if not PyArray_IS_C_CONTIGUOUS(arr):
-        return "non_contiguous"
-    if <uintptr_t>PyArray_DATA(arr) % ALIGNMENT != 0:
-        return "unaligned"
-    return None
-
-
-# Why an output cannot be handed over as it is (None: it can).
-cdef object _copy_reason(PyObject* obj, Py_ssize_t outside_refs, int copy_mode):
-    """Decides zero-copy for an ndarray that `outside_refs` references besides
-    the bridge's own keep it alive.
-
-    Runs on borrowed pointers so that no reference taken here skews the counts.
-    Zero-copy is safe when nothing in Python can write the memory after the
-    call: every array on the base chain is referenced (strongly, and not
-    weakly) only by its successor, and the chain ends at an array that owns
-    its data (a fresh array or a private view of one), or at a read-only input
-    view (TF memory that nobody can write).
-    """
-    if copy_mode == PFB_COPY_TRUE:
-        return "copy_requested"
-    cdef PyArrayObject* arr = <PyArrayObject*>obj
-    cdef PyObject* last = obj
-    cdef bint exclusive = outside_refs == 0 and not _weakly_referenced(obj)
-    cdef PyObject* base = PyArray_BASE(arr)
-    while base != NULL and PyArray_Check(base):
-        if Py_REFCNT(base) != 1 or _weakly_referenced(base):
-            exclusive = False
-        last = base
-        base = PyArray_BASE(<PyArrayObject*>base)
-    if base != NULL:
-        # A view of memory we did not allocate: safe only for read-only input views.
-        exclusive = (Py_TYPE(base) == <PyTypeObject*>_DLPackOwner
-                     and not (<_DLPackOwner>base).writable)
-    elif not (PyArray_FLAGS(<PyArrayObject*>last) & NPY_ARRAY_OWNDATA):
-        exclusive = False  # foreign memory wrapped without an owner
-    if not exclusive:
-        return "aliasing"
-    return _layout_reason(arr)
-
-
-_COPY_REASON_TEXT = {
-    "aliasing": "its memory is still reachable from Python after the call (a global, "
-                "a closure, an attribute or another view of it), so Python could change "
-                "the tensor later",
-    "non_contiguous": "it is not C-contiguous (a strided or transposed view)",
-    "unaligned": "its data is not 64-byte aligned, which TensorFlow needs to share it",
-}
+cdef cnp.ndarray _as_string_array(object value, int index):
+    """An object ndarray of bytes for a string output (str is UTF-8 encoded)."""
+    if isinstance(value, np.ndarray):
+        kind = value.dtype.kind
+        if kind not in "OSU":
+            raise _OutputError(
+                f"output {index}: Tout declares string but the function returned an "
+                f"ndarray of dtype {value.dtype}; return bytes, str or an array of them")
+        source = value
+    elif isinstance(value, (bytes, str, np.generic)):
+        source = np.array(value, dtype=object)
+    elif isinstance(value, (list, tuple)):
+        source = np.array(value, dtype=object)
+    elif isinstance(value, (bool, int, float, complex)):
+        raise _OutputError(
+            f"output {index}: Tout declares string but the function returned "
+            f"{type(value).__name__}; return bytes, str, a list of them or an ndarray of them")
+    else:
+        _raise_unsupported_object(value, index)  # a dict, an arbitrary object
+    cdef cnp.ndarray out = np.empty(source.shape, dtype=object)
+    flat_out = out.reshape(-1)
+    cdef Py_ssize_t i = 0
+    for item in source.reshape(-1):
+        if type(item) is bytes:
+            flat_out[i] = item
+        elif isinstance(item, bytes):
+            flat_out[i] = bytes(item)  # np.bytes_ and other subclasses
+        elif isinstance(item, str):
+            flat_out[i] = (<str>item).encode("utf-8")
+        else:
+            raise _OutputError(
+                f"output {index}: Tout declares string but element {i} (flat index) "
+                f"is {type(item).__name__}; string outputs hold bytes or str")
+        i += 1
+    return out
 
 
 cdef int _raise_copy_forbidden(int index, str reason) except -1:
@@ -172,11 +184,11 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
         return exported
 
     cdef cnp.dtype want = _numpy_dtype(spec.dtype)
-    reason = converted = None
+    converted = None
+    cdef bint foreign = False
     if PyArray_Check(raw):
         # Decided before any local reference to the array exists.
-        if PyArray_SIZE(<PyArrayObject*>raw) > 0:
-            reason = _copy_reason(raw, outside_refs, copy_mode)
+        foreign = _array_writable_elsewhere(raw, outside_refs)
         arr = <object>raw
     else:
         value = <object>raw
@@ -187,14 +199,18 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
             converted = "dtype_conversion"
         else:
             arr = np.asarray(value)  # an object exporting an array: memory not ours
-            reason = "aliasing"
-        if copy_mode == PFB_COPY_TRUE:
-            reason = "copy_requested"
-        elif reason is None and arr.size > 0:
-            reason = _layout_reason(<PyArrayObject*>arr)
+            if arr.dtype.kind == "O":
+                _raise_unsupported_object(value, index)  # a dict, an arbitrary object
+            foreign = True
+    reason = _array_copy_reason(<PyArrayObject*>arr, copy_mode, foreign)
 
     cdef cnp.ndarray checked = arr
     if checked.descr is not want and checked.dtype != want:
+        if not _has_tf_dtype(checked.dtype):
+            raise _UnsupportedOutput(
+                f"output {index}: the function returned an array of dtype "
+                f"{checked.dtype}, which TensorFlow has no dtype for (Unsupported "
+                f"numpy data type); return an array of the declared dtype {want.name}")
         got = arr.dtype.name
         if got == want.name:  # same kind and size: another byte order
             got = f"{got} with byte order {arr.dtype.str!r}"
@@ -206,7 +222,7 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
     if reason is not None:
         if copy_mode == PFB_COPY_FALSE:
             _raise_copy_forbidden(index, reason)
-        checked = np.array(checked, order="C", copy=True)
+        checked = _aligned_copy(checked)
     if counts != NULL:
         _count_bytes(counts, reason if reason is not None else converted,
                      cnp.PyArray_NBYTES(checked))

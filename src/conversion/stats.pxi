@@ -1,9 +1,10 @@
 # Per-function statistics: calls, errors, bytes handed over without a copy,
 # bytes copied (by reason), time in the function and in the conversion layer.
 #
-# A call counts into a _CallCounts on _run's stack (so a function that releases
-# the GIL cannot mix two calls up) and is added to its function's record at the
-# end, with the GIL held: the records need no lock of their own.
+# A call counts into a _CallCounts on the driver's stack (_run, bridge.pxi), so
+# that a function that releases the GIL cannot mix two calls up, and is added
+# to its function's record at the end, with the GIL held: the records need no
+# lock of their own.
 
 cdef extern from "<time.h>" nogil:
     ctypedef long time_t
@@ -13,9 +14,7 @@ cdef extern from "<time.h>" nogil:
     int clock_gettime(int clk_id, timespec* tp)
     enum: CLOCK_MONOTONIC
 
-# Why bytes were copied; the order of _CallCounts.copied.
-COPY_REASONS = ("unaligned", "non_contiguous", "aliasing", "dtype_conversion",
-                "string", "copy_requested")
+# _CallCounts.copied is in the order of COPY_REASONS (copy.pxi).
 cdef enum:
     _NUM_REASONS = 6
     _STRING = 4
@@ -96,13 +95,17 @@ cdef int _count_string_records(_CallCounts* counts, DLManagedTensorVersioned* m)
     return 0
 
 
-cdef int _stats_call(_CallCounts* counts, tuple args, int copy_mode) except -1:
-    """Counts the inputs and stamps the moment the function is called."""
+cdef int _count_inputs(_CallCounts* counts, tuple args, int copy_mode) except -1:
+    """Counts the inputs the function takes as ndarrays."""
     cdef PyObject* arg
     cdef Py_ssize_t i
     for i in range(len(args)):
         arg = PyTuple_GET_ITEM(args, i)
         if not PyArray_Check(arg):
+            # A 0-d input in a graph: bytes (a converted string) or a NumPy
+            # scalar (a value, no memory of TF's: not counted).
+            if type(<object>arg) is bytes:
+                counts.copied[_STRING] += len(<bytes>arg)
             continue
         if cnp.PyArray_TYPE(<cnp.ndarray>arg) == cnp.NPY_OBJECT:
             # String inputs: bytes objects made from TF's strings.
@@ -112,7 +115,6 @@ cdef int _stats_call(_CallCounts* counts, tuple args, int copy_mode) except -1:
             counts.copied[_COPY_REQUESTED] += cnp.PyArray_NBYTES(<cnp.ndarray>arg)
         else:
             counts.zero_copy += cnp.PyArray_NBYTES(<cnp.ndarray>arg)
-    counts.called = _now()
     return 0
 
 

@@ -1,51 +1,7 @@
-# tf.string: records (pointer, size) from the kernel -> object array of bytes;
-# bytes / str / object / 'S' / 'U' arrays and lists -> records, UTF-8 for str.
-
-cdef object _strings_from_records(DLTensor* t):
-    shape = tuple([t.shape[i] for i in range(t.ndim)])
-    cdef cnp.ndarray out = np.empty(shape, dtype=object)
-    cdef Py_ssize_t n = out.size, i
-    cdef const PfbStringRef* records = <const PfbStringRef*>(<char*>t.data + t.byte_offset)
-    flat = out.reshape(-1)
-    for i in range(n):
-        flat[i] = records[i].data[:records[i].size]
-    return out
-
-
-cdef cnp.ndarray _as_string_array(object value, int index):
-    """An object ndarray of bytes for a string output (str is UTF-8 encoded)."""
-    if isinstance(value, np.ndarray):
-        kind = value.dtype.kind
-        if kind not in "OSU":
-            raise _OutputError(
-                f"output {index}: Tout declares string but the function returned an "
-                f"ndarray of dtype {value.dtype}; return bytes, str or an array of them")
-        source = value
-    elif isinstance(value, (bytes, str, np.generic)):
-        source = np.array(value, dtype=object)
-    elif isinstance(value, (list, tuple)):
-        source = np.array(value, dtype=object)
-    else:
-        raise _OutputError(
-            f"output {index}: Tout declares string but the function returned "
-            f"{type(value).__name__}; return bytes, str, a list of them or an ndarray of them")
-    cdef cnp.ndarray out = np.empty(source.shape, dtype=object)
-    flat_out = out.reshape(-1)
-    cdef Py_ssize_t i = 0
-    for item in source.reshape(-1):
-        if type(item) is bytes:
-            flat_out[i] = item
-        elif isinstance(item, bytes):
-            flat_out[i] = bytes(item)  # np.bytes_ and other subclasses
-        elif isinstance(item, str):
-            flat_out[i] = (<str>item).encode("utf-8")
-        else:
-            raise _OutputError(
-                f"output {index}: Tout declares string but element {i} (flat index) "
-                f"is {type(item).__name__}; string outputs hold bytes or str")
-        i += 1
-    return out
-
+# tf.string results: object arrays of bytes -> records (pointer, size) that
+# point into the bytes objects they keep alive.  (Records -> bytes is the
+# string case of _view, dlpack.pxi; str and 'S'/'U' results are made bytes by
+# _as_string_array, outputs.pxi.)
 
 cdef DLManagedTensorVersioned* _export_strings(cnp.ndarray arr) except NULL:
     """Records pointing into the bytes objects that `arr` keeps alive."""

@@ -1,58 +1,33 @@
-# py_function calls: DLPack <-> EagerTensors (through the DLPack layer's TF
-# import and export, dlpack_export.pxi), and the forward state that
-# pairs each call with its gradient.  TensorFlow's modules are looked up on the
-# first such call.
+# py_function calls: the EagerTensor converter (DLPack <-> EagerTensors,
+# through the TF exports of tf.pxi), the forward state that pairs each call
+# with its gradient, and the eager mode and device scope the function runs in.
 
-cdef object _GradientTape = None
-cdef object _tf_constant = None
-cdef object _tf_zeros = None
-cdef object _tf_convert = None
-cdef object _unconnected_zero = None
-cdef object _eager_mode = None
-
-
-cdef int _import_tensorflow() except -1:
-    global _GradientTape, _tf_constant, _tf_zeros, _tf_convert, _unconnected_zero
-    global _eager_mode
-    if _GradientTape is not None:
-        return 0
-    _load_tf()
-    import tensorflow as tf
-    from tensorflow.python.eager import context
-    _eager_mode = context.eager_mode
-    _tf_constant = tf.constant
-    _tf_zeros = tf.zeros
-    _tf_convert = tf.convert_to_tensor
-    _unconnected_zero = tf.UnconnectedGradients.ZERO
-    _GradientTape = tf.GradientTape
-    return 0
-
-
-cdef tuple _input_tensors(PfbCall* call, _CallCounts* counts):
-    """One EagerTensor per input, viewing TF's memory (strings: converted)."""
-    args = _adopt_inputs(call)  # each owner frees its input on every path
-    cdef list tensors = []
+cdef int _input_tensors(tuple args, _CallCounts* counts) except -1:
+    """Swaps each input owner for an EagerTensor viewing TF's memory (strings:
+    converted; unaligned memory: copied, as the copy decision says)."""
+    cdef Py_ssize_t i
     cdef _DLPackOwner owner
     cdef DLTensor* t
-    for owner in args:
+    for i in range(len(args)):
+        owner = <_DLPackOwner>args[i]
         t = &owner.managed.dl_tensor
         if _is_string_dtype(t.dtype):
             strings = _view(owner, False)
             if counts != NULL:
                 counts.copied[_STRING] += sum([len(b) for b in strings.flat])
-            tensors.append(_tf_constant(strings))
+            _swap(args, i, _tf_constant(strings))
             continue
-        aligned = (t.device.device_type != kDLCPU
-                   or (<uintptr_t>t.data + t.byte_offset) % ALIGNMENT == 0)
+        # TF's kernels assume aligned memory (an unaligned slice of a TF
+        # buffer can reach us); device memory is TF's own allocation.
+        reason = _copy_reason(
+            PFB_COPY_NONE, False, False, True,
+            t.device.device_type != kDLCPU or _aligned(<char*>t.data + t.byte_offset))
         if counts != NULL:
-            _count_bytes(counts, None if aligned else "unaligned", _nbytes(t))
-        if aligned:
-            tensors.append(_tf_tensor(owner))
-        else:
-            # TF's kernels assume aligned memory (an unaligned slice of a TF
-            # buffer can reach us): such an input gets an aligned copy.
-            tensors.append(_tf_tensor(_adopt_checked(_private_copy(owner))))
-    return tuple(tensors)
+            _count_bytes(counts, reason, _nbytes(t))
+        if reason is not None:
+            owner = _adopt_checked(_private_copy(owner))
+        _swap(args, i, _tf_tensor(owner))
+    return 0
 
 
 cdef class _Forward:
@@ -67,6 +42,22 @@ cdef class _Forward:
     def __repr__(self):
         return (f"<pyfunc_bridge forward state: {len(self.sources)} sources, "
                 f"{len(self.targets)} targets>")
+
+    cdef list gradient(self, tuple grads):
+        """The input gradients, from one gradient per floating output (those
+        of outputs TF did not compute contribute nothing)."""
+        if len(grads) != len(self.targets):
+            raise ValueError(
+                f"pyfunc_bridge: the py_function gradient got {len(grads)} output "
+                f"gradients for {len(self.targets)} floating outputs")
+        pairs = [(t, g) for t, g in zip(self.targets, grads) if t is not None]
+        if self.sources and pairs:
+            results = self.tape.gradient([t for t, _ in pairs], self.sources,
+                                         output_gradients=[g for _, g in pairs],
+                                         unconnected_gradients=_unconnected_zero)
+            # Sparse gradients (tf.gather) become dense tensors.
+            return [r if _is_eager_tensor(r) else _tf_convert(r) for r in results]
+        return [_tf_zeros(s.shape, s.dtype) for s in self.sources]
 
 
 cdef bint _differentiable(object tensor):
@@ -85,28 +76,20 @@ cdef int _export_results(PfbCall* call, object results, _CallCounts* counts) exc
     elsewhere and are copied."""
     cdef int i
     if len(results) != call.num_outputs:
-        _check_count(results, call.num_outputs)
+        _check_count(results, call.num_outputs, _ONE_TENSOR)
     for i in range(call.num_outputs):
         value = results[i]
         if _is_string_dtype(call.output_specs[i].dtype) and _is_eager_tensor(value):
             value = value.numpy()  # strings are converted anyway
-        call.outputs[i] = _export_dlpack_output(<PyObject*>value, 1, i, &call.output_specs[i],
-                                                PFB_COPY_NONE, [], counts)
+        try:
+            call.outputs[i] = _export_dlpack_output(<PyObject*>value, 1, i,
+                                                    &call.output_specs[i],
+                                                    PFB_COPY_NONE, [], counts)
+        except _UnsupportedOutput as exc:
+            # TF's py_function reports a result without a tensor form as
+            # InvalidArgument (its numpy_function: INTERNAL).
+            raise _OutputError(*exc.args) from None
     return 0
-
-
-cdef object _sole_device_name = None
-
-
-cdef bytes _sole_device(ctx):
-    """The name (``/device:CPU:0``) of the process's only TF device, if it has
-    just one: every TF op runs there, so no device scope is needed."""
-    global _sole_device_name
-    if _sole_device_name is None:
-        devices = ctx.list_logical_devices()
-        # b"\0" matches no device name.
-        _sole_device_name = devices[0].name.encode() if len(devices) == 1 else b"\0"
-    return _sole_device_name
 
 
 # TF's worker threads run nothing but kernels: the device scope a py_function
@@ -172,86 +155,58 @@ cdef class _Scopes:
         return 0
 
 
-cdef int _run_tensors(PfbCall* call, _CallCounts* counting) except -1:
-    """A py_function call: EagerTensors in, EagerTensors (or arrays) out."""
-    _import_tensorflow()
-    args = _input_tensors(call, counting)
-    entry = _lookup(call.key, call.key_len)
-    try:
-        _call_tensors(call, entry, args, counting)
-    except BaseException:
-        if counting != NULL:
-            _stats_end(counting, entry, True)
-        raise
-    if counting != NULL:
-        _stats_end(counting, entry, False)
-    return 0
+cdef class _TensorConverter(_Converter):
+    """py_function: EagerTensors in, EagerTensors (or arrays) out, run in
+    eager mode on the op's device; records the call for its gradient, and
+    runs a gradient call (PFB_CALL_GRADIENT) from its recorded _Forward."""
 
+    cdef list inputs(self, PfbCall* call, tuple args, _CallCounts* counts):
+        _load_tf()
+        _input_tensors(args, counts)
+        return None
 
-cdef int _call_tensors(PfbCall* call, object entry, tuple args,
-                       _CallCounts* counting) except -1:
-    # Eager kernels always see their outputs required: the op layer knows
-    # whether a tape watches the call.
-    cdef bint record = (call.flags & PFB_CALL_RECORD) and entry.record
-    cdef _Forward forward
-    cdef _Scopes scopes = _Scopes()
-    scopes.enter(call)
-    if counting != NULL:
-        counting.called = _now()
-    try:
-        if record:
-            tape = _GradientTape(persistent=True)
-            tape.__enter__()
-            try:
-                sources = tuple([a for a in args if _differentiable(a)])
-                tape.watch(sources)
-                results = entry.func(*args)
-            finally:
-                tape.__exit__(None, None, None)
-        else:
+    cdef object enter(self, PfbCall* call):
+        cdef _Scopes scopes = _Scopes()
+        scopes.enter(call)
+        return scopes
+
+    cdef object call(self, PfbCall* call, object entry, tuple args, _CallCounts* counts):
+        if call.flags & PFB_CALL_GRADIENT:
+            return (<_Forward>entry).gradient(args)
+        # Eager kernels always see their outputs required: the op layer knows
+        # whether a tape watches the call.
+        if not ((call.flags & PFB_CALL_RECORD) and entry.record):
+            return entry.func(*args)
+        tape = _GradientTape(persistent=True)
+        tape.__enter__()
+        try:
+            sources = tuple([a for a in args if _differentiable(a)])
+            tape.watch(sources)
             results = entry.func(*args)
-        if counting != NULL:
-            counting.returned = _now()
-        args = None
-        _export_results(call, results, counting)
-    finally:
-        scopes.leave()
-    if record:
-        forward = _Forward.__new__(_Forward)
+        finally:
+            tape.__exit__(None, None, None)
+        if len(results) != call.num_outputs:
+            _check_count(results, call.num_outputs, _ONE_TENSOR)
+        cdef _Forward forward = _Forward.__new__(_Forward)
         forward.tape = tape
         forward.sources = sources
         forward.targets = [
             results[i] if _is_eager_tensor(results[i]) else None
             for i in range(call.num_outputs) if _floating_spec(&call.output_specs[i])]
-        Py_INCREF(forward)  # the new reference PfbCall.state hands to the kernel
+        # A new reference that PfbCall.state hands to the kernel, which owns
+        # it from here on, also when exporting the outputs fails.
+        Py_INCREF(forward)
         call.state = <void*>forward
-    return 0
+        return results
+
+    cdef int outputs(self, PfbCall* call, object result, Py_ssize_t outside_refs,
+                     list ranges, _CallCounts* counts) except -1:
+        return _export_results(call, result, counts)
+
+    cdef int leave(self, PfbCall* call, object entered) except -1:
+        if entered is not None:
+            (<_Scopes>entered).leave()
+        return 0
 
 
-cdef int _run_gradient(PfbCall* call) except -1:
-    """The gradient of one recorded py_function call."""
-    _import_tensorflow()
-    cdef _Forward forward = <_Forward>call.state
-    grads = _input_tensors(call, NULL)
-    cdef _Scopes scopes = _Scopes()
-    scopes.enter(call)
-    try:
-        # One gradient per floating output; those of outputs TF did not compute
-        # contribute nothing.
-        if len(grads) != len(forward.targets):
-            raise ValueError(
-                f"pyfunc_bridge: the py_function gradient got {len(grads)} output "
-                f"gradients for {len(forward.targets)} floating outputs")
-        pairs = [(t, g) for t, g in zip(forward.targets, grads) if t is not None]
-        if forward.sources and pairs:
-            results = forward.tape.gradient([t for t, _ in pairs], forward.sources,
-                                            output_gradients=[g for _, g in pairs],
-                                            unconnected_gradients=_unconnected_zero)
-            # Sparse gradients (tf.gather) become dense tensors.
-            results = [r if _is_eager_tensor(r) else _tf_convert(r) for r in results]
-        else:
-            results = [_tf_zeros(s.shape, s.dtype) for s in forward.sources]
-        _export_results(call, results, NULL)
-    finally:
-        scopes.leave()
-    return 0
+cdef _TensorConverter _TENSORS = _TensorConverter()

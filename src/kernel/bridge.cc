@@ -3,8 +3,8 @@
 #include "bridge.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -28,6 +28,9 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 using ::tensorflow::tstring;
 
+namespace {
+
+// TF DataType -> DLPack dtype: the kernel's one dtype table.
 absl::Status ToDLDataType(DataType dtype, DLDataType* out) {
   auto set = [out](uint8_t code, uint8_t bits) {
     *out = DLDataType{code, bits, 1};
@@ -58,13 +61,17 @@ absl::Status ToDLDataType(DataType dtype, DLDataType* out) {
   }
 }
 
-namespace {
-
-// TF needs this alignment to use a foreign buffer without copying it.
-constexpr uintptr_t kTensorAlignment = 64;
-
 bool SameDLDataType(const DLDataType& a, const DLDataType& b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+// Whether memory on DLPack device `a` can be an output on device `b`.  Host
+// memory is one address space: TF numbers its logical CPUs (CPU:1 exports as
+// kDLCPU id 1) but any of them can take any host buffer.  Device memory must
+// be on the op's own device, whatever its index.
+bool SameMemory(const DLDevice& a, const DLDevice& b) {
+  return a.device_type == b.device_type &&
+         (a.device_type == kDLCPU || a.device_id == b.device_id);
 }
 
 // ---------------------------------------------------------------- inputs --
@@ -203,33 +210,6 @@ struct OutputRef {
   }
 };
 
-bool IsCompactRowMajor(const DLTensor& t) {
-  if (t.strides == nullptr) return true;
-  int64_t expected = 1;
-  for (int d = t.ndim - 1; d >= 0; --d) {
-    if (t.shape[d] != 1 && t.strides[d] != expected) return false;
-    expected *= t.shape[d];
-  }
-  return true;
-}
-
-// Element-wise copy of a strided DLPack tensor into compact row-major `dst`.
-void CopyStrided(const DLTensor& t, size_t itemsize, char* dst) {
-  const char* base = static_cast<const char*>(t.data) + t.byte_offset;
-  int64_t total = 1;
-  for (int d = 0; d < t.ndim; ++d) total *= t.shape[d];
-  std::vector<int64_t> index(t.ndim, 0);
-  for (int64_t n = 0; n < total; ++n) {
-    int64_t offset = 0;
-    for (int d = 0; d < t.ndim; ++d) offset += index[d] * t.strides[d];
-    std::memcpy(dst + n * itemsize, base + offset * itemsize, itemsize);
-    for (int d = t.ndim - 1; d >= 0; --d) {
-      if (++index[d] < t.shape[d]) break;
-      index[d] = 0;
-    }
-  }
-}
-
 absl::Status MakeOutput(OpKernelContext* ctx, int index,
                         const PfbOutputSpec& spec,
                         DLManagedTensorVersioned* managed) {
@@ -239,8 +219,7 @@ absl::Status MakeOutput(OpKernelContext* ctx, int index,
     return absl::InternalError(where + ": the conversion layer returned no tensor");
   }
   const DLTensor& t = managed->dl_tensor;
-  if (t.device.device_type != spec.device.device_type ||
-      t.device.device_id != spec.device.device_id) {
+  if (!SameMemory(t.device, spec.device)) {
     return absl::InternalError(
         where + " came back on DLPack device (" +
         std::to_string(t.device.device_type) + ", " +
@@ -271,42 +250,33 @@ absl::Status MakeOutput(OpKernelContext* ctx, int index,
     return absl::OkStatus();
   }
 
-  const size_t itemsize = tensorflow::DataTypeSize(dtype);
-  const size_t nbytes = static_cast<size_t>(shape.num_elements()) * itemsize;
-  const bool compact = IsCompactRowMajor(t);
-  if (nbytes > 0 && compact &&
-      reinterpret_cast<uintptr_t>(data) % kTensorAlignment == 0) {
-    // Zero copy: a view of an input shares that input's TF buffer (the
-    // Python view is released now); other memory stays with its producer.
-    tensorflow::TensorBuffer* buffer;
-    if (const auto* root = InputHolding(ctx, data, nbytes)) {
-      buffer = new AliasBuffer(root, const_cast<char*>(data), nbytes);
-    } else {
-      buffer = new DLPackBuffer(ref.release(), const_cast<char*>(data), nbytes);
-    }
-    Tensor out(dtype, shape, buffer);  // takes its own reference
-    buffer->Unref();
-    ctx->set_output(index, out);
-    return absl::OkStatus();
+  const size_t nbytes = static_cast<size_t>(shape.num_elements()) *
+                        tensorflow::DataTypeSize(dtype);
+  if (nbytes == 0) {
+    Tensor* out = nullptr;
+    return ctx->allocate_output(index, shape, &out);
   }
-  if (spec.device.device_type != kDLCPU && nbytes > 0) {
-    // The conversion layer hands device memory over compact; an unaligned
-    // buffer would need a device copy, which this kernel does not make.
-    return absl::InvalidArgumentError(
-        where + " is device memory that is " +
-        (compact ? "not 64-byte aligned" : "not compact row-major") +
-        "; return a compact array allocated by its framework (e.g. "
-        "`.contiguous()` or `tf.identity`)");
+  // The conversion layer makes every copy (bridge_abi.h, PfbCall.outputs), so
+  // a tensor that TF cannot wrap as it is would be a bug of that layer: an
+  // error here, never a silent second copy.
+  if (t.strides != nullptr ||
+      reinterpret_cast<uintptr_t>(data) % PFB_TENSOR_ALIGNMENT != 0) {
+    return absl::InternalError(
+        where + " came back " +
+        (t.strides != nullptr ? "with strides" : "not 64-byte aligned") +
+        "; the conversion layer hands over compact, aligned memory only");
   }
-  Tensor* out = nullptr;
-  TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &out));
-  if (nbytes == 0) return absl::OkStatus();
-  char* dst = const_cast<char*>(out->tensor_data().data());
-  if (compact) {
-    std::memcpy(dst, data, nbytes);
+  // Zero copy: a view of an input shares that input's TF buffer (the Python
+  // view is released now); other memory stays with its producer.
+  tensorflow::TensorBuffer* buffer;
+  if (const auto* root = InputHolding(ctx, data, nbytes)) {
+    buffer = new AliasBuffer(root, const_cast<char*>(data), nbytes);
   } else {
-    CopyStrided(t, itemsize, dst);
+    buffer = new DLPackBuffer(ref.release(), const_cast<char*>(data), nbytes);
   }
+  Tensor out(dtype, shape, buffer);  // takes its own reference
+  buffer->Unref();
+  ctx->set_output(index, out);
   return absl::OkStatus();
 }
 
@@ -315,6 +285,11 @@ absl::Status MakeOutput(OpKernelContext* ctx, int index,
 BridgeKernel::BridgeKernel(OpKernelConstruction* ctx, int num_bridge_outputs)
     : OpKernel(ctx) {
   if (ctx->HasAttr("key")) OP_REQUIRES_OK(ctx, ctx->GetAttr("key", &key_));
+  for (auto [name, value] : {std::pair{"reference", &reference_},
+                             std::pair{"pickled", &pickled_},
+                             std::pair{"framework", &framework_}}) {
+    if (ctx->HasAttr(name)) OP_REQUIRES_OK(ctx, ctx->GetAttr(name, value));
+  }
   if (ctx->HasAttr("copy")) {
     std::string copy;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("copy", &copy));
@@ -412,8 +387,16 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
   call.device_name = device_name_.c_str();
   call.stream = stream;
   call.state = state != nullptr ? *state : nullptr;
+  call.reference = reference_.data();
+  call.reference_len = reference_.size();
+  call.pickled = pickled_.data();
+  call.pickled_len = pickled_.size();
+  call.framework = framework_.data();
+  call.framework_len = framework_.size();
   PfbStatus status{0, nullptr};
   api->call(&call, &status);  // consumes the inputs, on every path
+  // A recorded state is the caller's on error too (bridge_abi.h).
+  if (state != nullptr) *state = call.state;
   if (status.code != 0) {
     std::string message = status.message ? status.message : "(no message)";
     std::free(status.message);
@@ -422,7 +405,6 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
     return false;
   }
   std::free(status.message);
-  if (state != nullptr) *state = call.state;
   for (int i = 0; i < num_outputs; ++i) {
     s = MakeOutput(ctx, i, specs_[i], outputs[i]);  // consumes it
     if (!s.ok()) {

@@ -13,10 +13,9 @@
 
 namespace pyfunc_bridge {
 
-absl::Status ToDLDataType(tensorflow::DataType dtype, DLDataType* out);
-
 // A kernel that runs the Python function named by its `key` attribute.
-// Attributes read when present: key, Tout (or Tdx), out_shapes, copy.
+// Attributes read when present: key, reference, pickled, framework, Tout (or
+// Tdx), out_shapes, copy.
 class BridgeKernel : public tensorflow::OpKernel {
  public:
   // `num_bridge_outputs`: the leading outputs that the function produces
@@ -34,6 +33,10 @@ class BridgeKernel : public tensorflow::OpKernel {
 
  private:
   std::string key_;
+  // The portable description (PfbCall.reference, .pickled, .framework).
+  std::string reference_;
+  std::string pickled_;
+  std::string framework_;
   std::string device_name_;
   bool on_gpu_ = false;
   DLDevice device_{kDLCPU, 0};

@@ -59,13 +59,24 @@ absl::Status PyFunctionShapes(InferenceContext* c) {
 }  // namespace pyfunc_bridge
 
 // key:        the registry key of the Python function (module:qualname@id).
+// reference, pickled, framework: the function's portable description, used
+//             where nothing is registered under `key` (another process, or a
+//             dropped source graph): "module:qualname" of a function the
+//             loading process declared portable, the function serialized by
+//             cloudpickle, array_function's framework ("" for NumPy).
 // out_shapes: declared output shapes, or [] when none was declared.
 // copy:       the copy policy, NumPy 2's tri-state.
+#define PFB_PORTABLE_ATTRS                                        \
+  Attr("reference: string = ''")                                  \
+      .Attr("pickled: string = ''")                               \
+      .Attr("framework: string = ''")
+
 #define PFB_REGISTER_BRIDGE_OP(NAME)                              \
   REGISTER_OP(NAME)                                               \
       .Input("input: Tin")                                        \
       .Output("output: Tout")                                     \
       .Attr("key: string")                                        \
+      .PFB_PORTABLE_ATTRS                                         \
       .Attr("Tin: list(type) >= 0")                               \
       .Attr("Tout: list(type) >= 0")                              \
       .Attr("out_shapes: list(shape) = []")                       \
@@ -82,6 +93,7 @@ REGISTER_OP("PyfuncBridge>PyFunction")
     .Output("output: Tout")
     .Output("forward: variant")
     .Attr("key: string")
+    .PFB_PORTABLE_ATTRS
     .Attr("Tin: list(type) >= 0")
     .Attr("Tout: list(type) >= 0")
     .Attr("out_shapes: list(shape) = []")

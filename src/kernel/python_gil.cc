@@ -125,8 +125,6 @@ absl::Status PythonErrorToStatus(const char* what) {
 
 }  // namespace
 
-bool PythonUsable() { return Usable(); }
-
 bool GilScope::OnWorkerThread() { return t_pinned.worker; }
 
 GilScope::GilScope() {

@@ -10,10 +10,6 @@
 
 namespace pyfunc_bridge {
 
-// True while Python may be entered: the interpreter is initialized and its
-// shutdown (the package's atexit hook) has not begun.
-bool PythonUsable();
-
 // Holds the GIL for its lifetime.  On a thread that has never run Python (a
 // TF worker) it creates one thread state and keeps it until the thread exits,
 // so later scopes cost a PyEval_RestoreThread instead of a thread-state

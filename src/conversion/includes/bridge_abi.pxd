@@ -6,6 +6,7 @@ from includes.dlpack cimport DLDataType, DLDevice, DLManagedTensorVersioned
 cdef extern from "bridge_abi.h" nogil:
     enum:
         PFB_BRIDGE_ABI_VERSION
+        PFB_TENSOR_ALIGNMENT
         PFB_COPY_NONE
         PFB_COPY_TRUE
         PFB_COPY_FALSE
@@ -40,6 +41,12 @@ cdef extern from "bridge_abi.h" nogil:
         const char* device_name
         void* stream
         void* state
+        const char* reference
+        size_t reference_len
+        const char* pickled
+        size_t pickled_len
+        const char* framework
+        size_t framework_len
 
     ctypedef struct PfbStatus:
         int32_t code

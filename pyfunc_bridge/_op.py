@@ -1,0 +1,187 @@
+"""What the op-building APIs share (numpy_function, py_func, py_function,
+array_function): argument checks, the decorator form, building a bridge op
+in a graph (with its portable description, pyfunc_bridge/_portable.py), and
+running one eagerly.  The API modules keep only what differs between them."""
+import functools
+
+from tensorflow.python import pywrap_tfe as _pywrap_tfe
+from tensorflow.python.autograph.core import config as _autograph_config
+from tensorflow.python.eager import context
+from tensorflow.python.eager import core as _eager_core
+from tensorflow.python.framework import errors_impl as _errors_impl
+from tensorflow.python.framework import ops as _tf_ops
+
+from pyfunc_bridge import _errors, _library, _portable, _registry, _tout
+
+# Library code, not user code: autograph calls it as it is.  (A rule rather
+# than @do_not_convert, whose wrapper costs every eager call.)
+if not any(getattr(rule, "_prefix", None) == "pyfunc_bridge"
+           for rule in _autograph_config.CONVERSION_RULES):
+    _autograph_config.CONVERSION_RULES = (
+        (_autograph_config.DoNotConvert("pyfunc_bridge"),)
+        + tuple(_autograph_config.CONVERSION_RULES))
+
+
+def check_callable(func):
+    """Raises NotCallableError (a ValueError, as TF's, and a TypeError) unless
+    `func` is callable.
+
+    >>> check_callable(3)
+    Traceback (most recent call last):
+    ...
+    pyfunc_bridge._errors.NotCallableError: Expected func to be callable, got int: 3; pass a function or an object with __call__
+    """
+    if not callable(func):
+        raise _errors.NotCallableError(
+            f"Expected func to be callable, got {type(func).__name__}: {func!r}; "
+            f"pass a function or an object with __call__")
+
+
+def input_list(inp):
+    """`inp` as a list (None: no inputs), or a TypeError."""
+    if inp is None:
+        return []
+    if not isinstance(inp, (list, tuple)):
+        raise TypeError(
+            f"inp must be a list or tuple of tensors, got {type(inp).__name__}; "
+            f"wrap a single tensor as [x]")
+    return list(inp)
+
+
+def check_input_dtypes(tensors, what):
+    """Raises a TypeError naming the first input (`what.format(i)`) whose
+    dtype does not cross the bridge."""
+    supported = _tout.supported_dtypes()
+    for i, tensor in enumerate(tensors):
+        if tensor.dtype not in supported:
+            _tout.dtype_of(tensor.dtype, what.format(i))  # raises, naming the dtype
+
+
+def decorator(api, api_name, inp, *args, **kwargs):
+    """`api` (called as api(func, inp, *args, **kwargs)) without `func`: a
+    decorator that makes the decorated function's arguments the inputs.  It
+    declares a module-level function portable (_portable.declare_if_nameable),
+    so that graphs built elsewhere may run it by name."""
+    if inp is not None:
+        raise TypeError(f"{api_name} used as a decorator takes no `inp`")
+
+    def decorate(func):
+        _portable.declare_if_nameable(func)  # graphs from elsewhere may name it
+
+        @functools.wraps(func)
+        def wrapper(*call_args):
+            return api(func, list(call_args), *args, **kwargs)
+        return wrapper
+    return decorate
+
+
+# Default node names.  A node is named after its op type unless told
+# otherwise, and ours contain ">", which TF's error interpolation does not
+# parse as a node name: its errors then lose "Detected at node ... defined at"
+# and take time quadratic in the message's length.
+_NODE_NAMES = {
+    "PyfuncBridge>NumpyFunction": "NumpyFunction",
+    "PyfuncBridge>NumpyFunctionStateless": "NumpyFunction",
+    "PyfuncBridge>PyFunction": "PyFunction",
+    "PyfuncBridge>PyFunctionGrad": "PyFunctionGrad",
+}
+
+
+def node_name(op_type, framework=None):
+    """The default name of a graph node of a bridge op: array_function's
+    (numpy_function's op with a `framework`) are ArrayFunction.
+
+    >>> node_name("PyfuncBridge>NumpyFunctionStateless")
+    'NumpyFunction'
+    >>> node_name("PyfuncBridge>NumpyFunction", framework=object())
+    'ArrayFunction'
+    """
+    return "ArrayFunction" if framework is not None else _NODE_NAMES[op_type]
+
+
+def build_graph_op(op_type, wrapper, func, inputs, signature, name, attrs=(),
+                   framework=None, portable=False, runs=None, nameable=True):
+    """Builds a bridge op of type `op_type` in a graph and returns what
+    `wrapper` (the op's generated wrapper) returns.  The node is named `name`,
+    by default node_name(op_type, framework).
+
+    The function the kernel runs (`runs`, default `func`) is registered under
+    a new key, which the op's graph and its outer graphs keep alive.  The op
+    also carries `func`'s portable description (_portable.attrs): its
+    reference, its pickle with `portable=True` (of `runs`), and `framework`'s
+    name, so that a process where the key is not registered can resolve it.
+    `nameable`: False where a reference alone could not rebuild `runs`.
+    `attrs`: the op's further attributes, as (name, value) pairs."""
+    travel = _portable.attrs(func, portable, framework and framework.name,
+                             obj=runs, nameable=nameable)
+    entry = _registry.register(func if runs is None else runs, framework, name)
+    result = wrapper(input=inputs, key=entry.key, Tout=signature.dtypes,
+                     out_shapes=signature.shapes,
+                     name=node_name(op_type, framework) if name is None else name,
+                     **dict(attrs), **travel)
+    # A list of outputs, (outputs, forward) for py_function, or an Operation
+    # when there are no outputs.
+    last = result[-1] if isinstance(result, (list, tuple)) and result else result
+    _registry.keep_alive(entry, last.graph)
+    return result
+
+
+_INTERNAL = 13  # TF's error code INTERNAL
+
+
+def _execute(op_name, wrapper, inputs, key, signature, name, attrs):
+    """Runs the op eagerly through TF's fast path (the generated wrapper's own
+    first step), falling back to the wrapper where the fast path declines.
+    `attrs`: the op's further attributes, as (name, value) pairs."""
+    ctx = context.context()
+    try:
+        return _pywrap_tfe.TFE_Py_FastPathExecute(
+            ctx, op_name, name, inputs, "key", key, "Tout", signature.dtypes,
+            "out_shapes", signature.shapes, *[v for pair in attrs for v in pair])
+    except _eager_core._NotOkStatusException as e:
+        if e.code == _INTERNAL:  # a result without a tensor form: as call_eagerly
+            raise _library.conversion().eager_error(e.code, e.message) from None
+        _tf_ops.raise_from_not_ok_status(e, name)
+    except _eager_core._FallbackException:
+        return wrapper(input=inputs, key=key, Tout=signature.dtypes,
+                       out_shapes=signature.shapes, name=name, **dict(attrs))
+
+
+def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
+                framework=None, record=True, copy_mode=None):
+    """Runs a bridge op eagerly; `framework` and `record` go to the entry.
+
+    `copy_mode` (PfbCall's, from copy_policy): where TF has one CPU device,
+    call the bridge without dispatching the op (numpy_function's kernel does
+    exactly that work, and TF's eager op dispatch costs more than the bridge
+    itself); None: always dispatch the op."""
+    # The kernel of an eager op runs on this thread: the conversion layer finds
+    # the function in a thread-local slot, under one constant key, so that TF's
+    # eager kernel cache does not grow with every call.
+    if context.context().is_async():
+        entry = _registry.register(func, framework, name, eager=True)
+        entry.record = record
+        result = _execute(op_name, wrapper, inputs, entry.key, signature, name, attrs)
+        context.async_wait()  # the entry must outlive the call
+        return result
+    conversion = _library.conversion()
+    slot, key = conversion._eager, conversion.EAGER_KEY
+    previous = getattr(slot, "entry", None)
+    slot.entry = _registry.Entry(func, key, framework, record, name, eager=True)
+    slot.raised = None
+    try:
+        if copy_mode is not None and conversion.direct_eager_calls():
+            return conversion.call_eagerly(inputs, signature.dtypes, signature.shapes,
+                                           copy_mode)
+        return _execute(op_name, wrapper, inputs, key, signature, name, attrs)
+    except _errors_impl.OpError:
+        # The function's own SystemExit, KeyboardInterrupt or TF error leaves
+        # an eager numpy_function / py_func / array_function as it is, as it
+        # leaves TF's.  Either path left it on this thread (the conversion
+        # layer's _failure, errors.pxi's _raised_as_is decides).
+        raised = conversion.take_raised()
+        if raised is None:
+            raise
+        raise raised from None
+    finally:
+        slot.entry = previous

@@ -1,0 +1,146 @@
+# The copy policy: `copy=` (NumPy 2's tri-state) and the one decision whether
+# memory handed to TensorFlow is shared or copied, and why.  The callers only
+# gather facts (who else can write the memory, its layout); _copy_reason
+# decides, for op results (outputs.pxi, frameworks.pxi), py_function inputs
+# (tensors.pxi) and the public conversion API (dlpack_api.pxi) alike.
+
+# Why bytes were copied; the order of the statistics' counters (stats.pxi)
+# and of pyfunc_bridge.stats()'s bytes_copied.
+COPY_REASONS = ("unaligned", "non_contiguous", "aliasing", "dtype_conversion",
+                "string", "copy_requested")
+
+_COPY_REASON_TEXT = {
+    "aliasing": "its memory is still reachable from Python after the call (a global, "
+                "a closure, an attribute or another view of it), so Python could change "
+                "the tensor later",
+    "non_contiguous": "it is not C-contiguous (a strided or transposed view)",
+    "unaligned": "its data is not 64-byte aligned, which TensorFlow needs to share it",
+}
+
+# copy= -> (the ops' `copy` attribute, bridge_abi.h's PFB_COPY_*).
+cdef dict _COPY_POLICIES = {
+    None: ("none", PFB_COPY_NONE),
+    True: ("true", PFB_COPY_TRUE),
+    False: ("false", PFB_COPY_FALSE),
+}
+
+
+cdef int _check_copy(object copy) except -1:
+    """The one validation of a `copy=` argument."""
+    if copy is not None and type(copy) is not bool:
+        raise ValueError(f"copy must be None, True or False, got {copy!r}")
+    return 0
+
+
+def copy_policy(copy):
+    """``copy=`` -> (the op's ``copy`` attribute, the PfbCall copy mode).
+
+    >>> copy_policy(None), copy_policy(True)
+    (('none', 0), ('true', 1))
+    """
+    _check_copy(copy)
+    return _COPY_POLICIES[copy]
+
+
+cdef object _copy_reason(int copy_mode, bint empty, bint writable_elsewhere,
+                         bint compact, bint aligned):
+    """The copy decision: None to share the memory with TensorFlow, else why
+    it is copied (a COPY_REASONS entry).
+
+    `empty`: no element (nothing to share or protect; TF allocates it);
+    `writable_elsewhere`: Python could write the memory after the call;
+    `compact`: row-major without gaps; `aligned`: to PFB_TENSOR_ALIGNMENT.
+    Under copy=False a reason is the caller's error to raise.
+    """
+    if empty:
+        return None
+    if copy_mode == PFB_COPY_TRUE:
+        return "copy_requested"
+    if writable_elsewhere:
+        return "aliasing"
+    if not compact:
+        return "non_contiguous"
+    if not aligned:
+        return "unaligned"
+    return None
+
+
+cdef inline bint _aligned(const void* data) noexcept:
+    return <uintptr_t>data % PFB_TENSOR_ALIGNMENT == 0
+
+
+# ------------------------------------------------------------------ facts
+
+cdef object _getweakrefcount = weakref.getweakrefcount
+
+
+cdef bint _weakly_referenced(PyObject* obj):
+    """Whether a weak reference (which can hand the object out again) exists."""
+    cdef Py_ssize_t offset = (<PyTypeWeaklist*>Py_TYPE(obj)).tp_weaklistoffset
+    if offset > 0:
+        return (<PyObject**>(<char*>obj + offset))[0] != NULL
+    return offset != 0 and _getweakrefcount(<object>obj) > 0
+
+
+cdef bint _array_writable_elsewhere(PyObject* obj, Py_ssize_t outside_refs):
+    """Whether Python could write a result ndarray's memory after the call,
+    given the `outside_refs` references to it that the bridge does not hold.
+
+    Runs on borrowed pointers so that no reference taken here skews the counts.
+    The memory is safe when every array on the base chain is referenced
+    (strongly, and not weakly) only by its successor, and the chain ends at an
+    array that owns its data (a fresh array or a private view of one), or at a
+    read-only input view (TF memory that nobody can write).
+    """
+    cdef PyArrayObject* arr = <PyArrayObject*>obj
+    cdef PyObject* last = obj
+    cdef bint exclusive = outside_refs == 0 and not _weakly_referenced(obj)
+    cdef PyObject* base = PyArray_BASE(arr)
+    while base != NULL and PyArray_Check(base):
+        if Py_REFCNT(base) != 1 or _weakly_referenced(base):
+            exclusive = False
+        last = base
+        base = PyArray_BASE(<PyArrayObject*>base)
+    if base != NULL:
+        # A view of memory we did not allocate: safe only for read-only input views.
+        exclusive = (Py_TYPE(base) == <PyTypeObject*>_DLPackOwner
+                     and not (<_DLPackOwner>base).writable)
+    elif not (PyArray_FLAGS(<PyArrayObject*>last) & NPY_ARRAY_OWNDATA):
+        exclusive = False  # foreign memory wrapped without an owner
+    return not exclusive
+
+
+cdef bint _readonly_memory(object arr):
+    """Whether nobody can write the array's memory through Python: every array
+    on the base chain is read-only and the chain ends at memory that cannot be
+    made writable again (a read-only bridge view of TF memory, or bytes)."""
+    cdef PyObject* obj = <PyObject*>arr
+    while PyArray_Check(obj):
+        if PyArray_FLAGS(<PyArrayObject*>obj) & NPY_ARRAY_WRITEABLE:
+            return False
+        obj = PyArray_BASE(<PyArrayObject*>obj)
+        if obj == NULL:
+            return False  # owns its data: its WRITEABLE flag can be set again
+    if Py_TYPE(obj) == <PyTypeObject*>_DLPackOwner:
+        return not (<_DLPackOwner>obj).writable
+    return Py_TYPE(obj) == <PyTypeObject*>bytes
+
+
+cdef bint _dl_empty(const DLTensor* t) noexcept:
+    cdef int i
+    for i in range(t.ndim):
+        if t.shape[i] == 0:
+            return True
+    return False
+
+
+cdef object _dl_copy_reason(const DLTensor* t, int copy_mode, bint writable_elsewhere):
+    """_copy_reason with the layout facts of a DLPack tensor."""
+    return _copy_reason(copy_mode, _dl_empty(t), writable_elsewhere, _is_compact(t),
+                        _aligned(<char*>t.data + t.byte_offset))
+
+
+cdef object _array_copy_reason(PyArrayObject* arr, int copy_mode, bint writable_elsewhere):
+    """_copy_reason with the layout facts of an ndarray."""
+    return _copy_reason(copy_mode, PyArray_SIZE(arr) == 0, writable_elsewhere,
+                        PyArray_IS_C_CONTIGUOUS(arr), _aligned(PyArray_DATA(arr)))

@@ -1,0 +1,450 @@
+"""Drop-in parity: TensorFlow's builtins and pfb's ops, side by side.
+
+Each test runs TF's function (the oracle) and pfb's the same way, in every
+mode where it applies (eager, tf.function, a parallel tf.data map, a TF1 graph
+run by a Session), and asserts that they agree on what the function receives
+(type, dtype, shape), what the caller gets back, and the error class.  Where
+pfb deliberately differs, the test pins the difference the README lists.
+"""
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import pyfunc_bridge as pfb
+
+MODES = ["eager", "tf.function", "tf.data", "session"]
+GRAPH_MODES = ["tf.function", "tf.data", "session"]
+
+# name -> (TF's function, pfb's), both called as api(func, inp, Tout).
+NUMPY_APIS = {
+    "numpy_function": (tf.numpy_function, pfb.numpy_function),
+    "py_func": (tf.compat.v1.py_func, pfb.py_func),
+}
+PY_FUNCTION = (tf.py_function, pfb.py_function)
+ALL_APIS = {**NUMPY_APIS, "py_function": PY_FUNCTION}
+
+
+def run(mode, api, func, value, Tout):
+    """api(func, [value], Tout) in `mode`; the result as the caller sees it
+    (NumPy values for tf.data and Session)."""
+    if mode == "eager":
+        return api(func, [value], Tout)
+    if mode == "tf.function":
+        return tf.function(lambda x: api(func, [x], Tout))(value)
+    if mode == "tf.data":
+        ds = tf.data.Dataset.from_tensors(value).map(
+            lambda x: api(func, [x], Tout), num_parallel_calls=2)
+        return next(iter(ds.as_numpy_iterator()))
+    assert mode == "session"
+    with tf.Graph().as_default():
+        y = api(func, [tf.constant(value.numpy())], Tout)
+        with tf.compat.v1.Session() as sess:
+            return sess.run(y)
+
+
+def raised(mode, api, func, value, Tout):
+    """The exception that run(...) raises (fails the test if none)."""
+    with pytest.raises(Exception) as info:
+        run(mode, api, func, value, Tout)
+    return info.value
+
+
+def received(mode, api, value, Tout):
+    """What the function receives: (type, dtype, shape) of its one argument."""
+    seen = []
+
+    def func(x):
+        seen.append((type(x), getattr(x, "dtype", None), getattr(x, "shape", None)))
+        return x
+    run(mode, api, func, value, Tout)
+    assert len(seen) == 1
+    return seen[0]
+
+
+# ---------------------------------------------------------------------------
+# 1. 0-d inputs: NumPy scalars (bytes for strings) in graphs, 0-d arrays eagerly.
+
+SCALARS = [
+    (tf.float32, 1.5), (tf.float16, 1.5), (tf.bfloat16, 1.5), (tf.float64, 1.5),
+    (tf.int8, -3), (tf.int16, -300), (tf.int32, 7), (tf.int64, 1 << 40), (tf.uint8, 200),
+    (tf.uint16, 60000), (tf.uint32, 1 << 31), (tf.uint64, 1 << 63), (tf.bool, True),
+    (tf.complex64, 1 + 2j),
+    (tf.complex128, 1 - 2j), (tf.string, "abc"),
+]
+SCALAR_IDS = [dtype.name for dtype, _ in SCALARS]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("api_name", NUMPY_APIS)
+@pytest.mark.parametrize("dtype,value", SCALARS, ids=SCALAR_IDS)
+def test_scalar_input_arrives_as_tf_hands_it_over(mode, api_name, dtype, value):
+    tf_api, pfb_api = NUMPY_APIS[api_name]
+    x = tf.constant(value, dtype)
+    got = received(mode, pfb_api, x, dtype)
+    if mode == "eager" and dtype == tf.bfloat16:
+        # TF's eager numpy_function cannot make an ndarray of a bfloat16
+        # tensor; pfb hands over the 0-d array (README: deliberate differences).
+        with pytest.raises(ValueError):
+            received(mode, tf_api, x, dtype)
+        assert got == (np.ndarray, np.dtype(ml_dtypes.bfloat16), ())
+        return
+    want = received(mode, tf_api, x, dtype)
+    assert got == want
+    if mode == "eager":
+        assert got[0] is np.ndarray and got[2] == ()
+    elif dtype == tf.string:
+        assert got[0] is bytes
+    else:
+        assert issubclass(got[0], np.generic)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype,value", [(tf.float32, 1.5), (tf.bool, True), (tf.string, "abc")],
+                         ids=["float32", "bool", "string"])
+def test_py_function_scalar_input_is_an_eager_tensor_as_in_tf(mode, dtype, value):
+    x = tf.constant(value, dtype)
+    got = received(mode, pfb.py_function, x, dtype)
+    assert got == received(mode, tf.py_function, x, dtype)
+    assert got[0] is type(x) and got[1] == dtype and got[2] == ()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("api_name", NUMPY_APIS)
+def test_scalar_results_match(mode, api_name):
+    tf_api, pfb_api = NUMPY_APIS[api_name]
+    x = tf.constant(2.5, tf.float32)
+    want = run(mode, tf_api, lambda a: a * 2, x, tf.float32)
+    got = run(mode, pfb_api, lambda a: a * 2, x, tf.float32)
+    assert np.asarray(got).dtype == np.asarray(want).dtype == np.float32
+    assert np.asarray(got).shape == np.asarray(want).shape == ()
+    assert float(got) == float(want) == 5.0
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("api_name", NUMPY_APIS)
+@pytest.mark.parametrize("dtype,value", [(tf.float32, [1.5, 2.5]), (tf.string, [["a"], ["b"]])],
+                         ids=["float32", "string"])
+def test_arrays_of_rank_one_and_more_stay_arrays(mode, api_name, dtype, value):
+    tf_api, pfb_api = NUMPY_APIS[api_name]
+    x = tf.constant(value, dtype)
+    got = received(mode, pfb_api, x, dtype)
+    assert got == received(mode, tf_api, x, dtype)
+    assert got[0] is np.ndarray and got[2] == tuple(x.shape)
+
+
+def test_scalar_input_in_graph_is_a_copy_and_not_a_view():
+    """Scalars are values, as TF's: nothing of TF's memory is reachable."""
+    seen = []
+
+    @tf.function
+    def f(x):
+        return pfb.numpy_function(lambda a: seen.append(a) or a, [x], tf.float32)
+    f(tf.constant(4.0))
+    (scalar,) = seen
+    assert type(scalar) is np.float32 and scalar == 4.0
+    assert not isinstance(scalar, np.ndarray)
+
+
+def test_scalar_input_with_copy_true_is_still_a_scalar():
+    @tf.function
+    def f(x):
+        return pfb.numpy_function(lambda a: np.float32(type(a) is np.float32), [x],
+                                  tf.float32, copy=True)
+    assert float(f(tf.constant(1.0))) == 1.0
+
+
+def test_filename_map_decodes_bytes_like_tf():
+    """The usual pipeline: file names in, decoded strings out."""
+    names = tf.constant(["a.txt", "b.txt"])
+    outputs = {}
+    for label, api in (("tf", tf.numpy_function), ("pfb", pfb.numpy_function)):
+        ds = tf.data.Dataset.from_tensor_slices(names).map(
+            lambda p: api(lambda s: s.decode().upper(), [p], tf.string),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        outputs[label] = list(ds.as_numpy_iterator())
+    assert outputs["pfb"] == outputs["tf"] == [b"A.TXT", b"B.TXT"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_array_function_numpy_follows_numpy_function(mode):
+    """framework="numpy" is numpy_function under another name: the same scalar
+    rule (torch and JAX hand over their 0-d arrays: they have no scalar type)."""
+    def numpy_array_function(func, inp, Tout):
+        return pfb.array_function(func, inp, Tout, framework="numpy")
+    for x in (tf.constant(1.0), tf.constant("abc")):
+        got = received(mode, numpy_array_function, x, x.dtype)
+        assert got == received(mode, pfb.numpy_function, x, x.dtype)
+        assert got == received(mode, tf.numpy_function, x, x.dtype)
+
+
+# ---------------------------------------------------------------------------
+# 2. Eager 0-d string input.
+
+@pytest.mark.parametrize("api_name", NUMPY_APIS)
+def test_eager_scalar_string_round_trips_like_tf(api_name):
+    tf_api, pfb_api = NUMPY_APIS[api_name]
+    x = tf.constant("abc")
+    got = pfb_api(lambda s: s, [x], tf.string)
+    want = tf_api(lambda s: s, [x], tf.string)
+    assert got.dtype == want.dtype == tf.string
+    assert got.shape == want.shape == ()
+    assert got.numpy() == want.numpy() == b"abc"
+    assert received("eager", pfb_api, x, tf.string) == received("eager", tf_api, x, tf.string)
+
+
+# ---------------------------------------------------------------------------
+# 3. No outputs.
+
+@pytest.mark.parametrize("api_name", ALL_APIS)
+def test_no_outputs_eagerly_returns_what_tf_returns(api_name):
+    tf_api, pfb_api = ALL_APIS[api_name]
+    calls = []
+    x = tf.constant([1.0])
+    want = tf_api(lambda a: calls.append("tf"), [x], [])
+    got = pfb_api(lambda a: calls.append("pfb"), [x], [])
+    assert got == want
+    assert type(got) is type(want)  # None for numpy_function/py_func, [] for py_function
+    assert calls == ["tf", "pfb"]
+
+
+@pytest.mark.parametrize("api_name", ALL_APIS)
+def test_no_outputs_in_session_is_an_operation_to_run(api_name):
+    results = {}
+    for label, api in zip(("tf", "pfb"), ALL_APIS[api_name]):
+        calls = []
+        with tf.Graph().as_default():
+            x = tf.constant([1.0])
+            op = api(lambda a: calls.append(a.shape), [x], [])
+            with tf.control_dependencies([op]):
+                y = tf.identity(x)
+            with tf.compat.v1.Session() as sess:
+                ran = sess.run(op)
+                value = sess.run(y)
+        results[label] = (type(op), ran, value.tolist(), len(calls))
+    assert results["pfb"] == results["tf"] == (tf.Operation, None, [1.0], 2)
+
+
+@pytest.mark.parametrize("api_name", ALL_APIS)
+def test_no_outputs_in_tf_function_is_an_operation(api_name):
+    results = {}
+    for label, api in zip(("tf", "pfb"), ALL_APIS[api_name]):
+        calls = []
+
+        @tf.function
+        def f(x):
+            op = api(lambda a: calls.append(1), [x], [])
+            results[label] = type(op)
+            with tf.control_dependencies([op]):
+                return tf.identity(x)
+        assert f(tf.constant([2.0])).numpy().tolist() == [2.0]
+        assert calls == [1]
+    assert results["pfb"] is results["tf"] is tf.Operation
+
+
+@pytest.mark.parametrize("api_name", ALL_APIS)
+def test_no_outputs_in_parallel_map_runs_for_each_element(api_name):
+    counts = {}
+    for label, api in zip(("tf", "pfb"), ALL_APIS[api_name]):
+        calls = []
+
+        def element(x):
+            op = api(lambda a: calls.append(1), [x], [])
+            with tf.control_dependencies([op]):
+                return tf.identity(x)
+        ds = tf.data.Dataset.range(5).map(element, num_parallel_calls=2)
+        counts[label] = (sorted(ds.as_numpy_iterator()), len(calls))
+    assert counts["pfb"] == counts["tf"] == ([0, 1, 2, 3, 4], 5)
+
+
+# ---------------------------------------------------------------------------
+# 4. func that is not callable.
+
+def _not_callable_error(api, graph):
+    with pytest.raises(Exception) as info:
+        if graph:
+            with tf.Graph().as_default():
+                api(3, [tf.constant(1.0)], tf.float32)
+        else:
+            api(3, [tf.constant(1.0)], tf.float32)
+    return info.value
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("api_name", ALL_APIS)
+def test_not_callable_is_caught_as_tf_raises_it(api_name, graph):
+    tf_api, pfb_api = ALL_APIS[api_name]
+    want = _not_callable_error(tf_api, graph)
+    got = _not_callable_error(pfb_api, graph)
+    # TF raises ValueError, or TypeError where it calls the function at once;
+    # pfb's error is both.
+    assert isinstance(got, type(want))
+    assert isinstance(got, ValueError) and isinstance(got, TypeError)
+    assert "callable" in str(got) and "int" in str(got)
+
+
+def test_array_function_not_callable_is_value_and_type_error():
+    with pytest.raises(ValueError, match="callable") as info:
+        pfb.array_function(3, [tf.constant(1.0)], tf.float32, framework="numpy")
+    assert isinstance(info.value, TypeError)
+
+
+# ---------------------------------------------------------------------------
+# 5. Results without a tensor form.
+
+STRUCTURED = np.zeros(2, dtype=[("a", "f4"), ("b", "i4")])
+UNSUPPORTED = {
+    "structured": (lambda a: STRUCTURED, "Unsupported numpy data type"),
+    # TF: "Unsupported numpy type: NPY_DATETIME"; pfb: "... data type".
+    "datetime": (lambda a: np.array(["2020-01-01"], "M8[D]"), "Unsupported numpy"),
+    "dict": (lambda a: {"a": 1}, "Unsupported object type dict"),
+    "object": (lambda a: object(), "Unsupported object type object"),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("api_name", NUMPY_APIS)
+@pytest.mark.parametrize("what", UNSUPPORTED)
+def test_unsupported_result_raises_tfs_class(mode, api_name, what):
+    tf_api, pfb_api = NUMPY_APIS[api_name]
+    func, phrase = UNSUPPORTED[what]
+    x = tf.constant([1.0])
+    got = raised(mode, pfb_api, func, x, tf.float32)
+    assert phrase in str(got)
+    assert "output 0" in str(got)
+    if mode == "eager" and what == "dict":
+        # TF's eager numpy_function converts a dict's values (returns 1 here);
+        # pfb rejects it in every mode (README: deliberate differences).
+        assert int(run(mode, tf_api, func, x, tf.float32)) == 1
+        assert isinstance(got, (tf.errors.InternalError, ValueError))
+        return
+    want = raised(mode, tf_api, func, x, tf.float32)
+    assert isinstance(got, type(want))
+    if mode == "eager":
+        assert type(want) is ValueError
+        # The eager error is also the graph's class.
+        assert isinstance(got, tf.errors.InternalError)
+    else:
+        assert type(want) is tf.errors.InternalError
+        assert phrase in str(want)
+
+
+@pytest.mark.parametrize("what", ["dict", "object"])
+def test_unsupported_string_result_raises_tfs_class(what):
+    func, phrase = UNSUPPORTED[what]
+    x = tf.constant(["a"])
+    want = raised("tf.function", tf.numpy_function, func, x, tf.string)
+    got = raised("tf.function", pfb.numpy_function, func, x, tf.string)
+    assert isinstance(got, type(want))
+    assert phrase in str(got) and phrase in str(want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("what", ["structured", "dict", "object"])
+def test_unsupported_py_function_result_raises_tfs_class(mode, what):
+    func, phrase = UNSUPPORTED[what]
+    x = tf.constant([1.0])
+    want = raised(mode, tf.py_function, func, x, tf.float32)
+    got = raised(mode, pfb.py_function, func, x, tf.float32)
+    # TF's py_function says InvalidArgument for these.
+    assert type(want) is tf.errors.InvalidArgumentError
+    assert isinstance(got, type(want))
+    assert phrase in str(got)
+
+
+def test_unsupported_array_function_result_is_internal():
+    with pytest.raises(tf.errors.InternalError, match="Unsupported numpy data type"):
+        run("tf.function", lambda f, i, T: pfb.array_function(f, i, T, framework="numpy"),
+            UNSUPPORTED["structured"][0], tf.constant([1.0]), tf.float32)
+
+
+def test_bfloat16_result_is_still_supported():
+    """ml_dtypes' bfloat16 is a 'V'-kind NumPy dtype that TF has a dtype for."""
+    out = run("tf.function", pfb.numpy_function,
+              lambda a: np.ones(2, ml_dtypes.bfloat16), tf.constant([1.0]), tf.bfloat16)
+    assert out.dtype == tf.bfloat16 and out.numpy().tolist() == [1.0, 1.0]
+
+
+# ---------------------------------------------------------------------------
+# 6. Error texts.
+
+TF_DTYPE_PHRASE = re.compile(r"Cannot convert .* to a TensorFlow DType\.")
+
+
+def _bad_tout_error(api, Tout, graph):
+    with pytest.raises(TypeError) as info:
+        if graph:
+            with tf.Graph().as_default():
+                api(lambda a: a, [tf.constant([1.0])], Tout)
+        else:
+            api(lambda a: a, [tf.constant([1.0])], Tout)
+    return info.value
+
+
+@pytest.mark.parametrize("Tout,index", [("foo", "Tout"), ([tf.float32, object()], "Tout[1]")],
+                         ids=["single", "list"])
+@pytest.mark.parametrize("api_name", ALL_APIS)
+def test_bad_tout_says_what_tf_says(api_name, Tout, index):
+    tf_api, pfb_api = ALL_APIS[api_name]
+    want = _bad_tout_error(tf_api, Tout, graph=True)
+    assert TF_DTYPE_PHRASE.search(str(want))
+    for graph in (True, False):
+        got = _bad_tout_error(pfb_api, Tout, graph)
+        assert TF_DTYPE_PHRASE.search(str(got))
+        assert str(got).startswith(index + ":")
+        assert "tf.TensorSpec" in str(got)  # what it must be instead
+
+
+TF_MISMATCH_PHRASE = re.compile(
+    r"py_function: func=.* returned .*, which did not match Tout=\[.*RaggedTensorSpec", re.S)
+
+COMPOSITE_MISMATCHES = {
+    "dense for ragged": lambda a: a,
+    "wrong ragged dtype": lambda a: tf.RaggedTensor.from_row_lengths(
+        tf.cast(a, tf.float32), [1, 2]),
+    "two for one": lambda a: [a, a],
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", COMPOSITE_MISMATCHES)
+def test_composite_tout_mismatch_says_what_tf_says(mode, case):
+    spec = tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)
+    func = COMPOSITE_MISMATCHES[case]
+    x = tf.constant([1, 2, 3])
+    want = raised(mode, tf.py_function, func, x, spec)
+    got = raised(mode, pfb.py_function, func, x, spec)
+    assert type(want) is tf.errors.InvalidArgumentError
+    assert isinstance(got, type(want))
+    assert TF_MISMATCH_PHRASE.search(str(want))
+    assert TF_MISMATCH_PHRASE.search(str(got))
+
+
+@pytest.mark.parametrize("module", ["_errors", "_op"])
+def test_error_module_examples_run(module):
+    """The error class and the one not-callable check (_op.check_callable)."""
+    import doctest
+    import importlib
+    result = doctest.testmod(importlib.import_module(f"pyfunc_bridge.{module}"),
+                             optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_scalar_string_input_in_graph_still_counts_as_converted():
+    """Statistics: a 0-d string reaches the function as bytes, still counted."""
+    previous = pfb.enable_stats(True)
+    try:
+        pfb.reset_stats()
+
+        @tf.function
+        def f(s):
+            return pfb.numpy_function(lambda b: b, [s], tf.string, name="scalar_string")
+        assert f(tf.constant("abcd")).numpy() == b"abcd"
+        entry = pfb.stats().functions["scalar_string"]
+        assert entry.calls == 1
+        assert entry.bytes_copied["string"] == 8  # 4 in, 4 out
+    finally:
+        pfb.enable_stats(previous)
+        pfb.reset_stats()

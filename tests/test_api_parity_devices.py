@@ -1,0 +1,174 @@
+"""Drop-in parity on a device other than the first: TF's builtins and pfb's
+ops side by side under ``tf.device("/cpu:1")`` and in a MirroredStrategy over
+two logical CPUs.
+
+Logical devices must be configured before TensorFlow initializes, so the
+comparison runs in a fresh interpreter; it prints one JSON object per API
+(TF's and pfb's results) and the test compares them.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent("""
+    import json, os
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import pyfunc_bridge as pfb
+
+    def kind(x):
+        return [type(x).__name__, str(x.dtype), list(np.shape(x))]
+
+    def py_function_cases(api):
+        out = {}
+        seen = []
+
+        def square(a):
+            seen.append(json.dumps(kind(a) + [a.device]))
+            return a * a
+
+        x = tf.constant(3.0)
+        with tf.device("/cpu:1"):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = api(square, [x], tf.float32)
+            out["eager"] = [float(y), float(tape.gradient(y, x)), y.device]
+
+        @tf.function
+        def f(x):
+            with tf.device("/cpu:1"):
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    y = api(square, [x], tf.float32)
+                return y, tape.gradient(y, x)
+        y, g = f(x)
+        out["tf.function"] = [float(y), float(g), y.device]
+
+        with tf.Graph().as_default():
+            with tf.device("/cpu:1"):
+                c = tf.constant(3.0)
+                y = api(square, [c], tf.float32)
+                (g,) = tf.gradients(y, [c])
+            with tf.compat.v1.Session() as sess:
+                out["session"] = [float(v) for v in sess.run([y, g])]
+
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        with strategy.scope():
+            v = tf.Variable(2.0)
+
+        @tf.function
+        def step(x):
+            with tf.GradientTape() as tape:
+                y = api(square, [v * x], tf.float32)
+            return y, tape.gradient(y, v)
+        ys, gs = strategy.run(step, args=(tf.constant(3.0),))
+        out["mirrored"] = [[float(t) for t in strategy.experimental_local_results(r)]
+                           for r in (ys, gs)]
+        out["received"] = sorted(set(seen))
+        return out
+
+    def numpy_cases(api):
+        out = {}
+        seen = []
+
+        def double(a):
+            seen.append(kind(a))
+            return a * 2
+
+        x = tf.constant(1.5)
+        with tf.device("/cpu:1"):
+            y = api(double, [x], tf.float32)
+            out["eager"] = [float(y), y.device]
+
+        @tf.function
+        def f(x):
+            with tf.device("/cpu:1"):
+                return api(double, [x], tf.float32)
+        out["tf.function"] = float(f(x))
+        out["received"] = seen
+        try:
+            with tf.device("/cpu:1"):
+                api(lambda a: {"a": 1.0}, [tf.constant([1.0])], tf.float32)
+        except Exception as e:
+            out["unsupported"] = [isinstance(e, ValueError),
+                                  isinstance(e, tf.errors.InternalError),
+                                  "Unsupported object type dict" in str(e)]
+        return out
+
+    def dlpack_cases():
+        with tf.device("/cpu:1"):
+            t = tf.constant([1.0, 2.0]) * 2
+        exporter = pfb.to_dlpack(t)
+        device = list(exporter.__dlpack_device__())
+        capsule = exporter.__dlpack__(dl_device=(1, 0), max_version=(1, 0))
+        back = pfb.from_dlpack(capsule)
+        return [t.device, device, np.asarray(back).tolist()]
+
+    print("RESULT " + json.dumps({
+        "dlpack": dlpack_cases(),
+        "py_function": {"tf": py_function_cases(tf.py_function),
+                        "pfb": py_function_cases(pfb.py_function)},
+        "numpy_function": {"tf": numpy_cases(tf.numpy_function),
+                           "pfb": numpy_cases(pfb.numpy_function)},
+    }))
+""")
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf.function", "session", "mirrored"])
+def test_py_function_on_second_cpu_matches_tf(results, mode):
+    got, want = results["py_function"]["pfb"][mode], results["py_function"]["tf"][mode]
+    assert got == want
+    if mode == "mirrored":
+        assert want == [[36.0, 36.0], [36.0, 36.0]]  # value and gradient per replica
+    else:
+        assert want[:2] == [9.0, 6.0]
+    if mode == "eager":
+        assert want[2].endswith("CPU:1")
+
+
+def test_py_function_on_second_cpu_receives_what_tf_passes(results):
+    got = results["py_function"]["pfb"]["received"]
+    assert got == results["py_function"]["tf"]["received"]
+    assert all(json.loads(entry)[0] == "EagerTensor" for entry in got)
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf.function", "received"])
+def test_numpy_function_on_second_cpu_matches_tf(results, mode):
+    got, want = results["numpy_function"]["pfb"][mode], results["numpy_function"]["tf"][mode]
+    assert got == want
+    if mode == "received":
+        # A 0-d input: a 0-d array eagerly, a NumPy scalar in the graph (here
+        # the eager call dispatches the op: two devices).
+        assert want == [["ndarray", "float32", []], ["float32", "float32", []]]
+
+
+def test_unsupported_result_on_dispatched_eager_path_is_value_and_internal_error(results):
+    assert results["numpy_function"]["pfb"]["unsupported"] == [True, True, True]
+
+
+def test_tensor_on_second_cpu_exports_as_host_memory(results):
+    device, dl_device, values = results["dlpack"]
+    assert device.endswith("CPU:1")
+    assert dl_device == [1, 0]  # kDLCPU, device 0: DLPack's one host device
+    assert values == [2.0, 4.0]

@@ -1,0 +1,125 @@
+"""Packaging: no hard TensorFlow requirement, extras that pick one, the
+import-time version check, and the commands the README and CI run."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+from pyfunc_bridge import _library
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TF_DISTRIBUTIONS = re.compile(r"^(tensorflow|tensorflow-cpu|tensorflow_cpu|tf-nightly)\b", re.I)
+
+
+@pytest.fixture(scope="module")
+def project():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+@pytest.fixture(scope="module")
+def readme():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        return f.read()
+
+
+def _names(requirements):
+    return [re.split(r"[\[=<>!~ ;]", r, maxsplit=1)[0] for r in requirements]
+
+
+def test_no_tensorflow_distribution_is_a_runtime_requirement(project):
+    deps = project["project"]["dependencies"]
+    assert not [d for d in deps if TF_DISTRIBUTIONS.match(d)], deps
+
+
+def test_extras_pick_one_distribution(project):
+    extras = project["project"]["optional-dependencies"]
+    assert extras["cpu"] == ["tensorflow-cpu==2.21.*"]
+    assert _names(extras["gpu"]) == ["tensorflow"]
+    assert extras["gpu"][0].endswith("==2.21.*")
+
+
+@pytest.mark.parametrize("extra", ["test", "bench"])
+def test_test_and_bench_extras_use_the_cpu_extra(project, extra):
+    requirements = project["project"]["optional-dependencies"][extra]
+    assert "pyfunc_bridge[cpu]" in requirements
+    assert not [r for r in requirements if TF_DISTRIBUTIONS.match(r)]
+
+
+def test_build_requirement_stays_tensorflow_cpu(project):
+    assert "tensorflow-cpu==2.21.*" in project["build-system"]["requires"]
+
+
+def _readme_commands(readme):
+    return [line.strip() for line in readme.splitlines()
+            if line.startswith("    python3 -m venv .venv")]
+
+
+def test_readme_commands_install_the_cpu_extra(readme):
+    commands = _readme_commands(readme)
+    assert len(commands) == 2
+    for command in commands:
+        extras = re.search(r'pip install -e "\.\[([^\]]*)\]"', command).group(1).split(",")
+        assert "cpu" in extras, command
+
+
+def test_ci_runs_the_readme_test_command(readme):
+    (test_command,) = [c for c in _readme_commands(readme) if "pytest" in c]
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        script = f.read()
+    assert test_command in script
+
+
+def _import_in_subprocess(prelude):
+    """`prelude`, then `import pyfunc_bridge` in a fresh interpreter."""
+    code = textwrap.dedent(prelude) + "\nimport pyfunc_bridge\nprint('IMPORTED')\n"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=ROOT)
+
+
+def test_import_without_tensorflow_names_both_extras():
+    # None in sys.modules makes `import tensorflow` fail as if it were missing.
+    proc = _import_in_subprocess("import sys; sys.modules['tensorflow'] = None")
+    assert proc.returncode != 0
+    assert "IMPORTED" not in proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: pyfunc_bridge needs TensorFlow 2.21.x")
+    assert "pyfunc_bridge[cpu]" in last and "pyfunc_bridge[gpu]" in last
+
+
+def test_import_with_another_tensorflow_version_says_how_to_fix_it():
+    proc = _import_in_subprocess("import tensorflow as tf; tf.__version__ = '2.20.3'")
+    assert proc.returncode != 0
+    message = proc.stderr.strip().splitlines()[-1]
+    assert message.startswith("ImportError: pyfunc_bridge needs TensorFlow 2.21.x")
+    assert "2.20.3" in message
+    assert _library.installed_distributions() in message  # e.g. "tensorflow-cpu 2.21.0"
+    assert "pip install --no-build-isolation -e ." in message
+
+
+def test_installed_distribution_is_named_by_project_and_version():
+    import tensorflow as tf
+    named = _library.installed_distributions()
+    assert re.fullmatch(r"(tensorflow(-cpu)?|tf-nightly\S*) \S+( and .+)?", named), named
+    assert tf.__version__.split("+")[0] in named
+
+
+@pytest.mark.parametrize("version", ["2.21.0", "2.21.7", "2.21.0rc1"])
+def test_any_patch_release_of_the_built_minor_version_passes(version):
+    assert _library.check_tensorflow_version(version) is None
+
+
+@pytest.mark.parametrize("version", ["2.20.0", "2.22.0", "3.21.0"])
+def test_another_minor_version_fails(version):
+    with pytest.raises(ImportError, match=re.escape(version)):
+        _library.check_tensorflow_version(version)
