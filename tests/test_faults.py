@@ -3,11 +3,17 @@ inside the function.  Each scenario is a small program that runs 20 times,
 each time in a fresh process, and must end with its expected exit status and
 nothing on stderr: no abort, no "Exception ignored", no log line.
 
-One runner process imports TensorFlow (and torch) once and forks every run
-from there, a few at a time, so that 20 runs of each scenario cost a fraction
-of 20 TensorFlow imports.  Nothing has run TensorFlow ops before the fork (its
-thread pools start in each child), and each child exits the normal way: its
-program ends, or raises, and the interpreter finalizes.
+TensorFlow is not fork-safe once it has run (its eager context, thread pools
+and devices), so processes that use it are started with spawn or forkserver.
+These runs use the forkserver pattern: one runner process, itself started
+fresh, only imports NumPy, TensorFlow, pyfunc_bridge (and torch) and forks
+every run from there, a few at a time, so that 20 runs of each scenario cost
+a fraction of 20 TensorFlow imports.  Before it forks, the runner checks that
+the imports ran no TensorFlow: TF's eager context is not created, and no
+thread has started since NumPy's import (OpenBLAS's pool, which NumPy starts
+and which handles fork itself).  Each child then starts TensorFlow itself and
+exits the normal way: its program ends, or raises, and the interpreter
+finalizes.
 """
 import json
 import os
@@ -187,14 +193,27 @@ scenario("tf1_session_py_function")("""
 # imports (exit then costs about 0.5 s instead of 2.5 s); what a program makes
 # after the fork is finalized as usual.
 RUNNER = r"""
-import gc, json, os, runpy, signal, sys, time
+import gc, json, os, runpy, signal, sys, threading, time
 scenarios = json.loads(sys.stdin.read())
 runs, parallel, timeout, out = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-import numpy, tensorflow, pyfunc_bridge
+
+def native_threads():
+    return len(os.listdir("/proc/self/task"))
+
+import numpy
+threads = native_threads()  # with OpenBLAS's pool, which handles fork
+import tensorflow, pyfunc_bridge
 try:
     import torch
 except ImportError:
     pass
+# The forkserver pattern: imports only.  A fork after TensorFlow has run
+# (its eager context, its thread pools) is not safe.
+from tensorflow.python.eager import context
+assert context._context is None or not context._context._initialized, (
+    "the runner created TensorFlow's eager context before forking")
+assert threading.active_count() == 1 and native_threads() == threads, (
+    f"the imports started threads before forking: {native_threads() - threads}")
 paths = {}
 for name, program in scenarios.items():
     paths[name] = os.path.join(out, name + ".py")  # a file: autograph reads the source
