@@ -24,9 +24,20 @@ DLPACK_INCLUDE = os.path.join(tf.sysconfig.get_include(), "external", "dlpack", 
 if not os.path.exists(os.path.join(DLPACK_INCLUDE, "dlpack", "dlpack.h")):
     sys.exit(f"pyfunc_bridge: dlpack.h not found under {DLPACK_INCLUDE}")
 
-# Build toggles (not meaning-changing directives): PFB_DEBUG=1 for -O0 -g.
+# Build toggles (not meaning-changing directives): PFB_DEBUG=1 for -O0 -g;
+# PFB_SANITIZE=address for AddressSanitizer + UndefinedBehaviorSanitizer on
+# both libraries (run with the ASan runtime preloaded: see the README).
 DEBUG = os.environ.get("PFB_DEBUG") == "1"
 OPT = ["-O0", "-g"] if DEBUG else ["-O2"]
+SANITIZE = os.environ.get("PFB_SANITIZE", "")
+if SANITIZE not in ("", "address"):
+    sys.exit(f"pyfunc_bridge: PFB_SANITIZE={SANITIZE!r}: only 'address' is supported")
+SANITIZER_FLAGS = (["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]
+                   if SANITIZE else [])
+# GCC 12 rejects absl's constexpr comparisons of function pointers (in TF's
+# headers) under these three UBSan checks; the kernel is built without them.
+KERNEL_SANITIZER_FLAGS = SANITIZER_FLAGS + (
+    ["-fno-sanitize=null,nonnull-attribute,returns-nonnull-attribute"] if SANITIZE else [])
 
 # Recorded so that importing with another TensorFlow fails with a clear error.
 with open(os.path.join(HERE, "pyfunc_bridge", "_build_config.py"), "w") as f:
@@ -61,8 +72,8 @@ kernels = Extension(
     ],
     include_dirs=TF_INCLUDES + [DLPACK_INCLUDE, "src"],
     extra_compile_args=[f for f in TF_COMPILE_FLAGS if not f.startswith("-I")]
-    + OPT + ["-Wno-deprecated-declarations", "-Wno-sign-compare"],
-    extra_link_args=TF_LINK_FLAGS,
+    + OPT + KERNEL_SANITIZER_FLAGS + ["-Wno-deprecated-declarations", "-Wno-sign-compare"],
+    extra_link_args=TF_LINK_FLAGS + KERNEL_SANITIZER_FLAGS,
     language="c++",
 )
 
@@ -71,7 +82,8 @@ conversion = Extension(
     sources=["src/conversion/_conversion.pyx"],
     include_dirs=[np.get_include(), DLPACK_INCLUDE, "src"],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
-    extra_compile_args=OPT,
+    extra_compile_args=OPT + SANITIZER_FLAGS,
+    extra_link_args=SANITIZER_FLAGS,
 )
 
 setup(

@@ -30,6 +30,8 @@ _KERNELS = os.path.join(_HERE, "_kernels.so")
 _lock = threading.Lock()
 _ops = None
 _begin_shutdown = None  # the kernel's PyfuncBridge_BeginShutdown, once loaded
+# The text of the CancelledError of a bridge call refused at exit (bridge.cc).
+_SHUTDOWN_ERROR = "pyfunc_bridge: the Python interpreter is not running"
 
 
 @atexit.register
@@ -40,7 +42,23 @@ def _on_exit():
     (hooks run last-in, first-out): those may still use the bridge.
     """
     if _begin_shutdown is not None:
+        _quiet_cancelled_daemon_threads()
         _begin_shutdown()
+
+
+def _quiet_cancelled_daemon_threads():
+    """A daemon thread whose bridge call the exit refused ends silently from
+    now on, as Python ends daemon threads at exit, instead of printing the
+    CancelledError: its thread was waiting for a TF op when Python exited."""
+    previous = threading.excepthook
+
+    def excepthook(args):
+        if (args.thread is not None and args.thread.daemon
+                and isinstance(args.exc_value, tf.errors.CancelledError)
+                and _SHUTDOWN_ERROR in str(args.exc_value)):
+            return
+        previous(args)
+    threading.excepthook = excepthook
 
 
 def _major_minor(version):

@@ -44,7 +44,7 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=F
         if not signature.dtypes:
             return None  # Tout=[]: TF's eager numpy_function returns None
     else:
-        result = _op.build_graph_op(op, func, inputs, signature, name,
+        result = _op.build_graph_op(op_name, op, func, inputs, signature, name,
                                     (("copy", copy_attr),), framework, portable)
     if signature.single:
         return result[0]

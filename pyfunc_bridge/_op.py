@@ -8,6 +8,7 @@ from tensorflow.python import pywrap_tfe as _pywrap_tfe
 from tensorflow.python.autograph.core import config as _autograph_config
 from tensorflow.python.eager import context
 from tensorflow.python.eager import core as _eager_core
+from tensorflow.python.framework import errors_impl as _errors_impl
 from tensorflow.python.framework import ops as _tf_ops
 
 from pyfunc_bridge import _errors, _library, _portable, _registry, _tout
@@ -74,10 +75,35 @@ def decorator(api, api_name, inp, *args, **kwargs):
     return decorate
 
 
-def build_graph_op(wrapper, func, inputs, signature, name, attrs=(), framework=None,
-                   portable=False, runs=None, nameable=True):
-    """Builds a bridge op in a graph and returns what `wrapper` (the op's
-    generated wrapper) returns.
+# Default node names.  A node is named after its op type unless told
+# otherwise, and ours contain ">", which TF's error interpolation does not
+# parse as a node name: its errors then lose "Detected at node ... defined at"
+# and take time quadratic in the message's length.
+_NODE_NAMES = {
+    "PyfuncBridge>NumpyFunction": "NumpyFunction",
+    "PyfuncBridge>NumpyFunctionStateless": "NumpyFunction",
+    "PyfuncBridge>PyFunction": "PyFunction",
+    "PyfuncBridge>PyFunctionGrad": "PyFunctionGrad",
+}
+
+
+def node_name(op_type, framework=None):
+    """The default name of a graph node of a bridge op: array_function's
+    (numpy_function's op with a `framework`) are ArrayFunction.
+
+    >>> node_name("PyfuncBridge>NumpyFunctionStateless")
+    'NumpyFunction'
+    >>> node_name("PyfuncBridge>NumpyFunction", framework=object())
+    'ArrayFunction'
+    """
+    return "ArrayFunction" if framework is not None else _NODE_NAMES[op_type]
+
+
+def build_graph_op(op_type, wrapper, func, inputs, signature, name, attrs=(),
+                   framework=None, portable=False, runs=None, nameable=True):
+    """Builds a bridge op of type `op_type` in a graph and returns what
+    `wrapper` (the op's generated wrapper) returns.  The node is named `name`,
+    by default node_name(op_type, framework).
 
     The function the kernel runs (`runs`, default `func`) is registered under
     a new key, which the op's graph and its outer graphs keep alive.  The op
@@ -90,7 +116,9 @@ def build_graph_op(wrapper, func, inputs, signature, name, attrs=(), framework=N
                              obj=runs, nameable=nameable)
     entry = _registry.register(func if runs is None else runs, framework, name)
     result = wrapper(input=inputs, key=entry.key, Tout=signature.dtypes,
-                     out_shapes=signature.shapes, name=name, **dict(attrs), **travel)
+                     out_shapes=signature.shapes,
+                     name=node_name(op_type, framework) if name is None else name,
+                     **dict(attrs), **travel)
     # A list of outputs, (outputs, forward) for py_function, or an Operation
     # when there are no outputs.
     last = result[-1] if isinstance(result, (list, tuple)) and result else result
@@ -140,10 +168,20 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     slot, key = conversion._eager, conversion.EAGER_KEY
     previous = getattr(slot, "entry", None)
     slot.entry = _registry.Entry(func, key, framework, record, name, eager=True)
+    slot.raised = None
     try:
         if copy_mode is not None and conversion.direct_eager_calls():
             return conversion.call_eagerly(inputs, signature.dtypes, signature.shapes,
                                            copy_mode)
         return _execute(op_name, wrapper, inputs, key, signature, name, attrs)
+    except _errors_impl.OpError:
+        # The function's own SystemExit, KeyboardInterrupt or TF error leaves
+        # an eager numpy_function / py_func / array_function as it is, as it
+        # leaves TF's.  Either path left it on this thread (the conversion
+        # layer's _failure, errors.pxi's _raised_as_is decides).
+        raised = conversion.take_raised()
+        if raised is None:
+            raise
+        raise raised from None
     finally:
         slot.entry = previous

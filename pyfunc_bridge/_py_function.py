@@ -45,7 +45,8 @@ def _py_function_grad(op, *grads):
     if not floating:
         return [None] * len(input_dtypes)
     input_grads = iter(_library.ops().pyfunc_bridge_py_function_grad(
-        forward=op.outputs[-1], grads=output_grads, Tdx=floating))
+        forward=op.outputs[-1], grads=output_grads, Tdx=floating,
+        name=None if tf.executing_eagerly() else _op.node_name(GRAD_OP)))
     return [next(input_grads) if _floating(dtype) else None for dtype in input_dtypes]
 
 
@@ -191,7 +192,7 @@ def _py_function(func, inp, Tout, name, portable=False):
         # A reference names `func`; another process rebuilds the caller around
         # it for dense inputs and outputs only (_portable._dense_caller).
         dense = not signature.composite and all(isinstance(v, tf.Tensor) for v in structure)
-        outputs, forward = _op.build_graph_op(op, func, inputs, signature, name,
+        outputs, forward = _op.build_graph_op(OP, op, func, inputs, signature, name,
                                               portable=portable, runs=call,
                                               nameable=dense)
         if not signature.specs:

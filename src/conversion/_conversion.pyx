@@ -34,7 +34,10 @@ The kernel hands every call over through the PfbBridgeApi capsule
    the one copy decision) says share, or copy once (``_aligned_copy``).
 7. ``converter.leave``; ``_stats_end``.  On error ``_delete_outputs`` frees the
    outputs made so far and ``_bridge_call`` fills the PfbStatus
-   (``_status_of``, errors.pxi); ``call_eagerly`` raises it as TF's error.
+   (``_failure``, bridge.pxi; ``_status_of``, errors.pxi); ``call_eagerly``
+   raises it as TF's error.  An eager call also leaves on its thread the
+   exception the op layer re-raises as it is (``_raised_as_is``, errors.pxi;
+   ``take_raised``).
 8. Back in ``RunBridge``, ``MakeOutput`` wraps each output without a copy
    (``DLPackBuffer``, or ``AliasBuffer`` for a view of an input); py_function's
    ``Compute()`` adds the forward-state output.  ``call_eagerly`` wraps them
@@ -48,7 +51,10 @@ from cpython.pycapsule cimport (
     PyCapsule_Destructor, PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New, PyCapsule_SetName,
 )
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
-from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
+from cpython.list cimport PyList_Check, PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.tuple cimport (
+    PyTuple_Check, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM,
+)
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy, memset, strcmp, strlen, strncpy

@@ -146,13 +146,38 @@ cdef int _run(PfbCall* call) except -1:
     return 0
 
 
+cdef tuple _failure(PfbCall* call, object exc):
+    """(TF error code, message) of the exception that failed `call`, for its
+    status; never raises.  Both eager paths (an eager op's kernel, and
+    call_eagerly) run under the eager key: for such a call this also leaves
+    on the thread what the op layer raises in place of the status's TF error
+    (take_raised): `exc` itself where _raised_as_is says so, else None."""
+    if call.key_len == _EAGER_KEY_LEN and memcmp(call.key, _EAGER_KEY_C, call.key_len) == 0:
+        try:
+            _eager.raised = exc if _raised_as_is(call, exc) else None
+        except BaseException:
+            pass  # the status alone then reports the error
+    return _status_of(exc)
+
+
+def take_raised():
+    """The exception the last failed eager call on this thread left to be
+    re-raised as it is (see _failure), or None; clears it.  The op layer's
+    eager calls (pyfunc_bridge/_op.py, run_eagerly) raise it in place of the
+    TF error, whichever path the call took."""
+    exc = getattr(_eager, "raised", None)
+    _eager.raised = None
+    return exc
+
+
 cdef int32_t _bridge_call(PfbCall* call, PfbStatus* status) noexcept:
     status.code = 0
     status.message = NULL
     try:
         _run(call)
     except BaseException as exc:
-        _set_status(status, exc)
+        code, message = _failure(call, exc)
+        _set_status(status, code, message)
     return status.code
 
 

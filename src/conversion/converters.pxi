@@ -169,30 +169,53 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
     (array_function); `ranges`: then the inputs' memory ranges.
     `counts`: where to count the bytes (NULL: statistics are off).
     """
-    cdef int i, j, held, n = call.num_outputs
-    cdef Py_ssize_t refs
+    cdef int i, n = call.num_outputs
+    cdef Py_ssize_t held
     cdef PyObject* item
     if n == 1 and not isinstance(result, (list, tuple)):
         _export_result(call, 0, <PyObject*>result, outside_refs, dlpack, ranges, counts)
         return 0
-    if isinstance(result, (list, tuple)) and len(result) == n:
-        # The bridge holds each item once per occurrence in `items` (twice for
-        # a list: through the list and the tuple made of it), and once more
-        # per earlier output already exported from it.  A container that
-        # someone else holds still reaches its items.
+    items = None
+    if isinstance(result, (list, tuple)):
+        # The objects converted are those iteration yields (as for TF's
+        # numpy_function).  The references the bridge can account for are
+        # counted from where they really are: one per occurrence in `items`
+        # and, for a list or tuple made from `result`, one per occurrence in
+        # its storage, read directly (a subclass may yield from __iter__
+        # objects it does not hold, or claim a __len__ it does not have).  A
+        # container that someone else holds still reaches its items.  Every
+        # count is taken before the first export adds references.
         items = result if type(result) is tuple else tuple(result)
-        per_item = 1 if items is result else 2
-        for i in range(n):
-            item = PyTuple_GET_ITEM(items, i)
-            held = 0
-            for j in range(n):
-                if PyTuple_GET_ITEM(items, j) == item:
-                    held += per_item + (1 if j < i else 0)
-            refs = Py_REFCNT(item) - held + (1 if outside_refs > 0 else 0)
-            _export_result(call, i, item, refs, dlpack, ranges, counts)
-        return 0
-    _check_count(result, n, _ONE_ARRAY)  # raises unless n == 0 and result is None
+        if PyTuple_GET_SIZE(items) == n:
+            outside = []
+            for i in range(n):
+                item = PyTuple_GET_ITEM(items, i)
+                held = _stored(items, item)
+                if items is not result:
+                    held += _stored(result, item)
+                outside.append(Py_REFCNT(item) - held + (1 if outside_refs > 0 else 0))
+            for i in range(n):
+                _export_result(call, i, PyTuple_GET_ITEM(items, i), outside[i], dlpack,
+                               ranges, counts)
+            return 0
+    # Raises unless n == 0 and result is None; counts what iteration yielded.
+    _check_count(result if items is None else items, n, _ONE_ARRAY)
     return 0
+
+
+cdef Py_ssize_t _stored(object container, PyObject* item):
+    """How often the list or tuple `container` holds `item` in its storage
+    (0 for any other object, whatever isinstance says of it)."""
+    cdef Py_ssize_t i, count = 0
+    if PyList_Check(container):
+        for i in range(PyList_GET_SIZE(container)):
+            if PyList_GET_ITEM(container, i) == item:
+                count += 1
+    elif PyTuple_Check(container):
+        for i in range(PyTuple_GET_SIZE(container)):
+            if PyTuple_GET_ITEM(container, i) == item:
+                count += 1
+    return count
 
 
 cdef inline int _export_result(PfbCall* call, int i, PyObject* item, Py_ssize_t refs,

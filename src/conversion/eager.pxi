@@ -92,7 +92,9 @@ def call_eagerly(list inputs, list dtypes, list shapes, int copy_mode):
         try:
             _run(&call)  # consumes the inputs; frees its outputs on error
         except BaseException as exc:
-            code, message = _status_of(exc)
+            # As a kernel's status; what the op layer re-raises in its place
+            # stays on this thread (_failure).
+            code, message = _failure(&call, exc)
         if code != 0:
             raise _tf_error(code, message)  # outside the handler: no chained context
         for i in range(n_out):

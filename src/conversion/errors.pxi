@@ -1,6 +1,7 @@
 # Errors, mapped in one place: Python exception -> TensorFlow error code
-# (ERROR_CODES, the one table in this direction, for every kernel) and, for
-# the eager paths, status code -> TF's exception (_tf_error).  Codes are
+# (ERROR_CODES, the one table in this direction, for every kernel), the
+# exceptions eager calls re-raise as they are instead (_raised_as_is) and,
+# for the eager paths, status code -> TF's exception (_tf_error).  Codes are
 # TensorFlow's (tensorflow/core/protobuf/error_codes.proto).
 
 cdef enum:
@@ -44,7 +45,16 @@ def error_code(exc):
 
 
 def error_message(exc):
-    """The TF error message: the exception, then the Python traceback."""
+    """The TF error message: the exception, then the Python traceback.
+
+    NUL bytes are written as ``\\x00``: TensorFlow's status messages end at
+    the first NUL on their way to Python, which would cut the rest of the
+    message and the traceback.
+    """
+    return _error_text(exc).replace("\0", "\\x00")
+
+
+cdef str _error_text(exc):
     summary = "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
     if isinstance(exc, _OutputError):
         return "pyfunc_bridge: " + summary.partition(": ")[2]
@@ -65,10 +75,30 @@ cdef tuple _status_of(object exc):
         return TF_UNKNOWN, "pyfunc_bridge: the error could not be formatted"
 
 
-cdef void _set_status(PfbStatus* status, object exc) noexcept:
-    """Fills `status` from an exception; never raises."""
+cdef object _OpError = None  # tf.errors.OpError, on first use
+
+
+cdef bint _raised_as_is(PfbCall* call, object exc) except -1:
+    """Whether an eager call re-raises `exc`, the function's own exception, as
+    it is instead of the TF error of its code, as TensorFlow's eager
+    numpy_function and py_func do for the exceptions the table above would
+    turn into another class: a BaseException that is no Exception (SystemExit,
+    KeyboardInterrupt) and a TF error (which keeps its class).  py_function
+    calls and their gradients map them, as TF's eager py_function does."""
+    global _OpError
+    if call.flags & (PFB_CALL_TENSORS | PFB_CALL_GRADIENT):
+        return False
+    if not isinstance(exc, Exception):
+        return True
+    if _OpError is None:
+        from tensorflow.python.framework.errors_impl import OpError
+        _OpError = OpError
+    return isinstance(exc, _OpError)
+
+
+cdef void _set_status(PfbStatus* status, object code, object message) noexcept:
+    """Fills `status` from _status_of's (code, message); never raises."""
     cdef bytes text
-    code, message = _status_of(exc)
     status.code = code
     try:
         text = message.encode("utf-8", "replace")

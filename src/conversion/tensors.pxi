@@ -92,15 +92,21 @@ cdef int _export_results(PfbCall* call, object results, _CallCounts* counts) exc
     return 0
 
 
-# TF's worker threads run nothing but kernels: the eager mode and device scope
-# a py_function needs stay entered there (re-entered when the device changes);
-# on Python's own threads they are entered and left around every call.
+# TF's worker threads run nothing but kernels: the device scope a py_function
+# needs stays entered there (re-entered when the device changes); on Python's
+# own threads it is entered and left around every call.  Eager mode (needed in
+# TF1 programs, whose threads start in graph mode) is entered and left around
+# every call on every thread: TF's eager_mode() is a generator, and one left
+# suspended in a thread-local would be closed when that thread's state is
+# cleared, at exit and on another thread, popping that thread's stack of TF
+# context switches ("IndexError: pop from empty list" at exit).
 _worker_scopes = threading.local()
 
 
 cdef class _Scopes:
     """Eager mode plus the op's device, entered for one py_function call."""
     cdef list entered
+    cdef object eager  # the entered eager_mode(), left at the end of the call
     cdef bint persistent
     cdef bytes device  # the op device it entered
 
@@ -109,19 +115,20 @@ cdef class _Scopes:
 
     cdef int enter(self, PfbCall* call) except -1:
         ctx = _tf_context()
+        if not ctx.executing_eagerly():
+            manager = _eager_mode()
+            manager.__enter__()
+            self.eager = manager
         self.persistent = call.flags & PFB_CALL_WORKER_THREAD
         name = call.device_name if call.device_name != NULL else None  # bytes
         if self.persistent:
             installed = getattr(_worker_scopes, "scopes", None)
-            if (installed is not None and (<_Scopes>installed).device == name
-                    and ctx.executing_eagerly()):
+            if installed is not None and (<_Scopes>installed).device == name:
                 return 0
             if installed is not None:
                 (<_Scopes>installed).exit()
             _worker_scopes.scopes = self
         self.device = name
-        if not ctx.executing_eagerly():
-            self._enter(_eager_mode())
         if name is not None and not name.endswith(_sole_device(ctx)):
             text = name.decode()
             if ctx.device_name != text:
@@ -139,9 +146,12 @@ cdef class _Scopes:
         return 0
 
     cdef int leave(self) except -1:
-        """The end of one call: only Python's threads leave the scopes."""
+        """The end of one call: only Python's threads leave the device scope."""
         if not self.persistent:
             self.exit()
+        if self.eager is not None:
+            manager, self.eager = self.eager, None
+            manager.__exit__(None, None, None)
         return 0
 
 

@@ -14,9 +14,13 @@ namespace pyfunc_bridge {
 namespace {
 
 std::atomic<bool> g_shutting_down{false};
-// Worker-thread GIL scopes (and thread-state teardowns) that have passed the
-// shutdown check and may take the GIL.
+// The thread that runs the exit (the package's atexit hook); its own scopes
+// are neither counted nor refused.
+std::atomic<std::thread::id> g_exit_thread{};
+// GIL scopes that have passed the shutdown check and may take the GIL.
 std::atomic<int> g_in_flight{0};
+// Of those, the ones on this thread.
+thread_local int t_in_flight = 0;
 // How long interpreter exit waits for bridge calls already under way.
 constexpr auto kDrainTimeout = std::chrono::seconds(10);
 std::atomic<const PfbBridgeApi*> g_api{nullptr};
@@ -31,23 +35,37 @@ bool InterpreterFinalizing() {
 
 bool InterpreterRunning() { return Py_IsInitialized() && !InterpreterFinalizing(); }
 
+// Whether this thread's Python thread state is the one holding the GIL.
+bool HoldsGil() {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyThreadState* current = PyThreadState_GetUnchecked();
+#else
+  PyThreadState* current = _PyThreadState_UncheckedGet();
+#endif
+  return current != nullptr && current == PyGILState_GetThisThreadState();
+}
+
 bool Usable() {
   return !g_shutting_down.load(std::memory_order_relaxed) && InterpreterRunning();
 }
 
-// Enters the in-flight count of a worker thread; false (and not counted) once
-// shutdown has begun.  Counted before the check, so that exit either sees
-// this thread or this thread sees the exit (both atomics are seq_cst).
-bool EnterWorker() {
+// Enters the in-flight count; false (and not counted) once shutdown has
+// begun.  Counted before the check, so that exit either sees this thread or
+// this thread sees the exit (both atomics are seq_cst).
+bool EnterCounted() {
   g_in_flight.fetch_add(1);
   if (g_shutting_down.load() || !InterpreterRunning()) {
     g_in_flight.fetch_sub(1);
     return false;
   }
+  ++t_in_flight;
   return true;
 }
 
-void LeaveWorker() { g_in_flight.fetch_sub(1); }
+void LeaveCounted() {
+  --t_in_flight;
+  g_in_flight.fetch_sub(1);
+}
 
 // Thread states of TF worker threads that have exited, deleted by the next
 // thread that holds the GIL.  An exiting thread must not wait for the GIL
@@ -113,13 +131,17 @@ GilScope::GilScope() {
   PinnedThreadState& pin = t_pinned;
   const bool worker =
       pin.pinned ? pin.worker : PyGILState_GetThisThreadState() == nullptr;
-  if (worker) {
-    // TF's threads: CPython would terminate one that asks for the GIL during
-    // finalization, so exit drains them first (PyfuncBridge_BeginShutdown).
-    if (!EnterWorker()) return;
+  if (std::this_thread::get_id() != g_exit_thread.load()) {
+    // CPython ends a thread that asks for the GIL during finalization with
+    // pthread_exit.  A TF worker must not die that way, nor may a Python
+    // (daemon) thread in the middle of a bridge call: its forced unwinding
+    // runs through TF's frames, and some of them end the process.  So exit
+    // drains these calls first and refuses new ones
+    // (PyfuncBridge_BeginShutdown).
+    if (!EnterCounted()) return;
     counted_ = true;
   } else if (!InterpreterRunning()) {
-    return;  // Python's own threads: CPython handles them at exit
+    return;  // the exiting thread during finalization
   }
   state_ = PyGILState_Ensure();
   if (!pin.pinned) {
@@ -136,7 +158,12 @@ GilScope::GilScope() {
 }
 
 GilScope::~GilScope() {
-  if (ok_) {
+  // A Python thread that waits for the GIL while the interpreter finalizes
+  // (a daemon thread, in the function or in a TF op it called) is ended by
+  // CPython with pthread_exit.  Its forced unwinding runs this destructor
+  // without the GIL: releasing it then aborts the process, and the thread
+  // is going away anyway.
+  if (ok_ && HoldsGil()) {
     if (first_on_thread_) {
       // Keep the pinned count, give back only the GIL if we took it.
       if (static_cast<PyGILState_STATE>(state_) == PyGILState_UNLOCKED) {
@@ -146,7 +173,7 @@ GilScope::~GilScope() {
       PyGILState_Release(static_cast<PyGILState_STATE>(state_));
     }
   }
-  if (counted_) LeaveWorker();
+  if (counted_) LeaveCounted();
 }
 
 absl::Status GetBridgeApi(const PfbBridgeApi** api) {
@@ -191,16 +218,18 @@ void DecrefWithGil(void* object) {
 }  // namespace pyfunc_bridge
 
 // Called (GIL held) by the package's atexit hook, which `import pyfunc_bridge`
-// registers, so it runs after any hook registered later.  From then on no TF
-// worker thread enters Python, and the worker calls already under way may
-// finish (the GIL is released meanwhile) before finalization begins.
+// registers, so it runs after any hook registered later.  From then on no
+// thread but this one enters a bridge call, and the calls already under way
+// may finish (the GIL is released meanwhile) before finalization begins.
 extern "C" __attribute__((visibility("default"))) int PyfuncBridge_BeginShutdown() {
   using namespace pyfunc_bridge;
+  g_exit_thread.store(std::this_thread::get_id());
   g_shutting_down.store(true);
   const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
+  const int own = t_in_flight;  // scopes this thread is inside of (none, usually)
   int left = 0;
   Py_BEGIN_ALLOW_THREADS
-  while ((left = g_in_flight.load()) > 0 &&
+  while ((left = g_in_flight.load() - own) > 0 &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

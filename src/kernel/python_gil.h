@@ -14,7 +14,7 @@ namespace pyfunc_bridge {
 // TF worker) it creates one thread state and keeps it until the thread exits,
 // so later scopes cost a PyEval_RestoreThread instead of a thread-state
 // churn.  Reentrant: a thread that already holds the GIL keeps it.  After the
-// package's atexit hook has run, worker threads no longer enter Python.
+// package's atexit hook has run, only the thread that ran it enters Python.
 class GilScope {
  public:
   GilScope();

@@ -1,0 +1,357 @@
+"""Fault tests: interpreter exit in the middle of bridge work, and exits from
+inside the function.  Each scenario is a small program that runs 20 times,
+each time in a fresh process, and must end with its expected exit status and
+nothing on stderr: no abort, no "Exception ignored", no log line.
+
+TensorFlow is not fork-safe once it has run (its eager context, thread pools
+and devices), so processes that use it are started with spawn or forkserver.
+These runs use the forkserver pattern: one runner process, itself started
+fresh, only imports NumPy, TensorFlow, pyfunc_bridge (and torch) and forks
+every run from there, a few at a time, so that 20 runs of each scenario cost
+a fraction of 20 TensorFlow imports.  Before it forks, the runner checks that
+the imports ran no TensorFlow: TF's eager context is not created, and no
+thread has started since NumPy's import (OpenBLAS's pool, which NumPy starts
+and which handles fork itself).  Each child then starts TensorFlow itself and
+exits the normal way: its program ends, or raises, and the interpreter
+finalizes.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+RUNS = 20
+PARALLEL = max(2, min(4, os.cpu_count() or 2))
+
+# Scenario name -> (program, expected exit status, expected stderr).
+SCENARIOS = {}
+
+
+def scenario(name, status=0, stderr=""):
+    def register(program):
+        SCENARIOS[name] = (textwrap.dedent(program), status, stderr)
+    return register
+
+
+scenario("live_zero_copy_tensors")("""
+    import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+
+    def address(t):
+        return np.asarray(t).__array_interface__["data"][0]
+
+    made = []
+
+    def fresh(a):
+        out = a * 2
+        made.append(out.__array_interface__["data"][0])
+        return out
+
+    @tf.function
+    def f(x):
+        return pfb.numpy_function(fresh, [x], tf.float32)
+
+    # Tensors over NumPy memory (graph and eager calls), read-only views of
+    # them, and py_function results, all alive at exit.
+    kept = [f(tf.ones([1000])) for _ in range(3)]
+    kept.append(pfb.numpy_function(fresh, [tf.ones([1000])], tf.float32))
+    assert [address(t) for t in kept] == made, "not zero-copy"
+    views = [pfb.to_numpy(t) for t in kept]
+    kept.append(pfb.py_function(lambda a: a + 1, [tf.ones([1000])], tf.float32))
+""")
+
+scenario("tf_data_iterator_mid_flight")("""
+    import time
+    import tensorflow as tf, pyfunc_bridge as pfb
+
+    def slow(v):
+        time.sleep(0.001)
+        return v + 1
+
+    ds = (tf.data.Dataset.range(10**9)
+          .map(lambda i: pfb.numpy_function(slow, [i], tf.int64), num_parallel_calls=4)
+          .map(lambda i: pfb.py_function(lambda v: v * 2, [i], tf.int64),
+               num_parallel_calls=4)
+          .prefetch(16))
+    it = iter(ds)
+    assert int(next(it)) == 2
+    next(it)
+""")
+
+scenario("unconsumed_to_dlpack_capsules")("""
+    import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+
+    t = tf.constant(np.arange(1000, dtype=np.float32))
+    out = pfb.numpy_function(lambda a: a + 1, [t], tf.float32)
+    exporter = pfb.to_dlpack(out)  # never consumed
+    legacy = pfb.to_dlpack(out).__dlpack__()  # raw capsules, never consumed
+    versioned = pfb.to_dlpack(t).__dlpack__(max_version=(1, 0))
+    assert "dltensor" in repr(legacy) and "dltensor_versioned" in repr(versioned)
+""")
+
+scenario("torch_tensors_sharing_output_memory")("""
+    import numpy as np, tensorflow as tf, torch, pyfunc_bridge as pfb
+
+    def address(t):
+        return np.asarray(t).__array_interface__["data"][0]
+
+    inputs = []
+
+    def keep_input(a):
+        inputs.append(a)  # a torch view of TF's input memory, kept past the call
+        return a * 2
+
+    out = pfb.numpy_function(lambda: np.arange(1000, dtype=np.float32), [], tf.float32)
+    shared = torch.from_dlpack(pfb.to_dlpack(out))
+    result = pfb.array_function(keep_input, [tf.ones([1000])], tf.float32, framework="torch")
+    shared_result = torch.from_dlpack(pfb.to_dlpack(result))
+    assert shared.data_ptr() == address(out)
+    assert shared_result.data_ptr() == address(result)
+""")
+
+# Eagerly, SystemExit leaves the function as it leaves TF's numpy_function.
+scenario("sys_exit_in_eager_function", status=7)("""
+    import sys
+    import tensorflow as tf, pyfunc_bridge as pfb
+
+    pfb.numpy_function(lambda a: sys.exit(7), [tf.constant(1.0)], tf.float32)
+""")
+
+# In a graph it is an error of the op (TF: UnknownError), here left unhandled.
+scenario("sys_exit_in_graph_function", status=1, stderr="UnknownError\n")("""
+    import sys
+    import tensorflow as tf, pyfunc_bridge as pfb
+
+    sys.excepthook = lambda kind, value, tb: print(kind.__name__, file=sys.stderr)
+
+    @tf.function
+    def f(x):
+        return pfb.numpy_function(lambda a: sys.exit(7), [x], tf.float32)
+
+    f(tf.constant(1.0))
+""")
+
+scenario("unhandled_exception_from_function", status=1, stderr="UnknownError\n")("""
+    import sys
+    import tensorflow as tf, pyfunc_bridge as pfb
+
+    sys.excepthook = lambda kind, value, tb: print(kind.__name__, file=sys.stderr)
+    ds = tf.data.Dataset.range(100).map(
+        lambda i: pfb.py_function(lambda v: 1 // 0, [i], tf.int64), num_parallel_calls=2)
+    for _ in ds:
+        pass
+""")
+
+_DAEMON_THREADS = """
+    import threading, time
+    import tensorflow as tf, pyfunc_bridge as pfb
+
+    v = tf.constant([1.0, 2.0])
+
+    def loop():
+        while True:
+            {call}
+
+    for _ in range(2):
+        threading.Thread(target=loop, daemon=True).start()
+    time.sleep(0.3)
+"""
+
+scenario("daemon_threads_in_py_function")(_DAEMON_THREADS.format(
+    call="pfb.py_function(lambda a: a + 1, [v], tf.float32)"))
+scenario("daemon_threads_in_numpy_function")(_DAEMON_THREADS.format(
+    call="pfb.numpy_function(lambda a: a + 1, [v], tf.float32)"))
+scenario("daemon_threads_in_tf_function")(_DAEMON_THREADS.format(
+    call="f(v)").replace("v = tf", """
+    @tf.function
+    def f(x):
+        y = pfb.numpy_function(lambda a: a + 1, [x], tf.float32)
+        return pfb.py_function(lambda a: a * 2, [y], tf.float32)
+
+    v = tf"""))
+
+# TF1 programs: py_function enters eager mode on TF's worker threads.
+scenario("tf1_session_py_function")("""
+    import tensorflow as tf, pyfunc_bridge as pfb
+
+    tf.compat.v1.disable_eager_execution()
+    x = tf.compat.v1.placeholder(tf.float32, [None])
+    y = pfb.py_function(lambda a: a * 2, [x], tf.float32)
+    z = pfb.numpy_function(lambda a: a + 1, [y], tf.float32)
+    with tf.compat.v1.Session() as sess:
+        for _ in range(5):
+            assert sess.run(z, {x: [1.0, 2.0]}).tolist() == [3.0, 5.0]
+""")
+
+
+# Forks RUNS children per scenario (PARALLEL at a time) and prints one JSON
+# line per run.  A run that outlives TIMEOUT seconds is killed and reported.
+# gc.freeze(): the final collections of each child skip the objects of the
+# imports (exit then costs about 0.5 s instead of 2.5 s); what a program makes
+# after the fork is finalized as usual.
+RUNNER = r"""
+import gc, json, os, runpy, signal, sys, threading, time
+scenarios = json.loads(sys.stdin.read())
+runs, parallel, timeout, out = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+
+def native_threads():
+    return len(os.listdir("/proc/self/task"))
+
+import numpy
+threads = native_threads()  # with OpenBLAS's pool, which handles fork
+import tensorflow, pyfunc_bridge
+try:
+    import torch
+except ImportError:
+    pass
+# The forkserver pattern: imports only.  A fork after TensorFlow has run
+# (its eager context, its thread pools) is not safe.
+from tensorflow.python.eager import context
+assert context._context is None or not context._context._initialized, (
+    "the runner created TensorFlow's eager context before forking")
+assert threading.active_count() == 1 and native_threads() == threads, (
+    f"the imports started threads before forking: {native_threads() - threads}")
+paths = {}
+for name, program in scenarios.items():
+    paths[name] = os.path.join(out, name + ".py")  # a file: autograph reads the source
+    with open(paths[name], "w") as f:
+        f.write(program)
+gc.freeze()
+todo = [(name, i) for i in range(runs) for name in scenarios]
+running = {}
+while todo or running:
+    while todo and len(running) < parallel:
+        name, i = todo.pop(0)
+        err = os.path.join(out, f"{name}.{i}.err")
+        pid = os.fork()
+        if pid == 0:
+            fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 2)
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, 1)
+            del todo, running
+            # The child runs the program as __main__, then exits normally.
+            runpy.run_path(paths[name], run_name="__main__")
+            sys.exit(0)
+        running[pid] = (name, i, err, time.monotonic())
+    pid, status = os.waitpid(-1, os.WNOHANG)
+    if pid == 0:
+        for pid, (name, i, err, start) in list(running.items()):
+            if time.monotonic() - start > timeout:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                del running[pid]
+                print(json.dumps({"scenario": name, "run": i, "status": "timeout",
+                                  "stderr": open(err, errors="replace").read()}), flush=True)
+        time.sleep(0.01)
+        continue
+    name, i, err, start = running.pop(pid)
+    code = os.waitstatus_to_exitcode(status)
+    print(json.dumps({"scenario": name, "run": i, "status": code, "seconds": time.monotonic() - start,
+                      "stderr": open(err, errors="replace").read()}), flush=True)
+"""
+
+# Written before absl's logging is set up, whatever TF_CPP_MIN_LOG_LEVEL says.
+_STARTUP_LOG = "WARNING: All log messages before absl::InitializeLog() is called"
+
+
+def _noise(stderr):
+    """stderr without TF's startup log lines."""
+    return "".join(line for line in stderr.splitlines(keepends=True)
+                   if not line.startswith(_STARTUP_LOG))
+
+
+@pytest.fixture(scope="module")
+def fault_runs(tmp_path_factory):
+    """Every scenario, RUNS times: scenario -> list of (status, stderr)."""
+    programs = {name: program for name, (program, _, _) in SCENARIOS.items()}
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        programs.pop("torch_tensors_sharing_output_memory")
+    out = tmp_path_factory.mktemp("faults")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(RUNS), str(PARALLEL), "60", str(out)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(json.dumps(programs), timeout=600)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the runner and any child it left
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    assert proc.returncode == 0, stderr[-3000:]
+    results = {name: [] for name in programs}
+    for line in stdout.splitlines():
+        run = json.loads(line)
+        results[run["scenario"]].append((run["status"], _noise(run["stderr"])))
+    return results
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_every_run_exits_as_expected_with_nothing_on_stderr(fault_runs, name):
+    if name not in fault_runs:
+        pytest.skip("torch is not installed")
+    _, status, stderr = SCENARIOS[name]
+    runs = fault_runs[name]
+    assert len(runs) == RUNS
+    bad = [(got, err) for got, err in runs if got != status or err != stderr]
+    assert not bad, (f"{len(bad)} of {RUNS} runs ended otherwise than with status "
+                     f"{status} and stderr {stderr!r}; first: status {bad[0][0]}, "
+                     f"stderr:\n{bad[0][1][-3000:]}")
+
+
+# ------------------------------------- the exit hook's threading.excepthook --
+
+@pytest.fixture
+def quiet_hook(monkeypatch):
+    """The excepthook the exit hook installs, over a recording one."""
+    import threading
+
+    import pyfunc_bridge as pfb
+    printed = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: printed.append(args))
+    pfb._library._quiet_cancelled_daemon_threads()
+    return threading.excepthook, printed
+
+
+def _hook_args(exc, daemon):
+    import threading
+    thread = threading.Thread(target=lambda: None, daemon=daemon)
+    return threading.ExceptHookArgs((type(exc), exc, None, thread))
+
+
+@pytest.mark.parametrize("exc, daemon, reported", [
+    ("refused", True, False),   # the exit refused its call: ends silently
+    ("refused", False, True),   # not a daemon thread
+    ("other_cancel", True, True),  # a CancelledError of something else
+    ("other", True, True),
+])
+def test_the_exit_hook_silences_only_refused_calls_of_daemon_threads(
+        quiet_hook, exc, daemon, reported):
+    import tensorflow as tf
+
+    import pyfunc_bridge as pfb
+    error = {
+        "refused": tf.errors.CancelledError(
+            None, None, pfb._library._SHUTDOWN_ERROR + " (it is shutting down)"),
+        "other_cancel": tf.errors.CancelledError(None, None, "cancelled by the user"),
+        "other": RuntimeError(pfb._library._SHUTDOWN_ERROR),
+    }[exc]
+    hook, printed = quiet_hook
+    hook(_hook_args(error, daemon))
+    assert [args.exc_value for args in printed] == ([error] if reported else [])
+
+
+def test_the_refused_call_message_is_the_one_the_hook_looks_for():
+    import pathlib
+
+    import pyfunc_bridge as pfb
+    kernel = pathlib.Path(__file__).parent.parent / "src" / "kernel" / "bridge.cc"
+    assert pfb._library._SHUTDOWN_ERROR in kernel.read_text()
