@@ -120,3 +120,36 @@ def jax():
     import jax.dlpack  # noqa: F401
     import jax.numpy  # noqa: F401
     return jax
+
+
+# Each public API beside TensorFlow's builtin, and the error a call raises.
+def raising(exc):
+    def func(*args):
+        raise exc
+    return func
+
+
+# (ours, TensorFlow's) for each op; array_function is numpy_function's twin.
+API_PAIRS = {
+    "numpy_function": (pfb.numpy_function, tf.numpy_function),
+    "py_func": (pfb.py_func, tf.compat.v1.py_func),
+    "py_function": (pfb.py_function, tf.py_function),
+    "array_function": (
+        lambda f, inp, Tout: pfb.array_function(f, inp, Tout, framework="numpy"),
+        tf.numpy_function),
+}
+
+
+def error_of(api, func, mode, x=None):
+    """The exception that calling `api(func, [x], tf.float32)` raises."""
+    x = tf.constant([1.0]) if x is None else x
+
+    def call(x):
+        return api(func, [x], tf.float32)
+    if mode == "graph":
+        call = tf.function(call)
+    try:
+        call(x)
+    except BaseException as exc:  # noqa: B036 (SystemExit is what is tested)
+        return exc
+    raise AssertionError("no error")

@@ -4,43 +4,12 @@ import pytest
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
+from conftest import API_PAIRS, error_of, raising
 
 NUL_MESSAGE = "bad value\0 in row 7"
 # TF's status messages end at a NUL byte on their way to Python: the bridge
 # writes it as \x00 and keeps the rest.
 NUL_SHOWN = "bad value\\x00 in row 7"
-
-
-def raising(exc):
-    def func(*args):
-        raise exc
-    return func
-
-
-# (ours, TensorFlow's) for each op; array_function is numpy_function's twin.
-PAIRS = {
-    "numpy_function": (pfb.numpy_function, tf.numpy_function),
-    "py_func": (pfb.py_func, tf.compat.v1.py_func),
-    "py_function": (pfb.py_function, tf.py_function),
-    "array_function": (
-        lambda f, inp, Tout: pfb.array_function(f, inp, Tout, framework="numpy"),
-        tf.numpy_function),
-}
-
-
-def error_of(api, func, mode, x=None):
-    """The exception that calling `api(func, [x], tf.float32)` raises."""
-    x = tf.constant([1.0]) if x is None else x
-
-    def call(x):
-        return api(func, [x], tf.float32)
-    if mode == "graph":
-        call = tf.function(call)
-    try:
-        call(x)
-    except BaseException as exc:  # noqa: B036 (SystemExit is what is tested)
-        return exc
-    raise AssertionError("no error")
 
 
 @pytest.fixture(params=["direct", "dispatched"])
@@ -55,19 +24,19 @@ def eager_path(request, monkeypatch):
 
 # ------------------------------------------------------------- NUL bytes --
 
-@pytest.mark.parametrize("op", sorted(PAIRS))
+@pytest.mark.parametrize("op", sorted(API_PAIRS))
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_a_nul_byte_keeps_the_whole_message_and_the_traceback(op, mode, eager_path):
     def func(a):
         raise ValueError(NUL_MESSAGE)
-    err = error_of(PAIRS[op][0], func, mode)
+    err = error_of(API_PAIRS[op][0], func, mode)
     assert isinstance(err, tf.errors.InvalidArgumentError)
     assert NUL_SHOWN in err.message
     assert "Traceback (most recent call last)" in err.message
     assert "in func" in err.message
     # TensorFlow's messages (but eagerly numpy_function re-raises the
     # ValueError itself) keep the traceback and lose the text after the NUL.
-    theirs = error_of(PAIRS[op][1], func, mode)
+    theirs = error_of(API_PAIRS[op][1], func, mode)
     assert "bad value" in str(theirs)
 
 
@@ -94,10 +63,10 @@ EXCEPTIONS = {
 
 
 @pytest.mark.parametrize("kind", sorted(EXCEPTIONS))
-@pytest.mark.parametrize("op", sorted(PAIRS))
+@pytest.mark.parametrize("op", sorted(API_PAIRS))
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_the_error_class_is_tensorflows(kind, op, mode, eager_path):
-    ours, theirs = PAIRS[op]
+    ours, theirs = API_PAIRS[op]
     expected = type(error_of(theirs, raising(EXCEPTIONS[kind]()), mode))
     exc = EXCEPTIONS[kind]()
     got = error_of(ours, raising(exc), mode)

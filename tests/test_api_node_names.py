@@ -7,38 +7,7 @@ import pytest
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
-
-
-def raising(exc):
-    def func(*args):
-        raise exc
-    return func
-
-
-# (ours, TensorFlow's) for each op; array_function is numpy_function's twin.
-PAIRS = {
-    "numpy_function": (pfb.numpy_function, tf.numpy_function),
-    "py_func": (pfb.py_func, tf.compat.v1.py_func),
-    "py_function": (pfb.py_function, tf.py_function),
-    "array_function": (
-        lambda f, inp, Tout: pfb.array_function(f, inp, Tout, framework="numpy"),
-        tf.numpy_function),
-}
-
-
-def error_of(api, func, mode, x=None):
-    """The exception that calling `api(func, [x], tf.float32)` raises."""
-    x = tf.constant([1.0]) if x is None else x
-
-    def call(x):
-        return api(func, [x], tf.float32)
-    if mode == "graph":
-        call = tf.function(call)
-    try:
-        call(x)
-    except BaseException as exc:  # noqa: B036 (SystemExit is what is tested)
-        return exc
-    raise AssertionError("no error")
+from conftest import API_PAIRS, error_of, raising
 
 
 def _graph_nodes(fn, *args):
@@ -82,9 +51,9 @@ def test_a_name_given_by_the_caller_is_kept():
     assert [name for _, name in nodes] == ["mine"]
 
 
-@pytest.mark.parametrize("op", sorted(PAIRS))
+@pytest.mark.parametrize("op", sorted(API_PAIRS))
 def test_graph_errors_name_the_node_where_it_was_defined(op):
-    ours, theirs = PAIRS[op]
+    ours, theirs = API_PAIRS[op]
     for api in (ours, theirs):
         err = error_of(api, raising(ValueError("marker")), "graph")
         assert type(err) is tf.errors.InvalidArgumentError
@@ -116,7 +85,7 @@ def test_the_gradient_op_is_tagged_in_errors():
 
 @pytest.mark.parametrize("op", ["numpy_function", "py_function"])
 def test_a_long_graph_error_costs_about_what_tensorflows_costs(op):
-    ours, theirs = PAIRS[op]
+    ours, theirs = API_PAIRS[op]
     message = " ".join(["long message"] * 3100)  # 40k characters
     x = tf.constant([1.0])
     seconds = {}
