@@ -3,6 +3,7 @@ composite tensors, zero-copy inputs and its once-differentiable gradient.
 
 The contract every API shares (modes, Tout, counts, shapes, exceptions,
 argument errors, lifetimes) is in test_api_contract.py."""
+import json
 import subprocess
 import sys
 import textwrap
@@ -50,6 +51,35 @@ def test_session_in_a_fresh_process():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RESULT [3.0, 8.0]" in proc.stdout
+
+
+def test_string_inputs_in_a_tf1_session_match_tf():
+    # A TF1 program runs its Session's kernels in graph mode: string inputs
+    # must still become EagerTensors (made inside the function's eager
+    # context), on the first call and every later one, as with tf.py_function.
+    code = textwrap.dedent("""
+        import json, os
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        import tensorflow as tf
+        import pyfunc_bridge as pfb
+        tf.compat.v1.disable_eager_execution()
+
+        def f(s, x):
+            return [tf.strings.length(s), x * 2]
+
+        s = tf.constant(["ab", "cde"])
+        x = tf.constant([1.0, 2.0])
+        ours = pfb.py_function(f, [s, x], [tf.int32, tf.float32])
+        theirs = tf.py_function(f, [s, x], [tf.int32, tf.float32])
+        with tf.compat.v1.Session() as sess:
+            runs = [[v.tolist() for v in sess.run(ours + theirs)] for _ in range(2)]
+        print("RESULT", json.dumps(runs))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert runs == [[[2, 3], [2.0, 4.0], [2, 3], [2.0, 4.0]]] * 2
 
 
 # --------------------------------------------------------------------------

@@ -21,10 +21,11 @@ The kernel hands every call over through the PfbBridgeApi capsule
    the converter of the recorded framework); ``_converter``: the entry's
    ``_NUMPY`` (``_NUMPY_EAGER`` for an eager call) or ``_FrameworkConverter``
    (converters.pxi), or ``_TENSORS`` for the py_function kernels (tensors.pxi).
-3. ``converter.inputs``: owners -> read-only ndarray views (``_input_arrays``;
+3. ``converter.enter``: aligned NumPy allocation, or eager mode + device scope
+   (first: py_function's inputs are made in it).
+4. ``converter.inputs``: owners -> read-only ndarray views (``_input_arrays``;
    in graphs a 0-d input becomes a NumPy scalar, ``_scalar_input``), framework
    arrays (``_framework_inputs``) or EagerTensors (``_input_tensors``).
-4. ``converter.enter``: aligned NumPy allocation, or eager mode + device scope.
 5. ``converter.call``: the function (py_function under a tape, its ``_Forward``
    put in ``PfbCall.state``; a gradient call: ``_Forward.gradient``).
 6. ``converter.outputs``: ``_export_outputs`` (NumPy, array_function) or

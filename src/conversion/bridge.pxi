@@ -122,10 +122,13 @@ cdef int _run(PfbCall* call) except -1:
     args = _adopt_inputs(call)
     entry = _entry(call)
     cdef _Converter conv = _converter(call, entry)
-    ranges = conv.inputs(call, args, counting)
     entered = None
     try:
+        # The context first: py_function's inputs are made in it (eager mode:
+        # on a TF1 Session's worker thread a string input would otherwise
+        # become a graph constant).
         entered = conv.enter(call)
+        ranges = conv.inputs(call, args, counting)
         if counting != NULL:
             counting.called = _now()
         result = conv.call(call, entry, args, counting)

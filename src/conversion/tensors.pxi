@@ -161,11 +161,11 @@ cdef class _TensorConverter(_Converter):
     runs a gradient call (PFB_CALL_GRADIENT) from its recorded _Forward."""
 
     cdef list inputs(self, PfbCall* call, tuple args, _CallCounts* counts):
-        _load_tf()
         _input_tensors(args, counts)
         return None
 
     cdef object enter(self, PfbCall* call):
+        _load_tf()  # enter runs first (bridge.pxi, _run)
         cdef _Scopes scopes = _Scopes()
         scopes.enter(call)
         return scopes
