@@ -272,6 +272,9 @@ def resolve(key, reference_, pickled_, framework, tensors, num_outputs):
         global resolutions
         with _key_locks_lock:
             resolutions += 1
+            # Later misses find `_resolved` first; threads already waiting
+            # hold the lock itself and see the entry under it.
+            _key_locks.pop(key, None)
         return entry
 
 

@@ -583,6 +583,7 @@ def test_concurrent_misses_resolve_exactly_once(registry, trusting):
     assert all(e is entries[0] for e in entries)
     assert entries[0].func is travel_functions.times2
     assert registry[key]() is entries[0]  # later calls take the registered path
+    assert key not in _portable._key_locks  # no lock kept per resolved key
 
 
 def test_parallel_pipeline_misses_resolve_once(trusting):

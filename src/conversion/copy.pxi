@@ -145,14 +145,6 @@ cdef bint _readonly_memory(object arr):
     return Py_TYPE(obj) == <PyTypeObject*>bytes
 
 
-cdef bint _dl_empty(const DLTensor* t) noexcept:
-    cdef int i
-    for i in range(t.ndim):
-        if t.shape[i] == 0:
-            return True
-    return False
-
-
 cdef object _dl_copy_reason(const DLTensor* t, int copy_mode, bint writable_elsewhere,
                             bint lazy=False):
     """_copy_reason with the layout facts of a DLPack tensor."""

@@ -169,13 +169,18 @@ cdef int _check_device(const DLTensor* t, bint allow_cuda) except -1:
         f"{where} memory here; copy it to the host first (e.g. .cpu())")
 
 
-cdef int _check_data(const DLTensor* t) except -1:
+cdef bint _dl_empty(const DLTensor* t) noexcept:
+    """Whether the tensor has no element (a dimension of 0)."""
     cdef int i
-    if t.data != NULL:
-        return 0
     for i in range(t.ndim):
         if t.shape[i] == 0:
-            return 0
+            return True
+    return False
+
+
+cdef int _check_data(const DLTensor* t) except -1:
+    if t.data != NULL or _dl_empty(t):
+        return 0
     raise BufferError("DLPack tensor has NULL data but is not empty")
 
 

@@ -15,10 +15,7 @@ cdef DLManagedTensorVersioned* _export_eager_input(object tensor) except NULL:
     if tensor._datatype_enum() == TF_DT_STRING:
         # An object array of bytes (a 0-d tensor's numpy() is bare bytes).
         return _export_strings(np.asarray(tensor.numpy(), dtype=object))
-    cdef _DLPackOwner owner = _tf_export(tensor, None)
-    cdef DLManagedTensorVersioned* m = _hand_out(owner)
-    owner.managed = NULL  # the call owns it now
-    return m
+    return _consume_owner(_tf_export(tensor, None))  # the call owns it now
 
 
 cdef object _eager_output(DLManagedTensorVersioned* m):

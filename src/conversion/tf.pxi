@@ -93,12 +93,7 @@ cdef _DLPackOwner _tf_export(object tensor, object copy):
             "array of bytes)")
     capsule = _tfe.TFE_ToDlpackCapsule(tensor)
     cdef DLManagedTensorVersioned* m = _consume_capsule(capsule, True)
-    cdef _DLPackOwner owner
-    try:
-        owner = _adopt(m)
-    except BaseException:
-        m.deleter(m)
-        raise
+    cdef _DLPackOwner owner = _adopt_checked(m)
     # TF's memory is immutable: no consumer may write it.
     m.flags |= DLPACK_FLAG_BITMASK_READ_ONLY
     if datatype == TF_DT_BOOL:
