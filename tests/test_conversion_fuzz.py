@@ -75,6 +75,21 @@ def raw_bytes(a):
     return np.array(a, order="C").reshape(-1).view(np.uint8)
 
 
+def check_result(out, seen, rule, copy, want, what, where):
+    """An op's result `out` (None when refused): shared with the function's
+    result (`seen["address"]`) exactly when the zero-copy `rule` and `copy`
+    say so (`rule` None: no rule applies; copy=False is judged by the
+    caller), and NumPy's values."""
+    if out is None:
+        return
+    if rule is not None and copy is not False:
+        shared = address(pfb.to_numpy(out)) == seen["address"]
+        if shared != (rule and copy is not True):
+            wrong(f"zero-copy {shared}, the rule says {rule and copy is not True}: {what}",
+                  where)
+    check_values(pfb.to_numpy(out), want, what, where)
+
+
 def check_values(got, want, what, where):
     got = np.asarray(got)
     if got.dtype != want.dtype or got.shape != want.shape:
@@ -444,6 +459,7 @@ def test_numpy_function_results(case):
             needs_copy = True
         else:
             raise
+    rule = None  # no zero-copy rule for empty or unseen results
     if seen and seen["size"] > 0:
         if source == "input_view":
             rule = True  # TF's memory handed back
@@ -456,14 +472,8 @@ def test_numpy_function_results(case):
             if not needs_copy and not rule:
                 wrong(f"copy=False accepted a result that needs a copy: {case}",
                       "numpy_function results")
-        elif out is not None:
-            shared = address(pfb.to_numpy(out)) == seen["address"]
-            if shared != (rule and copy is not True):
-                wrong(f"zero-copy {shared}, the rule says {rule and copy is not True}: {case}",
-                      "numpy_function results")
-    if out is not None:
-        check_values(pfb.to_numpy(out), want, f"numpy_function {case}",
-                     "numpy_function results")
+    check_result(out, seen, rule, copy, want, f"numpy_function {case}",
+                 "numpy_function results")
 
 
 TORCH_SOURCES = ["fresh", "transposed", "strided", "global", "from_numpy", "lazy_neg",
@@ -523,6 +533,7 @@ def test_array_function_torch_results(torch, case):
             refused = True
         else:
             raise
+    rule = None  # no zero-copy rule for empty results
     if seen["numel"] > 0:
         # Documented rule: a fresh torch tensor (not a view, storage not
         # shared, allocated by torch) or a view of an input, aligned and
@@ -533,11 +544,5 @@ def test_array_function_torch_results(torch, case):
             if refused == rule:
                 wrong(f"copy=False {'refused' if refused else 'accepted'} against the "
                       f"rule ({rule}): {case}", "array_function torch results")
-        elif out is not None:
-            shared = address(pfb.to_numpy(out)) == seen["address"]
-            if shared != (rule and copy is not True):
-                wrong(f"zero-copy {shared}, the rule says {rule and copy is not True}: {case}",
-                      "array_function torch results")
-    if out is not None:
-        check_values(pfb.to_numpy(out), want, f"array_function torch {case}",
-                     "array_function torch results")
+    check_result(out, seen, rule, copy, want, f"array_function torch {case}",
+                 "array_function torch results")
