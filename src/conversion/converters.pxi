@@ -96,6 +96,9 @@ _NUMPY.scalars = True
 cdef _NumpyConverter _NUMPY_EAGER = _NumpyConverter()
 
 
+cdef dict _FRAMEWORK_CONVERTERS = {}  # adapter -> its _FrameworkConverter
+
+
 def converter(adapter, bint eager=False):
     """The converter of a registry entry: NumPy's for None (`eager`: the one
     for eager calls, which hands 0-d inputs over as 0-d arrays), else one for
@@ -103,8 +106,13 @@ def converter(adapter, bint eager=False):
     have no scalar type)."""
     if adapter is None:
         return _NUMPY_EAGER if eager else _NUMPY
-    cdef _FrameworkConverter made = _FrameworkConverter.__new__(_FrameworkConverter)
-    made.adapter = adapter
+    made = _FRAMEWORK_CONVERTERS.get(adapter)
+    if made is None:
+        # Converters keep no per-call state: one per adapter serves every entry
+        # (an eager array_function call makes an entry per call).
+        made = _FrameworkConverter.__new__(_FrameworkConverter)
+        (<_FrameworkConverter>made).adapter = adapter
+        _FRAMEWORK_CONVERTERS[adapter] = made
     return made
 
 
