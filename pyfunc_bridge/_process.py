@@ -13,7 +13,10 @@ Memory: one input arena per pool and one result arena per worker, each
 ``arena_bytes`` of shared memory (``memfd``: anonymous, so nothing is left in
 /dev/shm whatever happens to the processes).  Inputs wait for room in the
 input arena; a payload larger than an arena, and a result that finds its
-worker's arena full, travel pickled through the socket instead.
+worker's arena full, travel pickled through the socket instead.  A block
+goes back only when the process it was handed to says it is done with it
+(pyfunc_bridge/_worker.py says who owns a block when): an input block when
+nothing in the worker views it any more, a result block when its tensor goes.
 
 Traffic: each worker has one socket.  A caller appends its request to the
 worker's outbox and the first caller that finds no write under way writes
@@ -83,13 +86,15 @@ def _take(items):
 
 class _Call:
     """One call in flight: its caller waits on `lock`, which the reader
-    releases after setting `reply`."""
-    __slots__ = ("lock", "reply")
+    releases after setting `reply`.  `holds`: whether the call holds input
+    blocks until its reply (the pool's count of such calls, `_holding`)."""
+    __slots__ = ("lock", "reply", "holds")
 
-    def __init__(self):
+    def __init__(self, holds):
         self.lock = threading.Lock()
         self.lock.acquire()
         self.reply = None
+        self.holds = holds
 
 
 class _Worker:
@@ -100,6 +105,7 @@ class _Worker:
         self.pending = {}     # call id -> _Call, until its reply or the worker's end
         self.outbox = []      # requests not yet written
         self.freed = []       # result blocks the parent no longer holds (process.pxi appends)
+        self.inputs = {}      # offset -> size: input blocks handed to this worker, until it frees them
         self.forget = []      # tokens of functions the parent dropped
         self.known = set()    # tokens this worker has the function of
         self.write_lock = threading.Lock()
@@ -239,7 +245,11 @@ class ProcessPool:
         self._inputs = (np.frombuffer(self._input_map, np.uint8)
                         if self._input_map is not None else None)
         self._arena = _worker.Arena(arena_bytes)
-        self._arena_free = threading.Condition()
+        self._arena_free = threading.Condition()  # guards _arena, _holding, workers' inputs
+        # Calls staged and not yet answered that hold input blocks: blocks
+        # they will free or keep.  At 0, waiting for room would wait for ever
+        # (functions keep the rest): a call takes the room that is free now.
+        self._holding = 0
         self._workers = []
         _live_pools.add(self)
         try:
@@ -292,61 +302,77 @@ class ProcessPool:
         return descs
 
     def release(self, descs):
-        """Returns the input blocks of `descs` to the arena."""
+        """Returns the input blocks of `descs` to the arena and empties it: the
+        blocks of a call that no worker received (run() empties `descs` when it
+        hands the call to a worker, whose blocks then come back as it frees them)."""
         blocks = [(d[1], d[2]) for d in descs if d[0] == "s"]
+        descs.clear()
         if blocks:
             with self._arena_free:
                 for offset, size in blocks:
                     self._arena.free(offset, size)
+                self._holding -= 1
                 self._arena_free.notify_all()
 
     def _alloc(self, sizes):
         """The blocks of one call's inputs, taken together: (offset, size) per
         size, None for one that travels pickled.  A call holds no block while
         it waits for room (calls that each held part of their inputs and
-        waited for the rest would wait for each other for ever); in an arena
-        that no call holds, what does not fit travels pickled."""
+        waited for the rest would wait for each other for ever).  When no call
+        in flight holds blocks, the room there is now is all there will be
+        (functions keep the rest): what does not fit travels pickled."""
         if not sizes:
             return []
         with self._arena_free:
             while True:
                 if self._closed:
                     raise PoolClosedError(f"pyfunc_bridge: {self.name} is closed")
-                idle = self._arena.free_bytes() == self.arena_bytes
+                idle = not self._holding
                 blocks = [self._arena.alloc(n) if n <= self.arena_bytes else None
                           for n in sizes]
                 if idle or all(block is not None or n > self.arena_bytes
                                for block, n in zip(blocks, sizes)):
+                    if any(block is not None for block in blocks):
+                        self._holding += 1
                     return blocks
                 for block in blocks:
                     if block is not None:
                         self._arena.free(*block)
-                self._arena_free.wait()  # calls in flight free their inputs
+                self._arena_free.wait()  # calls in flight free or keep their inputs
 
     def run(self, func, framework, descs, writable):
         """Runs `func` on the staged inputs in a worker; returns (result,
         bytes the worker wrote to shared memory).  Waits with the GIL released."""
         try:
-            token, pickled = self._functions.get(func)
-            call = _Call()
-            call_id = next(self._ids)
-            with self._lock:
-                worker = self._pick()
-                worker.pending[call_id] = call
-                known = token in worker.known
-                worker.known.add(token)
-                # Under the lock: a request that finds the token known must not
-                # reach the worker before the one that carries the function.
-                worker.outbox.append(
-                    (call_id, token, None if known else pickled, framework, descs, writable))
-            self._flush(worker)
+            call = self._submit(func, framework, descs, writable)
             call.lock.acquire()  # releases the GIL while it waits
         finally:
-            self.release(descs)
+            self.release(descs)  # the blocks of a call that did not reach a worker
         ok, payload, moved, worker = call.reply
         if ok:
             return self._decode(payload, worker), moved
         raise payload if ok is None else _worker_exception(payload)
+
+    def _submit(self, func, framework, descs, writable):
+        """Hands the call to a worker and returns it: the request and its input
+        blocks become the worker's (`descs` is emptied)."""
+        token, pickled = self._functions.get(func)
+        blocks = {d[1]: d[2] for d in descs if d[0] == "s"}
+        call = _Call(bool(blocks))
+        call_id = next(self._ids)
+        with self._lock:
+            worker = self._pick()
+            worker.pending[call_id] = call
+            known = token in worker.known
+            worker.known.add(token)
+            # Under the lock: a request that finds the token known must not
+            # reach the worker before the one that carries the function.
+            worker.outbox.append(
+                (call_id, token, None if known else pickled, framework, descs[:], writable))
+            worker.inputs.update(blocks)  # under the lock: _lost takes them once not alive
+            descs.clear()
+        self._flush(worker)
+        return call
 
     def _pick(self):
         """The live worker with the fewest calls (the pool's lock is held)."""
@@ -403,15 +429,18 @@ class ProcessPool:
                 received = frames.read(pickle.loads)
                 if not received:
                     break
-                for replies in received:
-                    if type(replies) is tuple:  # ("ready", pid)
+                for message in received:
+                    if message[0] == "ready":  # ("ready", pid)
                         worker.ready = True
                         self._start_failures = 0
                         continue
-                    for call_id, ok, payload, moved in replies:
-                        call = worker.pending.pop(call_id, None)
+                    _, replies, freed = message
+                    answered = [(worker.pending.pop(call_id, None), (ok, payload, moved, worker))
+                                for call_id, ok, payload, moved in replies]
+                    self._settle(worker, freed, [call for call, _ in answered])
+                    for call, reply in answered:
                         if call is not None:
-                            call.reply = (ok, payload, moved, worker)
+                            call.reply = reply
                             call.lock.release()
         except (OSError, EOFError):
             pass
@@ -423,6 +452,17 @@ class ProcessPool:
                                f"({type(exc).__name__}: {exc}), so it was ended")
             return
         self._lost(worker)
+
+    def _settle(self, worker, freed, answered):
+        """The input blocks `worker` freed go back to the arena; the calls
+        `answered` (None: an unknown id) no longer hold blocks in flight (the
+        blocks their functions kept are the worker's until it frees them)."""
+        with self._arena_free:
+            for offset, size in freed:
+                if worker.inputs.pop(offset, None) == size:  # (never a block it does not hold)
+                    self._arena.free(offset, size)
+            self._holding -= sum(1 for call in answered if call is not None and call.holds)
+            self._arena_free.notify_all()
 
     def _lost(self, worker, unreadable=None):
         with self._lock:
@@ -436,6 +476,9 @@ class ProcessPool:
                                     f"ran in worker process {worker.pid}")
         else:
             error = WorkerError(self._death(worker, unreadable))
+        # The process is gone (reaped above, or being ended by close()): the
+        # blocks it held are nobody's.
+        self._settle(worker, list(worker.inputs.items()), held)
         for call in held:
             call.reply = (None, error, 0, worker)
             call.lock.release()

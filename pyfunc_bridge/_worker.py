@@ -18,12 +18,22 @@ The protocol, one length-prefixed pickle per frame:
   tensors no longer hold, ``forget`` function tokens the parent dropped, and
   each request ``(call_id, token, pickled_function or None, framework,
   args, writable)``;
-* worker -> parent: a list of replies ``(call_id, ok, payload, bytes_out)``.
+* worker -> parent: ``("done", replies, freed_inputs)``, one reply
+  ``(call_id, ok, payload, bytes_out)`` per request of the frame it answers,
+  and the input blocks that nothing in this worker refers to any more (see
+  below).
 
 An argument or a result is ``("s", offset, size, dtype, shape)`` (numbers in
 an arena: the parent's input arena, or this worker's result arena) or
 ``("v", value)`` (pickled: strings, NumPy scalars, Python values, and arrays
 that did not fit).
+
+Who owns a block: an input block is the parent's until it writes the request
+that carries it, then this worker's until the worker reports it in
+``freed_inputs``: when the last array (or torch tensor) that views it goes,
+which is when the call returns unless the function kept its input (a cache,
+an accumulator).  A result block is this worker's until the reply that
+carries it, then the parent's until it comes back in ``freed``.
 """
 import bisect
 import math
@@ -31,6 +41,7 @@ import os
 import socket
 import struct
 import sys
+import weakref
 
 ALIGN = 64  # PFB_TENSOR_ALIGNMENT (src/bridge_abi.h): TF's Eigen kernels need it
 _HEADER = struct.Struct("<Q")
@@ -166,16 +177,37 @@ class _Worker:
     def __init__(self, sock, np, input_map, result_map, result_bytes):
         self.sock = sock
         self.np = np
-        self.inputs = np.frombuffer(input_map, np.uint8) if input_map else None
+        self.input_map = input_map
         self.results = np.frombuffer(result_map, np.uint8) if result_map else None
         self.arena = Arena(result_bytes)
         self.functions = {}  # token -> function
+        # id(weak reference) -> (the reference, offset, size) of each input
+        # block something here still views; the reference's callback moves
+        # the block to `inputs_freed`, which the next reply carries.
+        self.input_blocks = {}
+        self.inputs_freed = []
+
+    def input_block(self, offset, size):
+        """A uint8 ndarray over one input block, the base of every view of it.
+
+        Its own base is not an ndarray (np.frombuffer makes a memoryview), so
+        NumPy stops collapsing views' bases at it: every view, view of a view
+        and torch tensor made from one keeps it alive, and its weak reference's
+        callback runs when the last of them goes, whenever that is."""
+        block = self.np.frombuffer(self.input_map, self.np.uint8, count=size, offset=offset)
+        ref = weakref.ref(block, self._input_gone)
+        self.input_blocks[id(ref)] = (ref, offset, size)
+        return block
+
+    def _input_gone(self, ref):
+        _, offset, size = self.input_blocks.pop(id(ref))
+        self.inputs_freed.append((offset, size))
 
     def arg(self, item, writable, framework):
         if item[0] == "v":
             return item[1]
         _, offset, size, dtype, shape = item
-        arr = self.inputs[offset:offset + size].view(dtype)[:math.prod(shape)].reshape(shape)
+        arr = self.input_block(offset, size).view(dtype)[:math.prod(shape)].reshape(shape)
         # The block is this call's own copy: written only under copy=True,
         # as the bridge's inputs are, and by torch (which has no read-only tensors).
         if not writable and framework != "torch":
@@ -241,11 +273,14 @@ class _Worker:
             self.sock.sendall(self.sendable(replies, pickle))
 
     def sendable(self, replies, pickle):
-        """The frame of `replies`.  A reply whose result does not pickle
-        becomes its call's TypeError (its arena blocks freed), rather than an
-        error that ends this worker and fails every call of the frame."""
+        """The frame of `replies`, with the input blocks freed since the last
+        one (the calls' inputs, unless a function kept them).  A reply whose
+        result does not pickle becomes its call's TypeError (its arena blocks
+        freed), rather than an error that ends this worker and fails every
+        call of the frame."""
+        freed = self.freed_inputs()
         try:
-            return frame(replies, pickle.dumps)
+            return frame(("done", replies, freed), pickle.dumps)
         except Exception:  # noqa: BLE001 - found reply by reply below
             pass
         checked = []
@@ -267,7 +302,13 @@ class _Worker:
                     f"that pickle, or run the function in-process (executor=None)")
                 reply = (call_id, False, _exception_payload(error), 0)
             checked.append(reply)
-        return frame(checked, pickle.dumps)
+        return frame(("done", checked, freed), pickle.dumps)
+
+    def freed_inputs(self):
+        """Takes the input blocks reported gone since the last call."""
+        freed = self.inputs_freed[:]
+        del self.inputs_freed[:len(freed)]  # a callback may append meanwhile
+        return freed
 
 
 def _pickles(pickle, value):

@@ -274,6 +274,133 @@ def test_a_request_never_overtakes_the_one_that_carries_its_function():
             assert results[name].tolist() == [3, 4]
 
 
+# ------------------------------------------------------------- kept inputs --
+
+def _apply(func, inputs, tout, framework, executor):
+    """numpy_function, or array_function for a framework other than NumPy."""
+    if framework == "numpy":
+        return pfb.numpy_function(func, inputs, tout, executor=executor)
+    pytest.importorskip(framework)
+    return pfb.array_function(func, inputs, tout, framework=framework, executor=executor)
+
+
+@pytest.fixture(scope="module")
+def single():
+    """A one-worker pool: a function that keeps state keeps it in one place."""
+    with pfb.ProcessPool(1, name="single pool") as one:
+        yield one
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_a_function_that_keeps_its_inputs_reads_them_unchanged(single, framework):
+    """An accumulator: the inputs it keeps are not overwritten by the next
+    calls' inputs (their blocks stay the worker's while it views them)."""
+    def accumulate(executor):
+        keep = pf.keeper()
+        return [_apply(keep, [tf.fill([2], float(i))], tf.float32, framework,
+                       executor).numpy().tolist() for i in range(3)]
+    expected = accumulate(None)  # in-process: the oracle
+    assert expected[-1] == [0, 0, 1, 1, 2, 2]
+    assert accumulate(single) == expected
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_a_deduplicator_flags_exactly_the_repeated_inputs(single, framework):
+    values = [0, 1, 2, 3, 4, 0, 1, 2]
+
+    def flags(executor):
+        seen = pf.deduplicator()
+        return [bool(_apply(seen, [tf.fill([3], float(v))], tf.bool, framework, executor))
+                for v in values]
+    expected = flags(None)
+    assert expected == [False] * 5 + [True] * 3
+    assert flags(single) == expected
+
+
+def test_a_deduplicating_map_in_a_pool_matches_in_process(single):
+    def flags(executor):
+        seen = pf.deduplicator()
+        dataset = tf.data.Dataset.from_tensor_slices([0, 1, 2, 3, 4, 0, 1, 2]).map(
+            lambda v: pfb.numpy_function(seen, [tf.fill([3], v)], tf.bool, executor=executor))
+        return [bool(flag) for flag in dataset.as_numpy_iterator()]
+    assert flags(single) == flags(None) == [False] * 5 + [True] * 3
+
+
+def _arena_settled(pool):
+    """Free bytes of the input arena once no call is in flight."""
+    wait_for(lambda: not any(w.pending for w in pool._workers))
+    with pool._arena_free:
+        return pool._arena.free_bytes()
+
+
+def test_kept_input_blocks_go_back_when_the_worker_lets_go_of_them(single):
+    gc.collect()  # the functions of the tests before: forgotten with the next message
+    pfb.numpy_function(pf.identity, [tf.constant(1)], tf.int32, executor=single)
+    assert _arena_settled(single) == single.arena_bytes
+    x = tf.range(1000.0)  # 4000 bytes: one 4032-byte block
+    keep = pf.keep_last()
+    for _ in range(3):
+        assert float(pfb.numpy_function(keep, [x], tf.float32, executor=single)) == 499500.0
+    # Each call let go of the input before it; the last one is still held.
+    assert _arena_settled(single) == single.arena_bytes - 4032
+    assert single._workers[0].inputs == {next(iter(single._workers[0].inputs)): 4032}
+    del keep
+    gc.collect()  # the worker forgets the function with the next message
+    pfb.numpy_function(pf.identity, [tf.constant(1)], tf.int32, executor=single)
+    assert _arena_settled(single) == single.arena_bytes
+    assert single._workers[0].inputs == {}
+
+
+# Wrong values, or a hang (in a subprocess, then), where kept blocks are
+# reused or where a call waits for room that only a kept block could give.
+_KEPT_FILL_THE_ARENA_SCRIPT = r"""
+import threading
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+with pfb.ProcessPool(1, arena_bytes=64 << 10) as pool:
+    keep = pf.keeper()
+    for i in range(8):  # 16 KiB each: the first four fill the arena for good
+        out = pfb.numpy_function(keep, [tf.fill([4096], float(i))], tf.float32,
+                                 executor=pool)
+        np.testing.assert_array_equal(out.numpy(), np.repeat(np.arange(i + 1.0), 4096))
+    assert pool._holding == 0 and pool._arena.free_bytes() == 0
+    # Calls from several threads at once: each finds the arena kept full and
+    # sends its input pickled rather than waiting for room that never comes.
+    results = {}
+    def call(i):
+        x = tf.fill([4096], float(i))
+        results[i] = float(tf.reduce_sum(pfb.numpy_function(pf.double, [x], tf.float32,
+                                                            executor=pool)))
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {i: 2 * 4096.0 * i for i in range(4)}, results
+    del keep
+    import gc; gc.collect()
+    pfb.numpy_function(pf.identity, [tf.constant(1)], tf.int32, executor=pool)
+    assert pool._arena.free_bytes() == pool.arena_bytes
+print("done")
+"""
+
+
+def test_inputs_kept_by_functions_leave_no_call_waiting_for_room():
+    run_script(_KEPT_FILL_THE_ARENA_SCRIPT)
+
+
+def test_a_dead_workers_kept_blocks_go_back_to_the_arena():
+    with pfb.ProcessPool(1, name="keeping fault pool") as keeping:
+        keep = pf.keeper()
+        pfb.numpy_function(keep, [tf.range(100.0)], tf.float32, executor=keeping)
+        (victim,) = keeping._workers
+        assert _arena_settled(keeping) < keeping.arena_bytes and victim.inputs
+        os.kill(victim.pid, signal.SIGKILL)
+        wait_for(lambda: keeping._workers[0] is not victim)
+        assert _arena_settled(keeping) == keeping.arena_bytes
+        assert victim.inputs == {}
+
+
 # ----------------------------------------------------------- data movement --
 
 def test_statistics_count_the_bytes_moved_to_and_from_workers(pool):
