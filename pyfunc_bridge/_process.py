@@ -84,17 +84,65 @@ def _take(items):
     return taken
 
 
+_MAIN_THREAD = threading.main_thread().ident
+
+
+class _Uninterrupted:
+    """Holds KeyboardInterrupt back while a call's blocks change hands, and
+    raises it on leaving, once every block has an owner that will give it
+    back (a block handed to no one would never come back; a block freed
+    while a worker still uses it would give another call's input).
+
+    Only the main thread runs signal handlers, so only there is SIGINT's
+    handler (the one that raises KeyboardInterrupt, or the user's) swapped
+    for one that notes the signal; what it noted runs the old handler on
+    leaving.  Waits for a worker's reply or for room stay outside, so that
+    Ctrl-C still stops a caller that waits."""
+    __slots__ = ("_previous", "_caught")
+
+    def __enter__(self):
+        self._previous = None
+        if threading.get_ident() == _MAIN_THREAD:
+            previous = signal.getsignal(signal.SIGINT)
+            if callable(previous):
+                self._caught = None
+                signal.signal(signal.SIGINT, self._note)
+                self._previous = previous
+        return self
+
+    def _note(self, signum, frame):
+        self._caught = (signum, frame)
+
+    def __exit__(self, *exc):
+        previous = self._previous
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+            if self._caught is not None:
+                previous(*self._caught)  # KeyboardInterrupt, as if it came now
+        return False
+
+
+_CALLER, _READER = "caller", "reader"
+
+
 class _Call:
     """One call in flight: its caller waits on `lock`, which the reader
     releases after setting `reply`.  `holds`: whether the call holds input
-    blocks until its reply (the pool's count of such calls, `_holding`)."""
-    __slots__ = ("lock", "reply", "holds")
+    blocks until its reply (the pool's count of such calls, `_holding`).
 
-    def __init__(self, holds):
+    `claims` decides, race-free, who disposes of the reply: the reader
+    appends when the reply arrives, a caller that stops waiting (Ctrl-C)
+    when it gives up; whoever is first there leaves the reply to the other
+    (list.append is atomic).  So the result blocks of an abandoned call go
+    back to its worker whichever comes first."""
+    __slots__ = ("lock", "reply", "holds", "claims")
+
+    def __init__(self):
         self.lock = threading.Lock()
         self.lock.acquire()
         self.reply = None
-        self.holds = holds
+        self.holds = False
+        self.claims = []
 
 
 class _Worker:
@@ -285,13 +333,9 @@ class ProcessPool:
         numbers = [i for i, value in enumerate(args)
                    if type(value) is np.ndarray and value.dtype.kind not in "OSUMm"
                    and value.size and self._inputs is not None]
-        placed = dict(zip(numbers, self._alloc([args[i].nbytes for i in numbers])))
-        descs = []
-        for i, value in enumerate(args):
-            block = placed.get(i)
-            descs.append(("v", value) if block is None
-                         else ("s", *block, value.dtype, value.shape))
+        descs = [("v", value) for value in args]
         try:
+            self._alloc(args, numbers, descs)
             for value, desc in zip(args, descs):
                 if desc[0] == "s":
                     target = self._inputs[desc[1]:desc[1] + value.nbytes]
@@ -305,74 +349,116 @@ class ProcessPool:
         """Returns the input blocks of `descs` to the arena and empties it: the
         blocks of a call that no worker received (run() empties `descs` when it
         hands the call to a worker, whose blocks then come back as it frees them)."""
-        blocks = [(d[1], d[2]) for d in descs if d[0] == "s"]
-        descs.clear()
-        if blocks:
+        if not any(d[0] == "s" for d in descs):
+            descs.clear()
+            return
+        with _Uninterrupted():
+            blocks = [(d[1], d[2]) for d in descs if d[0] == "s"]
+            descs.clear()
             with self._arena_free:
                 for offset, size in blocks:
                     self._arena.free(offset, size)
                 self._holding -= 1
                 self._arena_free.notify_all()
 
-    def _alloc(self, sizes):
-        """The blocks of one call's inputs, taken together: (offset, size) per
-        size, None for one that travels pickled.  A call holds no block while
-        it waits for room (calls that each held part of their inputs and
-        waited for the rest would wait for each other for ever).  When no call
-        in flight holds blocks, the room there is now is all there will be
-        (functions keep the rest): what does not fit travels pickled."""
-        if not sizes:
-            return []
+    def _alloc(self, args, numbers, descs):
+        """Places the inputs `numbers` (indices into `args`) in the arena,
+        taken together: writes ("s", offset, size, dtype, shape) into `descs`
+        for each that gets a block (the caller's to release from then on);
+        one that does not keeps its ("v", value) and travels pickled.  A call
+        holds no block while it waits for room (calls that each held part of
+        their inputs and waited for the rest would wait for each other for
+        ever).  When no call in flight holds blocks, the room there is now is
+        all there will be (functions keep the rest): what does not fit
+        travels pickled."""
+        if not numbers:
+            return
+        sizes = [args[i].nbytes for i in numbers]
         with self._arena_free:
             while True:
                 if self._closed:
                     raise PoolClosedError(f"pyfunc_bridge: {self.name} is closed")
-                idle = not self._holding
-                blocks = [self._arena.alloc(n) if n <= self.arena_bytes else None
-                          for n in sizes]
-                if idle or all(block is not None or n > self.arena_bytes
-                               for block, n in zip(blocks, sizes)):
-                    if any(block is not None for block in blocks):
-                        self._holding += 1
-                    return blocks
-                for block in blocks:
-                    if block is not None:
-                        self._arena.free(*block)
+                with _Uninterrupted():  # from taking the blocks to writing them down
+                    idle = not self._holding
+                    blocks = [self._arena.alloc(n) if n <= self.arena_bytes else None
+                              for n in sizes]
+                    if idle or all(block is not None or n > self.arena_bytes
+                                   for block, n in zip(blocks, sizes)):
+                        if any(block is not None for block in blocks):
+                            self._holding += 1
+                        for i, block in zip(numbers, blocks):
+                            if block is not None:
+                                descs[i] = ("s", *block, args[i].dtype, args[i].shape)
+                        return
+                    for block in blocks:
+                        if block is not None:
+                            self._arena.free(*block)
                 self._arena_free.wait()  # calls in flight free or keep their inputs
 
     def run(self, func, framework, descs, writable):
         """Runs `func` on the staged inputs in a worker; returns (result,
-        bytes the worker wrote to shared memory).  Waits with the GIL released."""
+        bytes the worker wrote to shared memory).  Waits with the GIL released.
+
+        A caller that stops waiting (KeyboardInterrupt) abandons the call: its
+        blocks go back when the worker is done with them, never before."""
+        call = _Call()
         try:
-            call = self._submit(func, framework, descs, writable)
+            self._submit(call, func, framework, descs, writable)
             call.lock.acquire()  # releases the GIL while it waits
+            with _Uninterrupted():  # the reply's result blocks get their owners
+                ok, payload, moved, worker = call.reply
+                call.reply = None  # taken: nothing left for _abandon to dispose of
+                if ok:
+                    return self._decode(payload, worker), moved
+            raise payload if ok is None else _worker_exception(payload)
+        except BaseException:
+            self._abandon(call)
+            raise
         finally:
             self.release(descs)  # the blocks of a call that did not reach a worker
-        ok, payload, moved, worker = call.reply
-        if ok:
-            return self._decode(payload, worker), moved
-        raise payload if ok is None else _worker_exception(payload)
 
-    def _submit(self, func, framework, descs, writable):
-        """Hands the call to a worker and returns it: the request and its input
-        blocks become the worker's (`descs` is emptied)."""
+    def _submit(self, call, func, framework, descs, writable):
+        """Hands `call` to a worker: the request and its input blocks become
+        the worker's (`descs` is emptied), all at once."""
         token, pickled = self._functions.get(func)
         blocks = {d[1]: d[2] for d in descs if d[0] == "s"}
-        call = _Call(bool(blocks))
         call_id = next(self._ids)
-        with self._lock:
-            worker = self._pick()
-            worker.pending[call_id] = call
-            known = token in worker.known
-            worker.known.add(token)
-            # Under the lock: a request that finds the token known must not
-            # reach the worker before the one that carries the function.
-            worker.outbox.append(
-                (call_id, token, None if known else pickled, framework, descs[:], writable))
-            worker.inputs.update(blocks)  # under the lock: _lost takes them once not alive
-            descs.clear()
-        self._flush(worker)
-        return call
+        with _Uninterrupted():
+            with self._lock:
+                worker = self._pick()
+                call.holds = bool(blocks)
+                worker.pending[call_id] = call
+                known = token in worker.known
+                worker.known.add(token)
+                # Under the lock: a request that finds the token known must not
+                # reach the worker before the one that carries the function.
+                worker.outbox.append(
+                    (call_id, token, None if known else pickled, framework, descs[:], writable))
+                worker.inputs.update(blocks)  # under the lock: _lost takes them once not alive
+                descs.clear()
+            self._flush(worker)  # a frame cut short would garble the stream
+
+    def _abandon(self, call):
+        """The caller stopped waiting: whoever comes second, this caller or
+        the reader thread with the reply, disposes of the reply's result
+        blocks (see _Call)."""
+        with _Uninterrupted():
+            call.claims.append(_CALLER)
+            if call.claims[0] is _READER:  # the reply came: not taken yet, or taken
+                reply, call.reply = call.reply, None
+                if reply is not None:
+                    _discard(reply)
+
+    def _answer(self, call, reply):
+        """The reader thread hands `reply` to the caller, or disposes of it
+        when the caller has abandoned the call."""
+        call.reply = reply
+        call.claims.append(_READER)
+        if call.claims[0] is _READER:
+            call.lock.release()
+        else:
+            call.reply = None
+            _discard(reply)
 
     def _pick(self):
         """The live worker with the fewest calls (the pool's lock is held)."""
@@ -440,8 +526,7 @@ class ProcessPool:
                     self._settle(worker, freed, [call for call, _ in answered])
                     for call, reply in answered:
                         if call is not None:
-                            call.reply = reply
-                            call.lock.release()
+                            self._answer(call, reply)
         except (OSError, EOFError):
             pass
         except Exception as exc:  # noqa: BLE001 - a reply this process cannot load
@@ -480,8 +565,7 @@ class ProcessPool:
         # blocks it held are nobody's.
         self._settle(worker, list(worker.inputs.items()), held)
         for call in held:
-            call.reply = (None, error, 0, worker)
-            call.lock.release()
+            self._answer(call, (None, error, 0, worker))
         if not closing:
             self._replace(worker)
 
@@ -567,6 +651,17 @@ class ProcessPool:
             if w.reader is not threading.current_thread():
                 w.reader.join(timeout=5)
             w.sock.close()
+
+
+def _discard(reply):
+    """Gives the result blocks of a reply that no caller takes back to their
+    worker (with the pool's next message to it)."""
+    ok, payload, _, worker = reply
+    if ok:
+        kind, body = payload
+        for item in ([body] if kind == "one" else body):
+            if item[0] == "s":
+                worker.freed.append((item[1], item[2]))
 
 
 def _worker_exception(payload):

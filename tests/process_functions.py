@@ -158,3 +158,20 @@ def keep_last():
         last[:] = [x]
         return x.sum()
     return keep
+
+
+def slow_double_in_place(a):
+    """Holds the worker a while, then doubles its input in place (NumPy
+    under copy=True, or torch) and returns it."""
+    time.sleep(0.15)
+    a *= 2
+    return a
+
+
+def briefly_double_in_place(*arrays):
+    """slow_double_in_place of each of its inputs, for a few milliseconds;
+    returns their sum."""
+    time.sleep(0.003)
+    for a in arrays:
+        a *= 2
+    return sum(arrays)

@@ -401,6 +401,211 @@ def test_a_dead_workers_kept_blocks_go_back_to_the_arena():
         assert victim.inputs == {}
 
 
+# Ctrl-C in the waiting caller, again and again, in a fresh interpreter (a
+# signal, and a hang to stop by the timeout).  Each interrupted call stays
+# queued in the worker; its blocks must stay its own until the worker is
+# done with them: inputs (else the next call's input is the block it writes
+# to in place) and results (else they fill the worker's result arena).
+_INTERRUPTED_SCRIPT = r"""
+import signal, threading, time
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+FRAMEWORK = {framework!r}
+BLOCK = 4 << 20  # one 1 Mi-element float32 input or result
+main = threading.main_thread().ident
+
+def call(value):
+    x = tf.fill([1 << 20], float(value))
+    if FRAMEWORK == "numpy":
+        return pfb.numpy_function(pf.slow_double_in_place, [x], tf.float32, copy=True,
+                                  executor=pool)
+    return pfb.array_function(pf.slow_double_in_place, [x], tf.float32, copy=True,
+                              framework=FRAMEWORK, executor=pool)
+
+with pfb.ProcessPool(1, arena_bytes=4 * BLOCK, name="interrupted pool") as pool:
+    (worker,) = pool._workers
+    interrupted, most_pending = 0, 0
+    for i in range(12):
+        timer = threading.Timer(0.02 + 0.01 * (i % 5), signal.pthread_kill,
+                                (main, signal.SIGINT))
+        timer.start()
+        try:
+            call(100 + i)
+        except KeyboardInterrupt:
+            interrupted += 1
+        timer.join()
+        with pool._arena_free:  # (the reader frees blocks under it)
+            pending, free = len(worker.pending), pool._arena.free_bytes()
+        most_pending = max(most_pending, pending)
+        # Each call still queued holds its input block.
+        assert free <= pool.arena_bytes - pending * BLOCK, (i, pending, free)
+    # (A KeyboardInterrupt raised in a gc callback is ignored: the call runs on.)
+    assert interrupted >= 8 and most_pending >= 3, (interrupted, most_pending)
+    # The next calls run after the abandoned ones, which wrote in place to
+    # their own blocks, not to these calls' inputs.
+    for value in (10, 11, 12):
+        out = call(value)
+        np.testing.assert_array_equal(out.numpy(), np.full(1 << 20, 2.0 * value))
+    # The abandoned calls' results went back to the worker: its arena still
+    # has room for a 4 MiB result, which comes back through shared memory
+    # (without copy=True, which copies every result).
+    out = pfb.numpy_function(pf.identity, [tf.fill([1 << 20], 1.0)], tf.float32,
+                             executor=pool)
+    address = pfb.to_numpy(out).ctypes.data
+    assert worker.results_base <= address < worker.results_base + pool.arena_bytes
+    deadline = time.monotonic() + 30
+    while worker.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not worker.pending
+    with pool._arena_free:
+        assert pool._arena.free_bytes() == pool.arena_bytes
+print("done")
+"""
+
+
+# Ctrl-C at any moment of a call: while its inputs are placed, handed to a
+# worker, its reply decoded.  Every block must end with an owner: once the
+# calls are done, the arena is whole and the values right.
+_INTERRUPTED_ANYWHERE_SCRIPT = r"""
+import random, signal, threading, time
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+main = threading.main_thread().ident
+random.seed(18)
+with pfb.ProcessPool(2, arena_bytes=1 << 20, name="interrupted pool") as pool:
+    x = tf.fill([64 << 10], 3.0)  # 256 KiB: four fit the arena
+    stop = threading.Event()
+    def interrupt():  # SIGINT to the main thread, every 0-6 ms, once it runs
+        stop.wait(0.5)
+        while not stop.wait(random.uniform(0, 0.006)):
+            signal.pthread_kill(main, signal.SIGINT)
+    sender = threading.Thread(target=interrupt)
+    interrupted = calls = 0
+    sender.start()
+    while calls < 300:
+        try:
+            calls += 1
+            out = pfb.numpy_function(pf.briefly_double_in_place, [x, x][:1 + calls % 2],
+                                     tf.float32, copy=True, executor=pool)
+            assert float(out[0]) == 6.0 * (1 + calls % 2), (calls, out)
+        except KeyboardInterrupt:
+            interrupted += 1
+    while True:
+        try:
+            stop.set()
+            sender.join()
+            time.sleep(0.05)  # (an interrupt still on its way lands here)
+            break
+        except KeyboardInterrupt:
+            pass
+    deadline = time.monotonic() + 30
+    while any(w.pending for w in pool._workers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert interrupted > 100, interrupted
+    with pool._arena_free:
+        assert pool._holding == 0 and not any(w.inputs for w in pool._workers)
+        assert pool._arena.free_bytes() == pool.arena_bytes
+    for _ in range(8):
+        out = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=True,
+                                 executor=pool)
+        np.testing.assert_array_equal(out.numpy(), np.full(64 << 10, 6.0))
+print("done")
+"""
+
+
+# Ctrl-C exactly where blocks change hands: the signal arrives in the middle
+# of taking the input blocks, of handing the call to the worker, and before
+# the reply's result blocks have owners.  Each window is a few bytecodes
+# wide; a signal sent from inside it lands there for sure.
+_INTERRUPTED_HANDOVER_SCRIPT = r"""
+import signal, threading, time
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+main = threading.main_thread().ident
+
+def sigint():  # the handler runs at the next bytecode boundary
+    signal.pthread_kill(main, signal.SIGINT)
+
+def interrupted(*args, **kwargs):
+    try:
+        pfb.numpy_function(*args, **kwargs)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+def settled(pool):
+    deadline = time.monotonic() + 30
+    while any(w.pending for w in pool._workers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pool._arena_free:
+        return pool._arena.free_bytes()
+
+with pfb.ProcessPool(1, arena_bytes=1 << 20, name="handover pool") as pool:
+    (worker,) = pool._workers
+    x = tf.fill([64 << 10], 10.0)  # 256 KiB, one block
+    BLOCK = 256 << 10
+
+    # 1. While the input blocks are taken: none may be lost.
+    arena_alloc = pool._arena.alloc
+    def alloc(n):
+        block = arena_alloc(n)
+        sigint()
+        return block
+    pool._arena.alloc = alloc
+    assert interrupted(pf.double, [x], tf.float32, executor=pool)
+    pool._arena.alloc = arena_alloc
+    assert settled(pool) == pool.arena_bytes
+
+    # 2. While the call is handed to the worker: its input block is the
+    # worker's from then on (not freed under it, not lost).
+    class Outbox(list):
+        def append(self, request):
+            super().append(request)
+            sigint()
+    worker.outbox = Outbox()
+    assert interrupted(pf.slow_double_in_place, [x], tf.float32, copy=True,
+                       executor=pool)
+    worker.outbox = []
+    with pool._arena_free:
+        pending, free = len(worker.pending), pool._arena.free_bytes()
+    assert pending == 1 and free == pool.arena_bytes - BLOCK, (pending, free)
+    out = pfb.numpy_function(pf.slow_double_in_place, [tf.fill([64 << 10], 3.0)],
+                             tf.float32, copy=True, executor=pool)
+    np.testing.assert_array_equal(out.numpy(), np.full(64 << 10, 6.0))
+    assert settled(pool) == pool.arena_bytes
+
+    # 3. When the reply has come and its result blocks have no owner yet:
+    # they go back to the worker (five leaked would fill its arena).
+    decode = pool._decode
+    def decode_interrupted(payload, worker):
+        sigint()
+        return decode(payload, worker)
+    pool._decode = decode_interrupted
+    for _ in range(5):
+        assert interrupted(pf.identity, [x], tf.float32, executor=pool)
+    pool._decode = decode
+    out = pfb.numpy_function(pf.identity, [x], tf.float32, executor=pool)
+    address = pfb.to_numpy(out).ctypes.data
+    assert worker.results_base <= address < worker.results_base + pool.arena_bytes
+print("done")
+"""
+
+
+def test_ctrl_c_where_blocks_change_hands_leaves_every_block_an_owner():
+    run_script(_INTERRUPTED_HANDOVER_SCRIPT)
+
+
+def test_ctrl_c_at_any_moment_of_a_call_leaves_every_block_an_owner():
+    run_script(_INTERRUPTED_ANYWHERE_SCRIPT)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_ctrl_c_leaves_a_calls_blocks_with_its_worker_until_it_is_done(framework):
+    if framework == "torch":
+        pytest.importorskip("torch")
+    run_script(_INTERRUPTED_SCRIPT.format(framework=framework))
+
+
 # ----------------------------------------------------------- data movement --
 
 def test_statistics_count_the_bytes_moved_to_and_from_workers(pool):

@@ -84,8 +84,15 @@ cdef class _ProcessConverter(_NumpyConverter):
         return None
 
     cdef object call(self, PfbCall* call, object entry, tuple args, _CallCounts* counts):
-        result, moved = self.pool.run(entry.func, self.framework, list(args),
-                                      call.copy_mode == PFB_COPY_TRUE)
+        descs = list(args)
+        try:
+            result, moved = self.pool.run(entry.func, self.framework, descs,
+                                          call.copy_mode == PFB_COPY_TRUE)
+        except BaseException:
+            # A KeyboardInterrupt can come before run() holds the blocks;
+            # release frees only those that no worker received (run empties descs).
+            self.pool.release(descs)
+            raise
         if counts != NULL:
             counts.copied[_WORKER] += moved
         return result
