@@ -397,7 +397,9 @@ class ProcessPool:
 
     def run(self, func, framework, descs, writable):
         """Runs `func` on the staged inputs in a worker; returns (result,
-        bytes the worker wrote to shared memory).  Waits with the GIL released.
+        bytes the worker wrote to shared memory, copy facts per result: what
+        the function returned was like, for copy=False's decision; see
+        _worker._copy_facts).  Waits with the GIL released.
 
         A caller that stops waiting (KeyboardInterrupt) abandons the call: its
         blocks go back when the worker is done with them, never before."""
@@ -409,7 +411,10 @@ class ProcessPool:
                 ok, payload, moved, worker = call.reply
                 call.reply = None  # taken: nothing left for _abandon to dispose of
                 if ok:
-                    return self._decode(payload, worker), moved
+                    # No local holds the result: a KeyboardInterrupt raised on
+                    # leaving keeps this frame alive with its traceback, and
+                    # the result's blocks must go back when it is dropped.
+                    return self._decode(payload, worker, moved)
             raise payload if ok is None else _worker_exception(payload)
         except BaseException:
             self._abandon(call)
@@ -488,21 +493,22 @@ class ProcessPool:
             finally:
                 worker.write_lock.release()
 
-    def _decode(self, payload, worker):
+    def _decode(self, payload, worker, moved):
+        """run()'s answer: (the result, `moved`, its copy facts: one per value)."""
         from pyfunc_bridge import _library
         result_view = _library.conversion().worker_result
 
         def value(item):
             if item[0] == "v":
                 return item[1]
-            _, offset, size, dtype, shape = item
+            _, offset, size, dtype, shape, _ = item
             return result_view(worker, offset, size, dtype, shape)
 
         kind, body = payload
         if kind == "one":
-            return value(body)
+            return value(body), moved, [body[-1]]
         items = [value(item) for item in body]
-        return items if kind == "list" else tuple(items)
+        return (items if kind == "list" else tuple(items)), moved, [item[-1] for item in body]
 
     # ------------------------------------------------------ reader threads --
 

@@ -23,10 +23,11 @@ The protocol, one length-prefixed pickle per frame:
   and the input blocks that nothing in this worker refers to any more (see
   below).
 
-An argument or a result is ``("s", offset, size, dtype, shape)`` (numbers in
-an arena: the parent's input arena, or this worker's result arena) or
-``("v", value)`` (pickled: strings, NumPy scalars, Python values, and arrays
-that did not fit).
+An argument is ``("s", offset, size, dtype, shape)`` (numbers in the
+parent's input arena) or ``("v", value)`` (pickled: strings, NumPy scalars,
+Python values, and arrays that did not fit).  A result is the same with one
+more item, its copy facts (``_copy_facts``): ``("s", offset, size, dtype,
+shape, facts)`` (in this worker's result arena) or ``("v", value, facts)``.
 
 Who owns a block: an input block is the parent's until it writes the request
 that carries it, then this worker's until the worker reports it in
@@ -138,6 +139,68 @@ class FrameReader:
             self._start, self._end = 0, pending
 
 
+# ------------------------------------------------------------- copy facts --
+# What the parent's copy decision (_copy_reason, src/conversion/copy.pxi)
+# would have known of a result in-process: the worker copies every result,
+# so the parent sees only fresh arrays, yet copy=False must refuse what it
+# refuses in-process.  The facts are gathered here as the conversion layer
+# gathers them (_array_writable_elsewhere and _export_output for arrays,
+# _export_dlpack_output and the framework's adapter for DLPack producers);
+# the parent decides.
+
+_CLEAN = (False, True, True, False)  # facts that copy=False refuses nothing for
+_adapters = None                     # top-level module name -> framework adapter
+
+
+def _framework_adapter(value):
+    """The adapter (pyfunc_bridge/_frameworks.py) that judges results of
+    `value`'s type, or None.  The file is loaded by its path: importing it
+    through the package would import TensorFlow."""
+    global _adapters
+    if _adapters is None:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            "_pyfunc_bridge_frameworks", os.path.join(os.path.dirname(__file__), "_frameworks.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _adapters = {name: adapter for adapter in module.ADAPTERS.values()
+                     for name in adapter.modules}
+    top = getattr(type(value), "__module__", None)
+    return _adapters.get(top.partition(".")[0]) if isinstance(top, str) else None
+
+
+def _address(arr):
+    return arr.__array_interface__["data"][0]
+
+
+def _aligned(np, arr):
+    """Whether `arr` would be aligned in-process, where NumPy allocates
+    every fresh array aligned (the bridge's allocator, alloc.pxi) and this
+    worker's NumPy does not: a view of an array that owns its data is
+    aligned where its offset into that array is; any other memory where its
+    address is."""
+    last = arr
+    while isinstance(last.base, np.ndarray):
+        last = last.base
+    start = _address(last) if last.base is None and last.flags.owndata else 0
+    return (_address(arr) - start) % ALIGN == 0
+
+
+def _stored(container, item):
+    """How often the list or tuple `container` holds `item`."""
+    return sum(1 for x in container if x is item)
+
+
+def _outside_of(items, container, i, container_outside):
+    """References to result item `i` that the worker does not hold, counted
+    as _export_outputs counts them (`items`: the tuple iterated)."""
+    held = _stored(items, items[i])
+    if items is not container:
+        held += _stored(container, items[i])
+    # getrefcount's argument is the one reference beyond those counted.
+    return sys.getrefcount(items[i]) - 1 - held + (1 if container_outside > 0 else 0)
+
+
 # ----------------------------------------------------------------- worker --
 
 def _shares_by_memory(np, dtype):
@@ -178,6 +241,7 @@ class _Worker:
         self.sock = sock
         self.np = np
         self.input_map = input_map
+        self.inputs_base = _address(np.frombuffer(input_map, np.uint8)) if input_map else 0
         self.results = np.frombuffer(result_map, np.uint8) if result_map else None
         self.arena = Arena(result_bytes)
         self.functions = {}  # token -> function
@@ -214,7 +278,7 @@ class _Worker:
             arr.flags.writeable = False
         return _wrap_input(self.np, arr, framework)
 
-    def result(self, value, framework):
+    def result(self, value, framework, facts):
         """(encoded value, bytes written to the result arena)."""
         np = self.np
         value = _as_numpy(np, value, framework)
@@ -225,8 +289,92 @@ class _Worker:
                 offset, size = block
                 out = self.results[offset:offset + value.nbytes].view(value.dtype)
                 np.copyto(out.reshape(value.shape), value, casting="no")
-                return ("s", offset, size, value.dtype, value.shape), value.nbytes
-        return ("v", value), 0
+                return ("s", offset, size, value.dtype, value.shape, facts), value.nbytes
+        return ("v", value, facts), 0
+
+    def copy_facts(self, value, outside, dlpack, read_only, ranges):
+        """(writable_elsewhere, compact, aligned, lazy) of a result as the
+        function returned it, or None when copy=False refuses nothing (an
+        empty array, a fresh compact aligned one, a value converted anew).
+        `outside`: references to it the worker does not hold; `dlpack`: an
+        array_function call (DLPack producers judged by their adapter);
+        `read_only`: the call's input blocks are read-only (as TF's memory
+        is in-process); `ranges`: their addresses."""
+        np = self.np
+        if isinstance(value, np.ndarray):
+            if not value.size:
+                return None
+            facts = (self.writable_elsewhere(value, outside, read_only),
+                     value.flags.c_contiguous, _aligned(np, value), False)
+        elif dlpack and hasattr(type(value), "__dlpack__") and not isinstance(value, np.generic):
+            facts = self.dlpack_facts(value, outside, ranges)
+        elif isinstance(value, (np.generic, bool, int, float, complex, list, tuple, str,
+                                bytes)) or value is None:
+            return None  # converted to a fresh array
+        else:  # an object exporting an array: its memory is not ours (aliasing)
+            try:
+                arr = np.asarray(value)
+            except Exception:  # noqa: BLE001 - the parent reports what it is
+                return None
+            if arr.dtype.kind == "O" or not arr.size:
+                return None
+            facts = (True, arr.flags.c_contiguous, _aligned(np, arr), False)
+        return None if facts is None or facts == _CLEAN else facts
+
+    def writable_elsewhere(self, value, outside, read_only):
+        """_array_writable_elsewhere (copy.pxi) in the worker: whether Python
+        could write the array's memory after the call.  An input block plays
+        the read-only input view's part (or, written under copy=True, that of
+        an array that owns its data); its one weak reference is this
+        worker's (input_block)."""
+        np = self.np
+        exclusive = outside == 0 and not weakref.getweakrefcount(value)
+        last = value
+        base = value.base
+        while isinstance(base, np.ndarray):
+            ours = self.is_input_block(base)
+            # References: its successor's base, `base` here, getrefcount's argument.
+            if (sys.getrefcount(base) != 3
+                    or weakref.getweakrefcount(base) != (1 if ours else 0)):
+                exclusive = False
+            last = base
+            base = base.base
+        if base is not None:
+            if not self.is_input_block(last):
+                exclusive = False  # memory the function did not allocate
+            elif read_only:
+                exclusive = True   # nobody can write an input block (TF's memory in-process)
+        elif not last.flags.owndata:
+            exclusive = False
+        return not exclusive
+
+    def is_input_block(self, arr):
+        base = arr.base
+        return type(base) is memoryview and base.obj is self.input_map
+
+    def dlpack_facts(self, value, outside, ranges):
+        """_export_dlpack_output's facts (frameworks.pxi) of a DLPack
+        producer: its adapter's resolve (lazy views) and writable_elsewhere,
+        a view of an input being TensorFlow's memory, and the layout."""
+        adapter = _framework_adapter(value)
+        lazy = False
+        resolve = getattr(adapter, "resolve", None)
+        if resolve is not None:
+            resolved = resolve(value)
+            if resolved is not None:
+                value, lazy = resolved, True
+        foreign = not lazy and (adapter.writable_elsewhere(value, outside)
+                                if adapter is not None else True)
+        try:
+            arr = self.np.from_dlpack(value.detach() if hasattr(value, "detach") else value)
+        except Exception:  # noqa: BLE001 - the parent reports what it is
+            return None
+        if not arr.size:
+            return None
+        start = _address(arr)
+        if foreign and any(lo <= start and start + arr.nbytes <= hi for lo, hi in ranges):
+            foreign = False  # a view of an input: TensorFlow's memory in-process
+        return (foreign, arr.flags.c_contiguous, start % ALIGN == 0, lazy)
 
     def run(self, request):
         call_id, token, pickled, framework, args, writable = request
@@ -237,16 +385,31 @@ class _Worker:
                 func = self.functions[token] = pickle.loads(pickled)
             values = [self.arg(a, writable, framework) for a in args]
             result = func(*values)
+            del values  # the inputs are no longer the worker's, as in-process
             moved = 0
+            # The copy facts, before any reference is taken to the results.
+            outside = sys.getrefcount(result) - 2  # `result` and getrefcount's argument
+            read_only = not writable and framework != "torch"
+            ranges = [(self.inputs_base + a[1],
+                       self.inputs_base + a[1] + math.prod(a[4]) * a[3].itemsize)
+                      for a in args if a[0] == "s"]
+            dlpack = framework is not None
             if isinstance(result, (list, tuple)):
+                values = result if type(result) is tuple else tuple(result)
+                facts = []
+                for i in range(len(values)):
+                    item_outside = _outside_of(values, result, i, outside)  # counted first
+                    facts.append(self.copy_facts(values[i], item_outside, dlpack, read_only,
+                                                 ranges))
                 items = []
-                for value in result:
-                    item, n = self.result(value, framework)
+                for value, value_facts in zip(values, facts):
+                    item, n = self.result(value, framework, value_facts)
                     items.append(item)
                     moved += n
                 payload = ("list" if isinstance(result, list) else "tuple", items)
             else:
-                item, moved = self.result(result, framework)
+                facts = self.copy_facts(result, outside, dlpack, read_only, ranges)
+                item, moved = self.result(result, framework, facts)
                 payload = ("one", item)
             return (call_id, True, payload, moved)
         except BaseException as exc:  # noqa: BLE001 - the parent raises it

@@ -276,12 +276,13 @@ def test_a_request_never_overtakes_the_one_that_carries_its_function():
 
 # ------------------------------------------------------------- kept inputs --
 
-def _apply(func, inputs, tout, framework, executor):
+def _apply(func, inputs, tout, framework, executor, copy=None):
     """numpy_function, or array_function for a framework other than NumPy."""
     if framework == "numpy":
-        return pfb.numpy_function(func, inputs, tout, executor=executor)
+        return pfb.numpy_function(func, inputs, tout, executor=executor, copy=copy)
     pytest.importorskip(framework)
-    return pfb.array_function(func, inputs, tout, framework=framework, executor=executor)
+    return pfb.array_function(func, inputs, tout, framework=framework, executor=executor,
+                              copy=copy)
 
 
 @pytest.fixture(scope="module")
@@ -577,9 +578,9 @@ with pfb.ProcessPool(1, arena_bytes=1 << 20, name="handover pool") as pool:
     # 3. When the reply has come and its result blocks have no owner yet:
     # they go back to the worker (five leaked would fill its arena).
     decode = pool._decode
-    def decode_interrupted(payload, worker):
+    def decode_interrupted(*args):
         sigint()
-        return decode(payload, worker)
+        return decode(*args)
     pool._decode = decode_interrupted
     for _ in range(5):
         assert interrupted(pf.identity, [x], tf.float32, executor=pool)
@@ -604,6 +605,71 @@ def test_ctrl_c_leaves_a_calls_blocks_with_its_worker_until_it_is_done(framework
     if framework == "torch":
         pytest.importorskip("torch")
     run_script(_INTERRUPTED_SCRIPT.format(framework=framework))
+
+
+# ------------------------------------------------------------ copy=False --
+
+F32, C64 = tf.float32, tf.complex64
+
+
+@pytest.mark.parametrize("func, framework, tout, refused", [
+    (pf.fresh, "numpy", F32, None),
+    (pf.strided, "numpy", F32, "non_contiguous"),
+    (pf.transposed, "numpy", F32, "non_contiguous"),
+    (pf.fortran_order, "numpy", F32, "non_contiguous"),
+    (pf.unaligned, "numpy", F32, "unaligned"),
+    (pf.empty_transposed, "numpy", F32, None),
+    (pf.input_itself, "numpy", F32, None),
+    (pf.input_rows, "numpy", F32, "non_contiguous"),
+    (pf.shared_array, "numpy", F32, "aliasing"),
+    (pf.view_of_shared, "numpy", F32, "aliasing"),
+    (pf.second_strided, "numpy", [F32, F32], "non_contiguous"),
+    (pf.strided_of_another_dtype, "numpy", F32, "dtype"),
+    (pf.strided, "torch", F32, "non_contiguous"),
+    (pf.torch_fresh, "torch", F32, None),
+    (pf.torch_transposed, "torch", F32, "non_contiguous"),
+    (pf.input_itself, "torch", F32, None),
+    (pf.torch_input_rows, "torch", F32, "non_contiguous"),
+    (pf.torch_view_of_fresh, "torch", F32, "aliasing"),
+    (pf.torch_conjugate, "torch", C64, "lazy"),
+    (pf.torch_as_numpy, "torch", F32, "aliasing"),
+], ids=lambda v: getattr(v, "__name__", None))
+def test_copy_false_refuses_in_a_pool_what_it_refuses_in_process(pool, func, framework,
+                                                                 tout, refused):
+    """In-process pfb is the oracle: the same results are refused, with the
+    same error class and message; copy=None takes them all alike."""
+    x = tf.reshape(tf.range(12.0), [3, 4])
+
+    def outcome(executor, copy):
+        try:
+            out = _apply(func, [x], tout, framework, executor, copy)
+        except tf.errors.OpError as exc:
+            return type(exc), exc.message
+        return "ok", [o.numpy().tolist() for o in (out if isinstance(out, list) else [out])]
+
+    expected = outcome(None, False)
+    assert (expected[0] == "ok") == (refused is None), expected
+    if refused not in (None, "dtype"):
+        assert "copy=False forbids copies" in expected[1]
+    assert outcome(pool, False) == expected
+    assert outcome(pool, None) == outcome(None, None)
+
+
+@pytest.mark.parametrize("func, refused", [(pf.large_fresh, False),
+                                           (pf.large_transposed, True)])
+def test_copy_false_judges_pickled_results_by_what_the_function_returned(func, refused):
+    """A result too large for the arena travels pickled; the array unpickled
+    here may be unaligned: that copy is the transport's, not a refusal."""
+    def outcome(executor):
+        try:
+            return "ok", pfb.numpy_function(func, [tf.constant(0.0)], tf.float32,
+                                            executor=executor, copy=False).numpy().tolist()
+        except tf.errors.InvalidArgumentError as exc:
+            return type(exc), exc.message
+    with pfb.ProcessPool(1, arena_bytes=4096, name="small copy pool") as small:
+        for _ in range(4):  # unpickled arrays land at various addresses
+            assert outcome(small) == outcome(None)
+    assert (outcome(None)[0] != "ok") == refused
 
 
 # ----------------------------------------------------------- data movement --

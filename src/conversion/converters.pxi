@@ -170,19 +170,24 @@ cdef inline int _swap(tuple args, Py_ssize_t i, object value) except -1:
 
 
 cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
-                         bint dlpack, list ranges, _CallCounts* counts) except -1:
+                         bint dlpack, list ranges, _CallCounts* counts,
+                         list refused=None) except -1:
     """Checks the results against the declaration and exports them.
 
     `outside_refs`: references to `result` that the bridge does not hold.
     `dlpack`: results exporting __dlpack__ are taken through DLPack
     (array_function); `ranges`: then the inputs' memory ranges.
     `counts`: where to count the bytes (NULL: statistics are off).
+    `refused`: for a worker process's result (executor=), per value the
+    reason copy=False refuses what the function returned (None: none), which
+    replaces the decision on the pool's own copy (_export_output's `pooled`).
     """
     cdef int i, n = call.num_outputs
     cdef Py_ssize_t held
     cdef PyObject* item
     if n == 1 and not isinstance(result, (list, tuple)):
-        _export_result(call, 0, <PyObject*>result, outside_refs, dlpack, ranges, counts, True)
+        _export_result(call, 0, <PyObject*>result, outside_refs, dlpack, ranges, counts, True,
+                       refused)
         return 0
     items = None
     if isinstance(result, (list, tuple)):
@@ -205,7 +210,7 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
                 outside.append(Py_REFCNT(item) - held + (1 if outside_refs > 0 else 0))
             for i in range(n):
                 _export_result(call, i, PyTuple_GET_ITEM(items, i), outside[i], dlpack,
-                               ranges, counts)
+                               ranges, counts, False, refused)
             return 0
     # Raises unless n == 0 and result is None; counts what iteration yielded.
     _check_count(result if items is None else items, n, _ONE_ARRAY)
@@ -229,8 +234,12 @@ cdef Py_ssize_t _stored(object container, PyObject* item):
 
 cdef inline int _export_result(PfbCall* call, int i, PyObject* item, Py_ssize_t refs,
                                bint dlpack, list ranges, _CallCounts* counts,
-                               bint sole=False) except -1:
-    if not dlpack or PyArray_Check(item):
+                               bint sole=False, list refused=None) except -1:
+    if refused is not None:  # a worker's result: an ndarray or a Python value
+        call.outputs[i] = _export_output(item, refs, i, &call.output_specs[i],
+                                         call.copy_mode, counts, sole, True,
+                                         refused[i] if i < len(refused) else None)
+    elif not dlpack or PyArray_Check(item):
         call.outputs[i] = _export_output(item, refs, i, &call.output_specs[i],
                                          call.copy_mode, counts, sole)
     else:

@@ -269,7 +269,8 @@ cdef int _raise_copy_forbidden(int index, str reason) except -1:
 cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_refs,
                                               int index, const PfbOutputSpec* spec,
                                               int copy_mode, _CallCounts* counts,
-                                              bint sole=False) except NULL:
+                                              bint sole=False, bint pooled=False,
+                                              object refused=None) except NULL:
     """One result -> a DLPack tensor for the kernel.
 
     `raw` is borrowed; `outside_refs` counts the references to it that the
@@ -278,6 +279,11 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
     `sole`: `raw` is the function's whole result (one output): the one case
     where a view of an input may be given back (_input_given_back), since no
     other output can be a second export of the same view.
+    `pooled`: `raw` is a worker process's result as the pool made it (a view
+    of its shared memory, or unpickled): copy=False judges what the function
+    returned instead, `refused` (the reason the copy decision gave on the
+    worker's facts, or None), and a copy the pool's own array needs (an
+    unpickled array may be unaligned) is the transport's, made under any policy.
     """
     cdef DLManagedTensorVersioned* exported
     if _is_string_dtype(spec.dtype):
@@ -324,6 +330,8 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
             f"array of dtype {got}; return arr.astype(np.{want.name}) or "
             f"declare Tout={'tf.' + arr.dtype.name if arr.dtype.kind != 'O' else '...'}")
     _check_shape(checked, spec, index)
+    if pooled and refused is not None and copy_mode == PFB_COPY_FALSE:
+        _raise_copy_forbidden(index, refused)
     cdef DLManagedTensorVersioned* given
     if sole and reason is None and PyArray_Check(raw):  # the result itself, an ndarray
         given = _input_given_back(raw, outside_refs, spec)
@@ -332,7 +340,7 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
                 counts.zero_copy += cnp.PyArray_NBYTES(checked)
             return given
     if reason is not None:
-        if copy_mode == PFB_COPY_FALSE:
+        if copy_mode == PFB_COPY_FALSE and not pooled:
             _raise_copy_forbidden(index, reason)
         checked = _aligned_copy(checked)
     if counts != NULL:

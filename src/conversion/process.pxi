@@ -64,6 +64,15 @@ def worker_result(object worker, Py_ssize_t offset, Py_ssize_t size, object dtyp
     return arr
 
 
+cdef class _PoolResult:
+    """What a pool call's call() hands its outputs(): the result, and per
+    value the reason copy=False refuses it for (None: none), decided by the
+    one copy decision (_copy_reason) on the facts the worker sent of what the
+    function returned, before the worker copied it."""
+    cdef object value
+    cdef list refused
+
+
 cdef class _ProcessConverter(_NumpyConverter):
     """Calls run by a ProcessPool: the inputs go to shared memory (one copy),
     the function runs in a worker, and its results come back as views of the
@@ -86,8 +95,8 @@ cdef class _ProcessConverter(_NumpyConverter):
     cdef object call(self, PfbCall* call, object entry, tuple args, _CallCounts* counts):
         descs = list(args)
         try:
-            result, moved = self.pool.run(entry.func, self.framework, descs,
-                                          call.copy_mode == PFB_COPY_TRUE)
+            result, moved, facts = self.pool.run(entry.func, self.framework, descs,
+                                                 call.copy_mode == PFB_COPY_TRUE)
         except BaseException:
             # A KeyboardInterrupt can come before run() holds the blocks;
             # release frees only those that no worker received (run empties descs).
@@ -95,7 +104,23 @@ cdef class _ProcessConverter(_NumpyConverter):
             raise
         if counts != NULL:
             counts.copied[_WORKER] += moved
-        return result
+        cdef _PoolResult made = _PoolResult.__new__(_PoolResult)
+        made.value = result
+        if call.copy_mode == PFB_COPY_FALSE:
+            made.refused = [None if f is None else _copy_reason(PFB_COPY_FALSE, False, f[0],
+                                                                f[1], f[2], f[3])
+                            for f in facts]
+        else:
+            made.refused = [None] * len(facts)
+        return made
+
+    cdef int outputs(self, PfbCall* call, object result, Py_ssize_t outside_refs,
+                     list ranges, _CallCounts* counts) except -1:
+        cdef _PoolResult pooled = <_PoolResult?>result
+        value = pooled.value
+        pooled.value = None  # the references to `value` are now its own and ours
+        return _export_outputs(call, value, Py_REFCNT(<PyObject*>value) - 1, False, None,
+                               counts, pooled.refused)
 
 
 def process_converter(object adapter, bint eager, object pool):
