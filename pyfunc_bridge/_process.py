@@ -31,6 +31,7 @@ import itertools
 import mmap
 import os
 import pickle
+import queue
 import signal
 import socket
 import subprocess
@@ -145,6 +146,58 @@ class _Call:
         self.claims = []
 
 
+class _Spawner:
+    """Starts the worker processes, all from one thread that lives as long as
+    this process.  A worker asks the kernel to kill it when its parent dies
+    (PR_SET_PDEATHSIG, pyfunc_bridge/_worker.py); the kernel's "parent" is
+    the *thread* that started it, and the threads that start workers come
+    and go (a tf.data thread's first call, a reader thread replacing a dead
+    worker): a worker started by one of them would be killed with it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._requests = None
+        self._thread = None
+
+    def popen(self, args, **kwargs):
+        """subprocess.Popen(args, **kwargs), run by the spawning thread."""
+        done = threading.Event()
+        box = []
+        with self._lock:
+            if self._thread is None:
+                self._requests = queue.SimpleQueue()
+                self._thread = threading.Thread(target=self._serve, args=(self._requests,),
+                                                name="pyfunc_bridge worker spawner",
+                                                daemon=True)
+                self._thread.start()
+            self._requests.put((args, kwargs, box, done))
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    @staticmethod
+    def _serve(requests):
+        while True:
+            args, kwargs, box, done = requests.get()
+            try:
+                box.append((True, subprocess.Popen(args, **kwargs)))
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller
+                box.append((False, exc))
+            done.set()
+
+    def after_fork_in_child(self):
+        """The spawning thread is not in a forked child: the child starts its own."""
+        self._lock = threading.Lock()
+        self._requests = None
+        self._thread = None
+
+
+_spawner = _Spawner()
+os.register_at_fork(after_in_child=_spawner.after_fork_in_child)
+
+
 class _Worker:
     """The parent's side of one worker process."""
 
@@ -168,8 +221,10 @@ class _Worker:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fds = [child.fileno(), pool._input_fd or -1, result_fd or -1]
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, _worker.__file__, *map(str, fds)],
+            # This process's pid: the worker checks it after asking to die with
+            # its parent (a parent that died before that has another pid).
+            self.proc = _spawner.popen(
+                [sys.executable, _worker.__file__, str(os.getpid()), *map(str, fds)],
                 pass_fds=[fd for fd in fds if fd >= 0], cwd=os.getcwd(),
                 stdin=subprocess.DEVNULL)
         finally:

@@ -2,7 +2,8 @@
 both sides of the pool share: the frames on the socket and the arena
 allocator.
 
-Run as a script (``python <this file> SOCKET_FD INPUT_FD RESULT_FD``), never
+Run as a script (``python <this file> PARENT_PID SOCKET_FD INPUT_FD
+RESULT_FD``), never
 as ``-m pyfunc_bridge._worker``: importing the package would import
 TensorFlow, which a worker never needs.  At module level it imports the
 standard library only; NumPy, cloudpickle (through pickle) and the user's
@@ -511,13 +512,34 @@ def _batch_policy():
             pass  # refused (a seccomp policy): the default policy works, more slowly
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent_pid, signal):
+    """Has the kernel kill this process when its parent dies, whatever the
+    function it is running does (a function that sleeps or loops never reads
+    the end of its socket).  The parent may have died before this ran: then
+    this process has another parent already, and ends now."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    except (OSError, AttributeError) as exc:  # not Linux: the socket's end still ends it
+        print(f"pyfunc_bridge worker: cannot ask to die with the parent ({exc}); a "
+              f"worker busy in a function outlives a killed parent", file=sys.stderr)
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
 def main(argv):
     import mmap
     import signal
+    _die_with_parent(int(argv[1]), signal)
     # Ctrl-C reaches the whole process group: the parent decides when
     # workers end (it closes the socket).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock_fd, input_fd, result_fd = (int(a) for a in argv[1:4])
+    sock_fd, input_fd, result_fd = (int(a) for a in argv[2:5])
     sock = socket.socket(fileno=sock_fd)
     import pickle
     reader = FrameReader(sock)

@@ -265,3 +265,28 @@ def large_fresh(x):
 
 def large_transposed(x):
     return np.ones((256, 256), np.float32).T
+
+
+def _mark():
+    """Tells the test that this worker is inside a function: an empty file
+    named by its pid in the folder PFB_TEST_MARKS names (if any)."""
+    folder = os.environ.get("PFB_TEST_MARKS")
+    if folder:
+        open(os.path.join(folder, str(os.getpid())), "w").close()
+
+
+def hang(seconds):
+    """Marks, then sleeps: a worker stuck in a function (GIL released)."""
+    _mark()
+    time.sleep(float(seconds))
+    return np.int64(os.getpid())
+
+
+def spin(seconds):
+    """Marks, then loops in pure Python: a stuck worker that holds the GIL."""
+    _mark()
+    deadline = time.monotonic() + float(seconds)
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+    return np.int64(os.getpid())

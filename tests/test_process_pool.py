@@ -919,6 +919,84 @@ def test_workers_end_when_their_parent_is_killed(tmp_path):
     wait_for(lambda: not [p for p in pids if _alive(p)], seconds=20)
 
 
+# Two workers stuck in functions (one asleep, one looping in Python), then
+# the parent dies as the test says: killed (by the test) or os._exit.
+_BUSY_PARENT_SCRIPT = r"""
+import json, os, sys, threading, time
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+pool = pfb.ProcessPool(2)
+for func in (pf.hang, pf.spin):
+    threading.Thread(target=pfb.numpy_function, daemon=True,
+                     args=(func, [tf.constant(600.0)], tf.int64),
+                     kwargs={"executor": pool}).start()
+marks = os.environ["PFB_TEST_MARKS"]
+while len(os.listdir(marks)) < 2:  # both workers are inside their functions
+    time.sleep(0.01)
+print(json.dumps(pool.pids()), flush=True)
+if sys.argv[1] == "exit":
+    sys.stdin.readline()  # the test has seen the workers alive
+    os._exit(0)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "exit"])
+def test_busy_workers_end_within_seconds_when_their_parent_dies(tmp_path, how):
+    """A worker inside a function (asleep, or holding its GIL) cannot read the
+    end of its socket: it dies with its parent all the same (PR_SET_PDEATHSIG)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BUSY_PARENT_SCRIPT, how], cwd=TESTS,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PFB_TEST_MARKS": str(marks),
+             "PYTHONPATH": os.pathsep.join([ROOT, TESTS])})
+    pids = []
+    try:
+        pids = json.loads(proc.stdout.readline())
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        if how == "exit":
+            proc.stdin.write("exit now\n")
+            proc.stdin.flush()
+        else:
+            proc.send_signal(getattr(signal, how))
+        proc.wait(timeout=30)
+        wait_for(lambda: not [p for p in pids if _alive(p)], seconds=2)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        for p in pids:  # what outlived the parent (the failure this tests)
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_workers_outlive_the_thread_that_started_them():
+    """The kernel's death signal follows the thread that started a worker:
+    workers started by a thread that ends (a tf.data thread, the reader
+    thread that replaces a dead worker) live on."""
+    box = {}
+
+    def start():
+        box["pool"] = pfb.ProcessPool(1)
+        # A call: the worker has asked for its death signal before this thread ends.
+        box["pid"] = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
+                                            executor=box["pool"]))
+    starter = threading.Thread(target=start)
+    starter.start()
+    starter.join(timeout=60)
+    with box["pool"] as pool:
+        first = pool.pids()
+        assert first == [box["pid"]]
+        time.sleep(0.5)  # a death signal would have killed the worker by now
+        assert pool.pids() == first and _alive(first[0])
+        os.kill(first[0], signal.SIGKILL)  # its reader thread starts the next one, and ends
+        wait_for(lambda: pool.pids() and pool.pids() != first)
+        time.sleep(0.5)
+        assert int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
+                                      executor=pool)) == pool.pids()[0]
+
+
 def test_workers_do_not_import_tensorflow(pool):
     for worker_pid in pool.pids():
         with open(f"/proc/{worker_pid}/maps") as f:
