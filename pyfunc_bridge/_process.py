@@ -18,15 +18,18 @@ goes back only when the process it was handed to says it is done with it
 (pyfunc_bridge/_worker.py says who owns a block when): an input block when
 nothing in the worker views it any more, a result block when its tensor goes.
 
-Traffic: each worker has one socket.  A caller appends its request to the
-worker's outbox and the first caller that finds no write under way writes
-every waiting request in one frame; the worker runs all it read and answers
+Traffic: each worker has one socket.  A call goes to a worker that has no
+call (appended to its outbox; the first thread that finds no write under
+way writes every waiting request in one frame), or, when every worker has
+calls, waits in the pool's queue.  The worker runs all it read and answers
 them in one frame; the pool's reader thread for that worker wakes the
-callers.  A function travels once per worker (cloudpickle, which pickles an
+callers and, the worker being free again, hands it a share of the queue.
+So a worker stuck in a function holds only the calls it already had.  A function travels once per worker (cloudpickle, which pickles an
 importable function by reference), then its token does.
 """
 import atexit
 import builtins
+import collections
 import itertools
 import mmap
 import os
@@ -127,16 +130,23 @@ _CALLER, _READER = "caller", "reader"
 
 
 class _Call:
-    """One call in flight: its caller waits on `lock`, which the reader
-    releases after setting `reply`.  `holds`: whether the call holds input
-    blocks until its reply (the pool's count of such calls, `_holding`).
+    """One call: its caller waits on `lock`, which the reader releases after
+    setting `reply`.  `holds`: whether the call holds input blocks until its
+    reply (the pool's count of such calls, `_holding`).
 
     `claims` decides, race-free, who disposes of the reply: the reader
     appends when the reply arrives, a caller that stops waiting (Ctrl-C)
     when it gives up; whoever is first there leaves the reply to the other
     (list.append is atomic).  So the result blocks of an abandoned call go
-    back to its worker whichever comes first."""
-    __slots__ = ("lock", "reply", "holds", "claims")
+    back to its worker whichever comes first.
+
+    The rest is the request (_submit fills it in), kept until the reply: a
+    call may wait in the pool's queue until a worker is free to take it, and
+    a call that its worker had not started when it died is sent again.
+    `blocks` ({offset: size}) are its input blocks: the pool's while the
+    call is queued, its worker's once it is sent (_Worker.inputs)."""
+    __slots__ = ("lock", "reply", "holds", "claims", "id", "token", "pickled",
+                 "framework", "args", "writable", "blocks")
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -338,11 +348,12 @@ class ProcessPool:
         self.name = name or f"ProcessPool-{next(ProcessPool._numbers)}"
         self.workers = workers
         self.arena_bytes = arena_bytes
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
         self._closed = False
         self._broken = None        # why no worker can start, once that is clear
         self._start_failures = 0
         self._ids = itertools.count()
+        self._queue = collections.deque()  # _Calls that wait for a free worker
         self._functions = _Functions(self)
         self._input_fd, self._input_map = _shared_memory(arena_bytes, f"{self.name}-inputs")
         self._inputs = (np.frombuffer(self._input_map, np.uint8)
@@ -475,34 +486,88 @@ class ProcessPool:
             self._abandon(call)
             raise
         finally:
-            self.release(descs)  # the blocks of a call that did not reach a worker
+            self.release(descs)  # the blocks of a call that did not reach the pool
 
     def _submit(self, call, func, framework, descs, writable):
-        """Hands `call` to a worker: the request and its input blocks become
-        the worker's (`descs` is emptied), all at once."""
+        """Hands `call` to a worker that has no calls, or queues it until one
+        is free: the request and its input blocks become the pool's (`descs`
+        is emptied), all at once."""
         token, pickled = self._functions.get(func)
-        blocks = {d[1]: d[2] for d in descs if d[0] == "s"}
-        call_id = next(self._ids)
+        call.id = next(self._ids)
+        call.token, call.pickled, call.framework, call.writable = (
+            token, pickled, framework, writable)
+        call.blocks = {d[1]: d[2] for d in descs if d[0] == "s"}
         with _Uninterrupted():
             with self._lock:
-                worker = self._pick()
-                call.holds = bool(blocks)
-                worker.pending[call_id] = call
-                known = token in worker.known
-                worker.known.add(token)
-                # Under the lock: a request that finds the token known must not
-                # reach the worker before the one that carries the function.
-                worker.outbox.append(
-                    (call_id, token, None if known else pickled, framework, descs[:], writable))
-                worker.inputs.update(blocks)  # under the lock: _lost takes them once not alive
+                if self._closed:
+                    raise PoolClosedError(f"pyfunc_bridge: {self.name} is closed")
+                if self._broken:
+                    raise WorkerError(self._broken)
+                call.holds = bool(call.blocks)
+                call.args = descs[:]
                 descs.clear()
+                free = [w for w in self._workers if w.alive and not w.pending]
+                if not free:
+                    # Every worker has calls (or is being replaced): a stuck
+                    # or slow one must not hold this call too.
+                    self._queue.append(call)
+                    return
+                worker = next((w for w in free if w.ready), free[0])
+                self._assign(worker, [call])
             self._flush(worker)  # a frame cut short would garble the stream
 
+    def _assign(self, worker, calls):
+        """Appends the requests of `calls` to `worker`'s outbox; their input
+        blocks become the worker's.  The pool's lock is held: a request that
+        finds the token known must not reach the worker before the one that
+        carries the function, and _lost takes a worker's blocks once it is
+        not alive."""
+        for call in calls:
+            worker.pending[call.id] = call
+            known = call.token in worker.known
+            worker.known.add(call.token)
+            worker.outbox.append((call.id, call.token, None if known else call.pickled,
+                                  call.framework, call.args, call.writable))
+            worker.inputs.update(call.blocks)
+
+    def _hand_queue(self, worker):
+        """Gives a free `worker` its share of the queued calls, and sends them.
+        A share, not all: the other workers take theirs as they come free,
+        and a batch that meets a stuck call waits with it."""
+        with self._lock:
+            if not (worker.alive and not worker.pending and self._queue):
+                return
+            alive = sum(1 for w in self._workers if w.alive)
+            share = -(-len(self._queue) // max(alive, 1))
+            self._assign(worker, [self._queue.popleft() for _ in range(share)])
+        self._flush(worker)
+
+    def _take_queue(self):
+        """Empties the queue (the pool's lock is held); returns its calls."""
+        calls = list(self._queue)
+        self._queue.clear()
+        return calls
+
+    def _fail(self, calls, error):
+        """Fails `calls`, which no worker received: their input blocks go
+        back to the arena (the pool's lock is not held)."""
+        for call in calls:
+            self.release(call.args)
+            self._answer(call, (None, error, 0, None))
+
     def _abandon(self, call):
-        """The caller stopped waiting: whoever comes second, this caller or
-        the reader thread with the reply, disposes of the reply's result
-        blocks (see _Call)."""
+        """The caller stopped waiting.  A call still queued leaves the queue
+        and gives its blocks back (no worker will see it).  Otherwise
+        whoever comes second, this caller or the reader thread with the
+        reply, disposes of the reply's result blocks (see _Call)."""
         with _Uninterrupted():
+            with self._lock:
+                queued = call in self._queue
+                if queued:
+                    self._queue.remove(call)
+            if queued:
+                self.release(call.args)
+                return
             call.claims.append(_CALLER)
             if call.claims[0] is _READER:  # the reply came: not taken yet, or taken
                 reply, call.reply = call.reply, None
@@ -519,18 +584,6 @@ class ProcessPool:
         else:
             call.reply = None
             _discard(reply)
-
-    def _pick(self):
-        """The live worker with the fewest calls (the pool's lock is held)."""
-        while True:
-            if self._closed:
-                raise PoolClosedError(f"pyfunc_bridge: {self.name} is closed")
-            if self._broken:
-                raise WorkerError(self._broken)
-            alive = [w for w in self._workers if w.alive]
-            if alive:
-                return min(alive, key=lambda w: len(w.pending))
-            self._lock.wait()  # a replacement is starting
 
     def _flush(self, worker):
         """Writes every waiting request in one frame, unless another caller's
@@ -576,18 +629,23 @@ class ProcessPool:
                 received = frames.read(pickle.loads)
                 if not received:
                     break
+                answered = []
                 for message in received:
                     if message[0] == "ready":  # ("ready", pid)
                         worker.ready = True
                         self._start_failures = 0
                         continue
                     _, replies, freed = message
-                    answered = [(worker.pending.pop(call_id, None), (ok, payload, moved, worker))
-                                for call_id, ok, payload, moved in replies]
-                    self._settle(worker, freed, [call for call, _ in answered])
-                    for call, reply in answered:
-                        if call is not None:
-                            self._answer(call, reply)
+                    calls = [(worker.pending.pop(call_id, None), (ok, payload, moved, worker))
+                             for call_id, ok, payload, moved in replies]
+                    self._settle(worker, freed, [call for call, _ in calls])
+                    answered.extend((call, reply) for call, reply in calls if call is not None)
+                # The worker's next calls first, then its callers: it works
+                # while they wake.
+                if not worker.pending:
+                    self._hand_queue(worker)
+                for call, reply in answered:
+                    self._answer(call, reply)
         except (OSError, EOFError):
             pass
         except Exception as exc:  # noqa: BLE001 - a reply this process cannot load
@@ -652,6 +710,7 @@ class ProcessPool:
 
     def _replace(self, dead):
         with self._lock:
+            queued = []
             if not dead.ready:
                 self._start_failures += 1
                 if self._start_failures >= _START_FAILURES:
@@ -659,21 +718,26 @@ class ProcessPool:
                         f"pyfunc_bridge: {self.name} cannot start worker processes: "
                         f"{_START_FAILURES} in a row ended before they were ready (the "
                         f"last: {self._death(dead)}); see their stderr")
-                    self._lock.notify_all()
-                    return
+                    queued = self._take_queue()
+            broken = self._broken
+        if broken:
+            self._fail(queued, WorkerError(broken))
+            return
         try:
             fresh = _Worker(self, dead.index)
         except BaseException as exc:  # noqa: BLE001 - recorded for the callers
             with self._lock:
                 self._broken = f"pyfunc_bridge: {self.name} cannot start a worker: {exc}"
-                self._lock.notify_all()
+                queued = self._take_queue()
+            self._fail(queued, WorkerError(self._broken))
             return
         with self._lock:
             self._workers[dead.index] = fresh
             closed = self._closed
-            self._lock.notify_all()
         if closed:
             self._stop([fresh])
+        else:
+            self._hand_queue(fresh)
 
     # --------------------------------------------------------------- close --
 
@@ -685,7 +749,10 @@ class ProcessPool:
                 return
             self._closed = True
             workers = list(self._workers)
-            self._lock.notify_all()
+            queued = self._take_queue()
+        when = _EXIT_TEXT if _exiting else "was closed"
+        self._fail(queued, PoolClosedError(
+            f"pyfunc_bridge: {self.name} {when} before the call reached a worker"))
         with self._arena_free:
             self._arena_free.notify_all()
         self._stop(workers)

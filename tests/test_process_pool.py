@@ -441,7 +441,9 @@ with pfb.ProcessPool(1, arena_bytes=4 * BLOCK, name="interrupted pool") as pool:
         # Each call still queued holds its input block.
         assert free <= pool.arena_bytes - pending * BLOCK, (i, pending, free)
     # (A KeyboardInterrupt raised in a gc callback is ignored: the call runs on.)
-    assert interrupted >= 8 and most_pending >= 3, (interrupted, most_pending)
+    # A call interrupted while its worker is busy waits in the pool's queue,
+    # which it leaves with its block; one the worker took stays its own.
+    assert interrupted >= 8 and most_pending >= 1, (interrupted, most_pending)
     # The next calls run after the abandoned ones, which wrote in place to
     # their own blocks, not to these calls' inputs.
     for value in (10, 11, 12):
@@ -833,6 +835,34 @@ def test_a_killed_worker_fails_its_call_and_the_pool_recovers():
         for _ in range(4):  # every worker serves again
             assert int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
                                           executor=faulty)) in faulty.pids()
+
+
+def test_quick_calls_never_wait_behind_a_stuck_worker(tmp_path, monkeypatch):
+    """With one of two workers stuck in a function, many quick calls at once
+    all run in the free one: none is queued behind the stuck call."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("PFB_TEST_MARKS", str(marks))  # the workers inherit it
+    with pfb.ProcessPool(2, name="stuck pool") as stuck:
+        hung, hung_box = _call_in_thread(pf.hang, 120.0, stuck)
+        wait_for(lambda: len(os.listdir(marks)) == 1, seconds=30)
+        stuck_pid = int(os.listdir(marks)[0])
+        free_pid = next(p for p in stuck.pids() if p != stuck_pid)
+        box = {}
+
+        def quick_calls():
+            dataset = tf.data.Dataset.range(64).map(
+                lambda i: pfb.numpy_function(pf.pid, [i], tf.int64, executor=stuck),
+                num_parallel_calls=8)
+            box["pids"] = [int(v) for v in dataset]
+        quick = threading.Thread(target=quick_calls)
+        quick.start()
+        quick.join(timeout=60)  # behind the stuck call, they would wait 120 s
+        assert not quick.is_alive()
+        assert box["pids"] == [free_pid] * 64
+    hung.join(timeout=30)
+    assert isinstance(hung_box["error"], tf.errors.UnknownError)
+    assert "stuck pool" in str(hung_box["error"]) and "closed" in str(hung_box["error"])
 
 
 def test_a_function_that_exits_its_process_fails_with_the_status():
