@@ -16,3 +16,14 @@ class NotCallableError(ValueError, TypeError):
     >>> issubclass(NotCallableError, ValueError), issubclass(NotCallableError, TypeError)
     (True, True)
     """
+
+
+class CallTimeoutError(TimeoutError):
+    """A call ran past its ``ProcessPool``'s ``timeout``; the worker that ran
+    it was ended.  The one exception that maps to TensorFlow's
+    DEADLINE_EXCEEDED (src/conversion/errors.pxi): a ``TimeoutError`` that a
+    function raises itself stays UNKNOWN, as with ``tf.numpy_function``.
+
+    >>> issubclass(CallTimeoutError, TimeoutError)
+    True
+    """

@@ -37,18 +37,24 @@ import pickle
 import queue
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
+import time
 import weakref
+from numbers import Real
 
 import numpy as np
 
 from pyfunc_bridge import _worker
+from pyfunc_bridge._errors import CallTimeoutError
 
 DEFAULT_ARENA_BYTES = 64 << 20
 _CLOSE_GRACE_SECONDS = 1.0   # then a worker still running a function is killed
 _START_FAILURES = 3          # workers in a row that die before they are ready
+_STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then SIGKILL
+_SLOT = struct.Struct("<qq")  # a worker's status slot: (running call id or -1, start ns)
 
 
 class WorkerError(RuntimeError):
@@ -228,6 +234,17 @@ class _Worker:
         self.results = (np.frombuffer(self.result_map, np.uint8)
                         if self.result_map is not None else None)
         self.results_base = self.results.ctypes.data if self.results is not None else 0
+        # With a timeout: the call this worker runs, and where it writes its
+        # stack when told to (_Deadlines).
+        self.timed_out = None  # the id of the call it was ended for
+        self.kill_at = None    # when it gets SIGKILL if its stack has not ended it
+        self.trace_fd = None
+        hello = {"path": list(sys.path), "result_bytes": pool.arena_bytes, "name": pool.name,
+                 "input_bytes": pool.arena_bytes if pool._input_fd else 0}
+        extra_fds = []
+        if pool._deadlines is not None:
+            self.trace_fd = pool._deadlines.prepare(self, hello)
+            extra_fds = [self.trace_fd, pool._deadlines.status_fd]
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fds = [child.fileno(), pool._input_fd or -1, result_fd or -1]
         try:
@@ -235,7 +252,7 @@ class _Worker:
             # its parent (a parent that died before that has another pid).
             self.proc = _spawner.popen(
                 [sys.executable, _worker.__file__, str(os.getpid()), *map(str, fds)],
-                pass_fds=[fd for fd in fds if fd >= 0], cwd=os.getcwd(),
+                pass_fds=[fd for fd in fds + extra_fds if fd >= 0], cwd=os.getcwd(),
                 stdin=subprocess.DEVNULL)
         finally:
             child.close()
@@ -243,9 +260,7 @@ class _Worker:
                 os.close(result_fd)
         self.sock = parent
         self.pid = self.proc.pid
-        parent.sendall(_worker.frame(
-            {"path": list(sys.path), "input_bytes": pool.arena_bytes if pool._input_fd else 0,
-             "result_bytes": pool.arena_bytes, "name": pool.name}, pickle.dumps))
+        parent.sendall(_worker.frame(hello, pickle.dumps))
         self.reader = threading.Thread(target=pool._read, args=(self,), daemon=True,
                                        name=f"{pool.name} reader {index}")
         self.reader.start()
@@ -301,6 +316,143 @@ def _pickle_function(func):
             f"the function, or run it in-process (executor=None)") from exc
 
 
+class _Deadlines:
+    """A pool's per-call timeout.
+
+    Each worker writes, in its slot of a shared status array, the id of the
+    call it starts and when (CLOCK_MONOTONIC, the same clock in every
+    process), and answers each call at once rather than once per batch.  A
+    watchdog thread sleeps until the earliest deadline of a running call
+    (at most `timeout`: a call that starts meanwhile ends later).  A worker
+    whose call is past its deadline gets SIGUSR1, on which ``faulthandler``
+    writes its Python stack to the worker's trace file and then lets the
+    signal end it (``chain=True`` over the default action); one that does
+    not end within _STACK_GRACE_SECONDS gets SIGKILL.  The worker's reader
+    then finds the end of its stream (_lost): the call the slot names fails
+    with CallTimeoutError and the stack, and the calls it held but had not
+    started go back to the pool's queue, since they never ran."""
+
+    def __init__(self, pool, timeout):
+        self.timeout_ns = int(timeout * 1e9)
+        self.timeout = timeout
+        size = max(mmap.PAGESIZE, pool.workers * _SLOT.size)
+        self.status_fd, self.status = _shared_memory(size, f"{pool.name}-status")
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, args=(weakref.ref(pool),),
+                                       daemon=True, name=f"{pool.name} watchdog")
+
+    def prepare(self, worker, hello):
+        """Before `worker` starts: its slot is cleared and the hello names
+        it; returns the worker's trace file (a memfd this process reads)."""
+        _SLOT.pack_into(self.status, worker.index * _SLOT.size, -1, 0)
+        trace_fd = os.memfd_create(f"{hello['name']}-stack", os.MFD_CLOEXEC)
+        hello["deadlines"] = {"status_fd": self.status_fd, "status_bytes": len(self.status),
+                              "slot": worker.index * _SLOT.size, "trace_fd": trace_fd}
+        return trace_fd
+
+    def running(self, worker):
+        """(id, start ns) of the call `worker` runs or ran last (-1: none)."""
+        offset = worker.index * _SLOT.size
+        while True:
+            call_id, start = _SLOT.unpack_from(self.status, offset)
+            if _SLOT.unpack_from(self.status, offset)[0] == call_id:
+                return call_id, start  # not torn by a write in between
+
+    def _watch(self, pool_ref):
+        while not self.stop.is_set():
+            pool = pool_ref()
+            if pool is None:
+                return
+            wait = self._check(pool)
+            del pool
+            self.stop.wait(wait)
+
+    def _check(self, pool):
+        """Signals the workers whose call is past its deadline; returns the
+        seconds until the next deadline could pass (None: the pool closed)."""
+        now = time.monotonic_ns()
+        wait = self.timeout_ns
+        with pool._lock:
+            if pool._closed:
+                return None  # close() reaps the workers, then stops this thread
+            # Under the lock, a worker marked alive has not been reaped, so
+            # its pid is still its own.
+            for worker in pool._workers:
+                if not worker.alive or not worker.pending:
+                    continue
+                if worker.kill_at is not None:  # told to write its stack
+                    if now >= worker.kill_at:
+                        os.kill(worker.pid, signal.SIGKILL)
+                        worker.kill_at = float("inf")
+                    else:
+                        wait = min(wait, worker.kill_at - now)
+                    continue
+                call_id, start = self.running(worker)
+                if call_id not in worker.pending:
+                    continue  # answered, or not started
+                if now - start >= self.timeout_ns:
+                    worker.timed_out = call_id
+                    worker.kill_at = now + int(_STACK_GRACE_SECONDS * 1e9)
+                    os.kill(worker.pid, signal.SIGUSR1)
+                    wait = min(wait, worker.kill_at - now)
+                else:
+                    wait = min(wait, start + self.timeout_ns - now)
+        return max(wait, 0) / 1e9
+
+    def sort(self, worker, held):
+        """`held` (the calls of a worker that ended) as (the call it was
+        running, if any, and the calls it had not started)."""
+        running, _ = self.running(worker)
+        return ([c for c in held if c.id == running], [c for c in held if c.id != running])
+
+    def error(self, pool, worker, call, death):
+        """The exception of `call`, which `worker` was running when it ended."""
+        if worker.timed_out != call.id:
+            if worker.timed_out is None:
+                return WorkerError(death)
+            return WorkerError(
+                f"pyfunc_bridge: worker process {worker.pid} of {pool.name} was ended "
+                f"because another call ran past the {self.timeout:g} s timeout; this call "
+                f"had just started in it. The pool starts a new worker, so later calls run.")
+        stack = self.stack(worker)
+        return CallTimeoutError(
+            f"pyfunc_bridge: the call ran past the {self.timeout:g} s timeout of {pool.name} "
+            f"in worker process {worker.pid}, which was ended; the pool starts a new "
+            f"worker, so later calls run. The function's Python stack then:\n\n{stack}")
+
+    @staticmethod
+    def stack(worker):
+        """What faulthandler wrote in `worker`'s trace file, without the
+        frames of the worker's own loop."""
+        try:
+            size = os.fstat(worker.trace_fd).st_size
+            text = os.pread(worker.trace_fd, size, 0).decode("utf-8", "replace")
+        except (OSError, TypeError):
+            text = ""
+        lines = [line for line in text.splitlines()
+                 if not (line.lstrip().startswith("File ") and _worker.__file__ in line)]
+        if not any(line.lstrip().startswith("File ") for line in lines):
+            return (f"(none: the worker wrote no stack within {_STACK_GRACE_SECONDS:g} s of "
+                    f"SIGUSR1 and was killed; a function that handles SIGUSR1 hides it)")
+        return "\n".join(lines).strip()
+
+    @staticmethod
+    def forget(worker):
+        """Closes the trace file of a worker that ended."""
+        if worker.trace_fd is not None:
+            os.close(worker.trace_fd)
+            worker.trace_fd = None
+
+    def close(self):
+        self.stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5)
+        if self.status_fd is not None:
+            os.close(self.status_fd)
+            self.status_fd = None
+            self.status.close()
+
+
 class ProcessPool:
     """Worker processes that run ``numpy_function`` / ``py_func`` /
     ``array_function`` calls outside this process, so that Python code that
@@ -315,6 +467,12 @@ class ProcessPool:
         travels pickled through the worker's socket instead (slower, still
         correct).
       name: the pool's name in errors (default ``ProcessPool-<n>``).
+      timeout: the seconds a call may run in a worker (default None: no
+        limit), counted from when the worker starts it.  A call past it fails
+        with ``tf.errors.DeadlineExceededError``, whose message holds the
+        function's Python stack at that moment (file, line and function);
+        its worker is ended and replaced, and the calls that worker held but
+        had not started run in another.
 
     Workers are fresh interpreters (``sys.executable``, never a fork of this
     process) with this process's ``sys.path`` and working directory; they
@@ -334,7 +492,8 @@ class ProcessPool:
 
     _numbers = itertools.count(1)
 
-    def __init__(self, workers=None, *, arena_bytes=DEFAULT_ARENA_BYTES, name=None):
+    def __init__(self, workers=None, *, arena_bytes=DEFAULT_ARENA_BYTES, name=None,
+                 timeout=None):
         if workers is None:
             workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
                 else (os.cpu_count() or 1)
@@ -345,6 +504,11 @@ class ProcessPool:
             raise ValueError(f"arena_bytes must be a non-negative int, got {arena_bytes!r}")
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str or None, got {type(name).__name__}")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, Real)
+                                    or not 0 < timeout < float("inf")):
+            raise ValueError(f"timeout must be a positive number of seconds, or None for "
+                             f"no limit, got {timeout!r}")
         self.name = name or f"ProcessPool-{next(ProcessPool._numbers)}"
         self.workers = workers
         self.arena_bytes = arena_bytes
@@ -354,6 +518,8 @@ class ProcessPool:
         self._start_failures = 0
         self._ids = itertools.count()
         self._queue = collections.deque()  # _Calls that wait for a free worker
+        self.timeout = None if timeout is None else float(timeout)
+        self._deadlines = None if timeout is None else _Deadlines(self, self.timeout)
         self._functions = _Functions(self)
         self._input_fd, self._input_map = _shared_memory(arena_bytes, f"{self.name}-inputs")
         self._inputs = (np.frombuffer(self._input_map, np.uint8)
@@ -372,6 +538,8 @@ class ProcessPool:
         except BaseException:
             self.close()
             raise
+        if self._deadlines is not None:
+            self._deadlines.thread.start()
 
     def __repr__(self):
         state = "closed" if self._closed else f"{self.workers} workers"
@@ -674,17 +842,43 @@ class ProcessPool:
             held = list(worker.pending.values())
             worker.pending.clear()
             closing = self._closed
+        again = []  # calls the worker had not started: they never ran
         if closing:
             when = _EXIT_TEXT if _exiting else "was closed"
             error = PoolClosedError(f"pyfunc_bridge: {self.name} {when} while the call "
                                     f"ran in worker process {worker.pid}")
+            failed = [(call, error) for call in held]
         else:
-            error = WorkerError(self._death(worker, unreadable))
+            death = self._death(worker, unreadable)
+            if self._deadlines is None:
+                failed = [(call, WorkerError(death)) for call in held]
+            else:  # the worker's slot tells which call it was running
+                running, waiting = self._deadlines.sort(worker, held)
+                # (One abandoned by its caller (claims) is not sent again.)
+                again = [call for call in waiting if not call.claims]
+                failed = [(call, self._deadlines.error(self, worker, call, death))
+                          for call in running]
+                failed += [(call, WorkerError(death)) for call in waiting if call.claims]
         # The process is gone (reaped above, or being ended by close()): the
-        # blocks it held are nobody's.
-        self._settle(worker, list(worker.inputs.items()), held)
-        for call in held:
+        # blocks it held are nobody's, but those of the calls sent again,
+        # which go with them to their next worker.
+        with self._arena_free:
+            for call in again:
+                for offset in call.blocks:
+                    worker.inputs.pop(offset, None)
+        self._settle(worker, list(worker.inputs.items()), [call for call, _ in failed])
+        for call, error in failed:
             self._answer(call, (None, error, 0, worker))
+        if again:
+            with self._lock:
+                closed = self._closed
+                if not closed:
+                    self._queue.extendleft(reversed(again))
+            if closed:
+                self._fail(again, PoolClosedError(
+                    f"pyfunc_bridge: {self.name} was closed before the call ran"))
+        if self._deadlines is not None:
+            self._deadlines.forget(worker)
         if not closing:
             self._replace(worker)
 
@@ -737,7 +931,8 @@ class ProcessPool:
         if closed:
             self._stop([fresh])
         else:
-            self._hand_queue(fresh)
+            for worker in list(self._workers):  # the fresh one, and any other free one
+                self._hand_queue(worker)
 
     # --------------------------------------------------------------- close --
 
@@ -756,13 +951,14 @@ class ProcessPool:
         with self._arena_free:
             self._arena_free.notify_all()
         self._stop(workers)
+        if self._deadlines is not None:
+            self._deadlines.close()
         if self._input_fd is not None:
             os.close(self._input_fd)
             self._input_fd = None
         _live_pools.discard(self)
 
     def _stop(self, workers):
-        import time
         for w in workers:
             try:
                 w.sock.shutdown(socket.SHUT_RDWR)  # the worker reads the end of its stream

@@ -12,7 +12,8 @@ function load in ``main``.
 The protocol, one length-prefixed pickle per frame:
 
 * parent -> worker, first: ``{"path": sys.path, "input_bytes": n,
-  "result_bytes": n, "name": pool name}``;
+  "result_bytes": n, "name": pool name}``, and with a pool timeout
+  ``"deadlines": {"status_fd", "status_bytes", "slot", "trace_fd"}``;
 * worker -> parent, first: ``("ready", pid)``;
 * then parent -> worker: ``(freed, forget, requests)``, every request that was
   waiting when the parent wrote: ``freed`` are result blocks the parent's
@@ -20,9 +21,10 @@ The protocol, one length-prefixed pickle per frame:
   each request ``(call_id, token, pickled_function or None, framework,
   args, writable)``;
 * worker -> parent: ``("done", replies, freed_inputs)``, one reply
-  ``(call_id, ok, payload, bytes_out)`` per request of the frame it answers,
-  and the input blocks that nothing in this worker refers to any more (see
-  below).
+  ``(call_id, ok, payload, bytes_out)`` per request of the frame it answers
+  (with a timeout: one message per call, sent as soon as the call returns,
+  and the call it runs written in its status slot), and the input blocks
+  that nothing in this worker refers to any more (see below).
 
 An argument is ``("s", offset, size, dtype, shape)`` (numbers in the
 parent's input arena) or ``("v", value)`` (pickled: strings, NumPy scalars,
@@ -43,10 +45,12 @@ import os
 import socket
 import struct
 import sys
+import time
 import weakref
 
 ALIGN = 64  # PFB_TENSOR_ALIGNMENT (src/bridge_abi.h): TF's Eigen kernels need it
 _HEADER = struct.Struct("<Q")
+_SLOT_TIME = struct.Struct("<q")  # a field of a status slot (pyfunc_bridge/_process.py)
 _PICKLE_PROTOCOL = 5
 
 
@@ -251,6 +255,7 @@ class _Worker:
         # the block to `inputs_freed`, which the next reply carries.
         self.input_blocks = {}
         self.inputs_freed = []
+        self.status = None   # with a pool timeout: (shared status array, this worker's slot)
 
     def input_block(self, offset, size):
         """A uint8 ndarray over one input block, the base of every view of it.
@@ -267,6 +272,15 @@ class _Worker:
     def _input_gone(self, ref):
         _, offset, size = self.input_blocks.pop(id(ref))
         self.inputs_freed.append((offset, size))
+
+    def begin(self, call_id):
+        """Writes the call this worker starts (-1: none) in its status slot,
+        which the parent's watchdog reads: the start time first, then the id,
+        so that a reader that sees the id sees its time."""
+        status, slot = self.status
+        if call_id >= 0:
+            _SLOT_TIME.pack_into(status, slot + 8, time.monotonic_ns())
+        _SLOT_TIME.pack_into(status, slot, call_id)
 
     def arg(self, item, writable, framework):
         if item[0] == "v":
@@ -432,9 +446,18 @@ class _Worker:
                 for token in forget:
                     self.functions.pop(token, None)
                 for request in requests:
-                    replies.append(self.run(request))
+                    if self.status is None:
+                        replies.append(self.run(request))
+                        continue
+                    # With a timeout, each reply goes at once: a call that
+                    # times out must not take the results of the calls run
+                    # before it with it.
+                    self.begin(request[0])
+                    self.sock.sendall(self.sendable([self.run(request)], pickle))
+                    self.begin(-1)
             frames = None
-            self.sock.sendall(self.sendable(replies, pickle))
+            if self.status is None:
+                self.sock.sendall(self.sendable(replies, pickle))
 
     def sendable(self, replies, pickle):
         """The frame of `replies`, with the input blocks freed since the last
@@ -532,6 +555,19 @@ def _die_with_parent(parent_pid, signal):
         os._exit(0)
 
 
+def _watched(worker, deadlines, mmap, signal):
+    """A pool with a timeout: this worker writes the call it runs in its
+    status slot, and on SIGUSR1 (the parent's watchdog) writes its Python
+    stack to its trace file, then lets the signal end it (chain=True calls
+    SIGUSR1's default action, which ends the process)."""
+    import faulthandler
+    status = mmap.mmap(deadlines["status_fd"], deadlines["status_bytes"])
+    os.close(deadlines["status_fd"])
+    worker.status = (status, deadlines["slot"])
+    faulthandler.register(signal.SIGUSR1, file=deadlines["trace_fd"], all_threads=True,
+                          chain=True)
+
+
 def main(argv):
     import mmap
     import signal
@@ -558,6 +594,9 @@ def main(argv):
         if fd >= 0:
             os.close(fd)
     worker = _Worker(sock, np, maps[0], maps[1], hello["result_bytes"])
+    deadlines = hello.get("deadlines")
+    if deadlines is not None:
+        _watched(worker, deadlines, mmap, signal)
     try:
         sock.sendall(frame(("ready", os.getpid()), pickle.dumps))
         worker.serve(reader, frames)

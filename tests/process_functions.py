@@ -290,3 +290,12 @@ def spin(seconds):
     while time.monotonic() < deadline:
         n += 1
     return np.int64(os.getpid())
+
+
+def wait_for_file(path):
+    """Returns once the file `path` exists: holds a worker until the test says."""
+    path = path.item() if isinstance(path, np.ndarray) else path  # eager: a 0-d array
+    path = path.decode() if isinstance(path, bytes) else str(path)
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return np.int64(os.getpid())
