@@ -146,10 +146,10 @@ def test_payloads_larger_than_the_arena_travel_pickled():
         assert [int(v[0]) for v in dataset.as_numpy_iterator()] == list(range(1, 65))
 
 
-def run_script(script):
+def run_script(script, *args):
     """Runs `script` in a fresh interpreter (a hang there fails the test by
     its timeout); it prints "done" at its end."""
-    run = subprocess.run([sys.executable, "-c", script], cwd=TESTS,
+    run = subprocess.run([sys.executable, "-c", script, *args], cwd=TESTS,
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, TESTS])})
     assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-3000:]
@@ -602,6 +602,47 @@ def test_ctrl_c_where_blocks_change_hands_leaves_every_block_an_owner():
 
 def test_ctrl_c_at_any_moment_of_a_call_leaves_every_block_an_owner():
     run_script(_INTERRUPTED_ANYWHERE_SCRIPT)
+
+
+# Ctrl-C while a call waits in the pool's queue (its one worker is held).
+_INTERRUPTED_QUEUED_SCRIPT = r"""
+import os, signal, sys, threading, time
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+go = sys.argv[1]
+main = threading.main_thread().ident
+with pfb.ProcessPool(1, arena_bytes=1 << 20, name="queued pool") as pool:
+    holder = threading.Thread(target=pfb.numpy_function,
+                              args=(pf.wait_for_file, [tf.constant(go)], tf.int64),
+                              kwargs={"executor": pool})
+    holder.start()
+    while not pool._workers[0].pending:
+        time.sleep(0.01)
+    def interrupt_once_queued():
+        while not pool._queue:
+            time.sleep(0.01)
+        signal.pthread_kill(main, signal.SIGINT)
+    threading.Thread(target=interrupt_once_queued).start()
+    try:
+        pfb.numpy_function(pf.double, [tf.fill([1000], 1.0)], tf.float32, executor=pool)
+        raise AssertionError("not interrupted")
+    except KeyboardInterrupt:
+        pass
+    # It left the queue, and its input block went back: no worker will see it.
+    assert not pool._queue
+    with pool._arena_free:
+        assert pool._holding == 0 and pool._arena.free_bytes() == pool.arena_bytes
+    open(go, "w").close()
+    holder.join()
+    assert not pool._workers[0].pending
+    out = pfb.numpy_function(pf.double, [tf.fill([1000], 2.0)], tf.float32, executor=pool)
+    np.testing.assert_array_equal(out.numpy(), np.full(1000, 4.0))
+print("done")
+"""
+
+
+def test_a_call_interrupted_while_queued_leaves_the_queue_with_its_blocks(tmp_path):
+    run_script(_INTERRUPTED_QUEUED_SCRIPT, str(tmp_path / "go"))
 
 
 @pytest.mark.parametrize("framework", ["numpy", "torch"])
