@@ -416,6 +416,8 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
   call.framework_len = framework_.size();
   call.eager = (flags & PFB_CALL_TENSORS) ? EagerApi() : nullptr;
   call.site = &site_;
+  call.node_name = name().data();
+  call.node_name_len = name().size();
   PfbStatus status{0, nullptr};
   api->call(&call, &status);  // consumes the inputs, on every path
   // A recorded state is the caller's on error too (bridge_abi.h).
