@@ -326,6 +326,8 @@ class ProcessPool:
     def run(self, func, framework, descs, writable):
         """Runs `func` on the staged inputs in a worker; returns (result,
         bytes the worker wrote to shared memory).  Waits with the GIL released."""
+        from pyfunc_bridge import _library
+        conversion = _library.conversion()
         try:
             token, pickled = self._functions.get(func)
             call = _Call()
@@ -339,11 +341,14 @@ class ProcessPool:
                 # reach the worker before the one that carries the function.
                 worker.outbox.append(
                     (call_id, token, None if known else pickled, framework, descs, writable))
+            queued = conversion.trace_now()  # 0 unless a profiler records (trace.pxi)
             self._flush(worker)
             call.lock.acquire()  # releases the GIL while it waits
         finally:
             self.release(descs)
-        ok, payload, moved, worker = call.reply
+        ok, payload, moved, worker, times = call.reply
+        if queued and times:  # the queue and the worker's time, on this thread's trace
+            conversion.trace_worker(queued, *times, worker.pid)
         if ok:
             return self._decode(payload, worker), moved
         raise payload if ok is None else _worker_exception(payload)
@@ -408,10 +413,10 @@ class ProcessPool:
                         worker.ready = True
                         self._start_failures = 0
                         continue
-                    for call_id, ok, payload, moved in replies:
+                    for call_id, ok, payload, moved, times in replies:
                         call = worker.pending.pop(call_id, None)
                         if call is not None:
-                            call.reply = (ok, payload, moved, worker)
+                            call.reply = (ok, payload, moved, worker, times)
                             call.lock.release()
         except (OSError, EOFError):
             pass
@@ -437,7 +442,7 @@ class ProcessPool:
         else:
             error = WorkerError(self._death(worker, unreadable))
         for call in held:
-            call.reply = (None, error, 0, worker)
+            call.reply = (None, error, 0, worker, None)
             call.lock.release()
         if not closing:
             self._replace(worker)

@@ -18,7 +18,10 @@ The protocol, one length-prefixed pickle per frame:
   tensors no longer hold, ``forget`` function tokens the parent dropped, and
   each request ``(call_id, token, pickled_function or None, framework,
   args, writable)``;
-* worker -> parent: a list of replies ``(call_id, ok, payload, bytes_out)``.
+* worker -> parent: a list of replies ``(call_id, ok, payload, bytes_out,
+  (started_ns, ended_ns))``: the worker's time on the call, by
+  ``time.time_ns()`` (TF's profiler clock, so the parent can put it on its
+  trace).
 
 An argument or a result is ``("s", offset, size, dtype, shape)`` (numbers in
 an arena: the parent's input arena, or this worker's result arena) or
@@ -31,6 +34,7 @@ import os
 import socket
 import struct
 import sys
+import time
 
 ALIGN = 64  # PFB_TENSOR_ALIGNMENT (src/bridge_abi.h): TF's Eigen kernels need it
 _HEADER = struct.Struct("<Q")
@@ -198,6 +202,7 @@ class _Worker:
 
     def run(self, request):
         call_id, token, pickled, framework, args, writable = request
+        started = time.time_ns()
         try:
             func = self.functions.get(token)
             if func is None:
@@ -216,9 +221,9 @@ class _Worker:
             else:
                 item, moved = self.result(result, framework)
                 payload = ("one", item)
-            return (call_id, True, payload, moved)
+            return (call_id, True, payload, moved, (started, time.time_ns()))
         except BaseException as exc:  # noqa: BLE001 - the parent raises it
-            return (call_id, False, _exception_payload(exc), 0)
+            return (call_id, False, _exception_payload(exc), 0, (started, time.time_ns()))
 
     def serve(self, reader, frames):
         """Runs requests until the end of the stream; `frames`: those read
@@ -250,7 +255,7 @@ class _Worker:
             pass
         checked = []
         for reply in replies:
-            call_id, ok, payload, _ = reply
+            call_id, ok, payload = reply[:3]
             try:
                 pickle.dumps(reply, protocol=_PICKLE_PROTOCOL)
             except Exception as exc:  # noqa: BLE001 - the call's error
@@ -265,7 +270,7 @@ class _Worker:
                     f"{type(items[bad][1]).__name__}) cannot be sent back from the worker "
                     f"process: {type(exc).__name__}: {exc}. Return NumPy arrays or values "
                     f"that pickle, or run the function in-process (executor=None)")
-                reply = (call_id, False, _exception_payload(error), 0)
+                reply = (call_id, False, _exception_payload(error), 0, reply[4])
             checked.append(reply)
         return frame(checked, pickle.dumps)
 

@@ -322,3 +322,30 @@ def test_calls_without_a_profiler_session_keep_no_memory():
         tracemalloc.stop()
     grown = sum(d.size_diff for d in after.compare_to(before, "filename"))
     assert grown < 2000  # under a byte per call
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_pool_calls_hold_the_queue_and_the_worker(tmp_path, stats_on, mode):
+    import process_functions as pf  # a module workers import without TensorFlow
+
+    x = tf.ones([256])
+    with pfb.ProcessPool(1, name="traced pool") as pool:
+        def run():
+            return pfb.numpy_function(pf.double, [x], tf.float32, executor=pool)
+        run = run if mode == "eager" else tf.function(run)
+        run()  # the worker has the function
+        pfb.reset_stats()
+        events = profile(tmp_path, lambda: [run() for _ in range(3)])
+        (pid,) = pool.pids()
+    calls = calls_of(events, traced_name(pf.double))
+    assert len(calls) == 3
+    check_against_stats(calls, events, pfb.stats().functions["double"])
+    for call in calls:
+        assert call.stats["executor"] == "traced pool"
+        assert copied(call.stats) == {"worker": 2 * 256 * 4}  # to and from shared memory
+        (function,) = inside(call, events, "pfb.function")
+        (queue,) = inside(function, events, "pfb.queue")
+        (worker,) = inside(function, events, "pfb.worker")
+        assert function.start <= queue.start <= queue.end == worker.start
+        assert worker.end <= function.end
+        assert worker.stats["pid"] == pid
