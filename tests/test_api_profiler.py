@@ -346,6 +346,7 @@ def test_pool_calls_hold_the_queue_and_the_worker(tmp_path, stats_on, mode):
         (function,) = inside(call, events, "pfb.function")
         (queue,) = inside(function, events, "pfb.queue")
         (worker,) = inside(function, events, "pfb.worker")
+        (reply,) = inside(function, events, "pfb.reply")
         assert function.start <= queue.start <= queue.end == worker.start
-        assert worker.end <= function.end
+        assert worker.end == reply.start <= reply.end <= function.end
         assert worker.stats["pid"] == pid

@@ -72,6 +72,7 @@ cdef class _Site:
     cdef object ref              # weakref.ref of the entry
     cdef _Converter converter
     cdef _FunctionStats record   # None until the first counted call
+    cdef str trace_head          # None until the first traced call (trace.pxi)
 
 
 cdef _Site _site(PfbCall* call):
@@ -211,7 +212,7 @@ cdef int _run(PfbCall* call) except -1:
     finally:
         conv.leave(call, entered)
         if tracing != NULL:
-            _trace_end(tracing, call, entry, conv, counting, failure)
+            _trace_end(tracing, call, entry, conv, site, counting, failure)
     if counted:
         _stats_end(counting, record, False)
     return 0

@@ -5,7 +5,9 @@
 #   module.qualname            the call, with its bytes, copies, node and API
 #     pfb.inputs               converting the inputs (from entering the bridge)
 #     pfb.function             the Python function itself
-#       pfb.queue, pfb.worker  executor=: waiting for a worker, its compute
+#       pfb.queue              executor=: the request waits for a worker,
+#       pfb.worker             which runs the call,
+#       pfb.reply              and its reply comes back
 #     pfb.outputs              converting the results
 #
 # While no profiler session runs a call costs one relaxed atomic load (TSL's
@@ -75,38 +77,48 @@ cdef int _trace_called(_CallTrace* trace, _CallCounts* counts) noexcept:
     return 0
 
 
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size) except NULL
+
+
 cdef str _trace_text(object value):
     """`value` as a TraceMe metadata value or name: no ',' or '#' (TraceMe's
     separators; TF's parser would cut the value there)."""
     return str(value).replace(",", ";").replace("#", "_")
 
 
-cdef int _record(str name, list metadata, int64_t start, int64_t end, int32_t level) except -1:
-    """One complete event on this thread; `metadata`: (key, value) pairs."""
-    if metadata:
-        name = name + "#" + ",".join([f"{key}={value}" for key, value in metadata]) + "#"
-    encoded = name.encode("utf-8", "replace")
-    _trace_api.record(encoded, len(encoded), start, end, level)
+cdef int _record(str event, int64_t start, int64_t end, int32_t level) except -1:
+    """One complete event on this thread; `event`: TraceMe's encoding."""
+    cdef Py_ssize_t size
+    cdef const char* text = PyUnicode_AsUTF8AndSize(event, &size)  # the str's own UTF-8
+    _trace_api.record(text, size, start, end, level)
     return 0
 
 
-cdef list _bytes_metadata(int64_t zero_copy, const int64_t* copied):
-    """What the statistics count of some bytes, as metadata: in all, handed
-    over without a copy, copied (in all, per reason, and the reasons)."""
-    cdef int64_t total = 0
+cdef str _copies_text(const int64_t* copied):
+    """The metadata of bytes copied, after their total: per reason, and the
+    reasons ("" when nothing was copied)."""
     cdef int i
-    for i in range(_NUM_REASONS):
-        total += copied[i]
-    metadata = [("bytes", zero_copy + total), ("bytes_zero_copy", zero_copy),
-                ("bytes_copied", total)]
-    reasons = []
+    reasons = None
+    text = ""
     for i in range(_NUM_REASONS):
         if copied[i]:
-            metadata.append((f"bytes_copied_{COPY_REASONS[i]}", copied[i]))
-            reasons.append(COPY_REASONS[i])
-    if reasons:
-        metadata.append(("copy_reasons", " ".join(reasons)))
-    return metadata
+            text += f",bytes_copied_{COPY_REASONS[i]}={copied[i]}"
+            reasons = COPY_REASONS[i] if reasons is None else f"{reasons} {COPY_REASONS[i]}"
+    return text if reasons is None else f"{text},copy_reasons={reasons}"
+
+
+cdef str _bytes_text(int64_t zero_copy, const int64_t* copied, int64_t* total):
+    """The metadata of some bytes as the statistics count them: in all, handed
+    over without a copy, copied (in all, and _copies_text); `total`: set to
+    the bytes in all."""
+    cdef int64_t copies = 0
+    cdef int i
+    for i in range(_NUM_REASONS):
+        copies += copied[i]
+    total[0] = zero_copy + copies
+    return (f"bytes={zero_copy + copies},bytes_zero_copy={zero_copy},bytes_copied={copies}"
+            + _copies_text(copied))
 
 
 cdef str _traced_name(object func):
@@ -130,67 +142,74 @@ cdef str _trace_api_name(PfbCall* call, object entry):
     return "numpy_function"
 
 
+cdef str _trace_head(PfbCall* call, object entry, _Converter conv):
+    """The function's event up to its per-call metadata: "name#api=...,"
+    with the node, the statistics' name, the framework and the pool."""
+    if call.flags & PFB_CALL_GRADIENT:
+        forward = (<_Forward>entry).name if isinstance(entry, _Forward) else None
+        head = f"{forward or 'py_function'} (gradient)#"  # its forward call's, if traced
+    else:
+        head = _traced_name(entry.func) + "#"
+    head += f"api={_trace_api_name(call, entry)},"
+    if call.node_name != NULL and call.node_name_len:
+        node = call.node_name[:call.node_name_len].decode("utf-8", "replace")
+        head += f"node={_trace_text(node)},"
+    elif getattr(entry, "name", None) and not (call.flags & PFB_CALL_GRADIENT):
+        head += f"node={_trace_text(entry.name)},"  # an eager call's name=
+    if not (call.flags & PFB_CALL_GRADIENT):
+        head += f"stats_name={_trace_text(_display_name(entry))},"
+    framework = getattr(entry, "framework", None)
+    if framework is not None:
+        head += f"framework={_trace_text(framework.name)},"
+    if isinstance(conv, _ProcessConverter):
+        pool = getattr((<_ProcessConverter>conv).pool, "name", "process")
+        head += f"executor={_trace_text(pool)},"
+    return head
+
+
 cdef int _trace_end(_CallTrace* trace, PfbCall* call, object entry, _Converter conv,
-                    _CallCounts* counts, object failure) noexcept:
+                    _Site site, _CallCounts* counts, object failure) noexcept:
     """Records the call's events (the end of _run, after the context is
-    left).  `failure`: the type of the exception that failed it, or None.
+    left).  `site`: the kernel's, which keeps the function event's head;
+    `failure`: the type of the exception that failed the call, or None.
     Never raises: a profile that cannot be recorded must not fail the call."""
     cdef int64_t end = _trace_api.now()
-    cdef int64_t out_zero_copy
+    cdef int64_t out_zero_copy, bytes_in, bytes_out
     cdef int64_t out_copied[_NUM_REASONS]
+    cdef int64_t copied[_NUM_REASONS]
     cdef int i
     try:
-        if call.flags & PFB_CALL_GRADIENT:
-            forward = (<_Forward>entry).name if isinstance(entry, _Forward) else None
-            name = f"{forward or 'py_function'} (gradient)"  # its forward call's, if traced
+        if site is None:
+            head = _trace_head(call, entry, conv)
         else:
-            name = _traced_name(entry.func)
-            if call.flags & PFB_CALL_RECORD and call.state != NULL:
-                (<_Forward>call.state).name = name  # the gradient's event names it
+            if site.trace_head is None:
+                site.trace_head = _trace_head(call, entry, conv)
+            head = site.trace_head
+        if call.flags & PFB_CALL_RECORD and call.state != NULL:
+            # The gradient's event names the function of its forward call.
+            (<_Forward>call.state).name = head[:head.index("#")]
         if trace.called == 0:  # failed before the function: all inputs
             trace.in_zero_copy = counts.zero_copy
             memcpy(trace.in_copied, counts.copied, sizeof(trace.in_copied))
         out_zero_copy = counts.zero_copy - trace.in_zero_copy
         for i in range(_NUM_REASONS):
             out_copied[i] = counts.copied[i] - trace.in_copied[i]
-        inputs = _bytes_metadata(trace.in_zero_copy, trace.in_copied)
-        outputs = _bytes_metadata(out_zero_copy, out_copied)
-        metadata = [("api", _trace_api_name(call, entry))]
-        if call.node_name != NULL and call.node_name_len:
-            metadata.append(("node", _trace_text(
-                call.node_name[:call.node_name_len].decode("utf-8", "replace"))))
-        elif getattr(entry, "name", None) and not (call.flags & PFB_CALL_GRADIENT):
-            metadata.append(("node", _trace_text(entry.name)))  # an eager call's name=
-        if not (call.flags & PFB_CALL_GRADIENT):
-            metadata.append(("stats_name", _trace_text(_display_name(entry))))
-        framework = getattr(entry, "framework", None)
-        if framework is not None:
-            metadata.append(("framework", _trace_text(framework.name)))
-        if isinstance(conv, _ProcessConverter):
-            metadata.append(("executor", _trace_text(
-                getattr((<_ProcessConverter>conv).pool, "name", "process"))))
-        metadata.append(("bytes_in", inputs[0][1]))
-        metadata.append(("bytes_out", outputs[0][1]))
-        metadata.append(("bytes_zero_copy", trace.in_zero_copy + out_zero_copy))
-        metadata.append(("bytes_copied", inputs[2][1] + outputs[2][1]))
-        reasons = []
-        for i in range(_NUM_REASONS):
-            if trace.in_copied[i] + out_copied[i]:
-                metadata.append((f"bytes_copied_{COPY_REASONS[i]}",
-                                 trace.in_copied[i] + out_copied[i]))
-                reasons.append(COPY_REASONS[i])
-        if reasons:
-            metadata.append(("copy_reasons", " ".join(reasons)))
+            copied[i] = counts.copied[i]
+        inputs = _bytes_text(trace.in_zero_copy, trace.in_copied, &bytes_in)
+        outputs = _bytes_text(out_zero_copy, out_copied, &bytes_out)
+        call_text = (f"{head}bytes_in={bytes_in},bytes_out={bytes_out},"
+                     f"bytes_zero_copy={counts.zero_copy},"
+                     f"bytes_copied={bytes_in + bytes_out - counts.zero_copy}"
+                     + _copies_text(copied))
         if failure is not None:
-            metadata.append(("error", _trace_text(failure.__name__)))
-        _record(name, metadata, trace.start, end, PFB_TRACE_FUNCTION)
+            call_text += f",error={_trace_text(failure.__name__)}"
+        _record(call_text + "#", trace.start, end, PFB_TRACE_FUNCTION)
         # The steps, each from the end of the one before.
-        _record("pfb.inputs", inputs, trace.start, trace.called or end, PFB_TRACE_DETAIL)
+        _record(f"pfb.inputs#{inputs}#", trace.start, trace.called or end, PFB_TRACE_DETAIL)
         if trace.called:
-            _record("pfb.function", None, trace.called, trace.returned or end,
-                    PFB_TRACE_DETAIL)
+            _record("pfb.function", trace.called, trace.returned or end, PFB_TRACE_DETAIL)
         if trace.returned:
-            _record("pfb.outputs", outputs, trace.returned, trace.exported or end,
+            _record(f"pfb.outputs#{outputs}#", trace.returned, trace.exported or end,
                     PFB_TRACE_DETAIL)
     except BaseException:
         pass  # the call's own outcome stands
@@ -206,15 +225,18 @@ def trace_now():
 
 
 def trace_worker(int64_t queued, int64_t started, int64_t ended, object pid):
-    """Records a call run by a worker process, on this (the calling) thread,
-    inside the call's pfb.function event: pfb.queue from `queued` (the
-    request was queued, trace_now()) to `started`, pfb.worker from `started`
-    to `ended` (the worker's time.time_ns() around the function), in worker
-    process `pid`."""
+    """Records a call run by a worker process, on this (the calling) thread
+    as its reply wakes it, inside the call's pfb.function event: pfb.queue
+    from `queued` (the request was queued, trace_now()) to `started`,
+    pfb.worker from `started` to `ended` (the worker's time.time_ns() around
+    its work on the call) in worker process `pid`, and pfb.reply from then to
+    now."""
     if queued <= 0 or pfb_trace_level(_trace_level) < PFB_TRACE_DETAIL:
         return
-    # One clock in both processes; never before the request was queued.
-    started = max(started, queued)
-    ended = max(ended, started)
-    _record("pfb.queue", None, queued, started, PFB_TRACE_DETAIL)
-    _record("pfb.worker", [("pid", pid)], started, ended, PFB_TRACE_DETAIL)
+    cdef int64_t woke = _trace_api.now()
+    # One clock in both processes; in order, whatever a clock step did.
+    started = min(max(started, queued), woke)
+    ended = min(max(ended, started), woke)
+    _record("pfb.queue", queued, started, PFB_TRACE_DETAIL)
+    _record(f"pfb.worker#pid={pid}#", started, ended, PFB_TRACE_DETAIL)
+    _record("pfb.reply", ended, woke, PFB_TRACE_DETAIL)
