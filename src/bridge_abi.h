@@ -125,7 +125,7 @@ typedef struct PfbCall {
    * NULL: no slot (an eager call). */
   void** site;
   /* The op's node name (its profiler events say which node ran the call);
-   * NULL for a call that runs no op (call_eagerly). */
+   * NULL for a call that ran no graph node (an eager op, call_eagerly). */
   const char* node_name;
   size_t node_name_len;
 } PfbCall;

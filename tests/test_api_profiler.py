@@ -224,10 +224,15 @@ def test_py_function_and_its_gradient(tmp_path, stats_on, mode):
 
 
 def test_eager_py_function(tmp_path, stats_on):
-    events = profile(tmp_path, lambda: pfb.py_function(square, [tf.constant(2.0)], tf.float32))
-    (call,) = calls_of(events, traced_name(square))
-    assert call.stats["api"] == "py_function"
-    check_against_stats([call], events, pfb.stats().functions["square"])
+    # An eager op: its kernel runs no graph node; the node is the call's name=.
+    events = profile(tmp_path, lambda: [
+        pfb.py_function(square, [tf.constant(2.0)], tf.float32),
+        pfb.py_function(square, [tf.constant(2.0)], tf.float32, name="named")])
+    unnamed, named = sorted(calls_of(events, traced_name(square)), key=lambda c: c.start)
+    assert unnamed.stats["api"] == named.stats["api"] == "py_function"
+    assert "node" not in unnamed.stats and named.stats["node"] == "named"
+    check_against_stats([unnamed], events, pfb.stats().functions["square"])
+    check_against_stats([named], events, pfb.stats().functions["named"])
 
 
 @pytest.mark.parametrize("framework", ["numpy", "torch"])
