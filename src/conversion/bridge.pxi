@@ -181,7 +181,6 @@ cdef int _run(PfbCall* call) except -1:
                 site.record = _record_of(entry)
             record = site.record
     entered = None
-    failure = None
     try:
         # The context first: py_function's inputs are made in it (eager mode:
         # on a TF1 Session's worker thread a string input would otherwise
@@ -207,12 +206,12 @@ cdef int _run(PfbCall* call) except -1:
         if counted:
             _stats_end(counting, record, True)
         if tracing != NULL:
-            failure = type(exc)
+            _trace_end(tracing, call, entry, conv, site, counting, type(exc))
         raise
     finally:
         conv.leave(call, entered)
-        if tracing != NULL:
-            _trace_end(tracing, call, entry, conv, site, counting, failure)
+    if tracing != NULL:
+        _trace_end(tracing, call, entry, conv, site, counting, None)
     if counted:
         _stats_end(counting, record, False)
     return 0

@@ -169,8 +169,9 @@ cdef str _trace_head(PfbCall* call, object entry, _Converter conv):
 
 cdef int _trace_end(_CallTrace* trace, PfbCall* call, object entry, _Converter conv,
                     _Site site, _CallCounts* counts, object failure) noexcept:
-    """Records the call's events (the end of _run, after the context is
-    left).  `site`: the kernel's, which keeps the function event's head;
+    """Records the call's events (the end of _run: after the context is left,
+    or, for a failed call, before).  `site`: the kernel's, which keeps the
+    function event's head;
     `failure`: the type of the exception that failed the call, or None.
     Never raises: a profile that cannot be recorded must not fail the call."""
     cdef int64_t end = _trace_api.now()
