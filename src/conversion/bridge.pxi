@@ -77,9 +77,12 @@ cdef class _Site:
 
 cdef _Site _site(PfbCall* call):
     """The kernel's site, its entry alive (refreshed when it has gone); None
-    for calls that have no slot (eager calls) or that run no entry
-    (gradients): those resolve the entry every call (_entry)."""
-    if call.site == NULL or call.flags & PFB_CALL_GRADIENT:
+    for calls that have no slot (call_eagerly), that run no entry
+    (gradients), or that run under the eager key (an eager op's kernel: the
+    key names the thread's entry of the moment, a new one every call, and a
+    cached one still alive, an outer call's, would run in a nested call's
+    place): those resolve the entry every call (_entry)."""
+    if call.site == NULL or call.flags & PFB_CALL_GRADIENT or _is_eager_key(call):
         return None
     cdef _Site site
     if call.site[0] != NULL:
