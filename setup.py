@@ -72,6 +72,7 @@ kernels = Extension(
         "src/kernel/numpy_function.cc",
         "src/kernel/py_function.cc",
         "src/kernel/python_gil.cc",
+        "src/kernel/trace.cc",
     ],
     include_dirs=TF_INCLUDES + [DLPACK_INCLUDE, FARMHASH_INCLUDE, "src"],
     extra_compile_args=[f for f in TF_COMPILE_FLAGS if not f.startswith("-I")]

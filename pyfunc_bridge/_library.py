@@ -169,8 +169,13 @@ def conversion():
     framework adapters of pyfunc_bridge/_frameworks.py itself)."""
     global _conversion
     if _conversion is None:
+        import ctypes
         # By module name: `from pyfunc_bridge import _conversion` would ask the
         # package's __getattr__, which comes back here.
         module = importlib.import_module("pyfunc_bridge._conversion")
+        ops()
+        # TF's profiler, which the kernel library links (bridge_abi.h,
+        # PfbTraceApi): every call records its events through it.
+        module.set_trace_api(_kernel_function("PyfuncBridge_TraceApi", ctypes.c_void_p)())
         _conversion = module
     return _conversion

@@ -44,13 +44,13 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=F
     if tf.executing_eagerly():
         result = _op.run_eagerly(op_name, op, func, inputs, signature, name,
                                  (("copy", copy_attr),), framework, copy_mode=copy_mode,
-                                 executor=pool)
+                                 executor=pool, api=api)
         if not signature.dtypes:
             return None  # Tout=[]: TF's eager numpy_function returns None
     else:
         result = _op.build_graph_op(op_name, op, func, inputs, signature, name,
                                     (("copy", copy_attr),), framework, portable,
-                                    executor=pool)
+                                    executor=pool, api=api)
     if signature.single:
         return result[0]
     return result if isinstance(result, (list, tf.Operation)) or result is None else list(result)

@@ -101,7 +101,7 @@ def node_name(op_type, framework=None):
 
 def build_graph_op(op_type, wrapper, func, inputs, signature, name, attrs=(),
                    framework=None, portable=False, runs=None, nameable=True,
-                   executor=None):
+                   executor=None, api=None):
     """Builds a bridge op of type `op_type` in a graph and returns what
     `wrapper` (the op's generated wrapper) returns.  The node is named `name`,
     by default node_name(op_type, framework).
@@ -114,11 +114,12 @@ def build_graph_op(op_type, wrapper, func, inputs, signature, name, attrs=(),
     `nameable`: False where a reference alone could not rebuild `runs`.
     `attrs`: the op's further attributes, as (name, value) pairs.
     `executor`: the pool this process runs the calls in (None: in-process);
-    another process that loads the graph runs them in-process."""
+    another process that loads the graph runs them in-process.  `api`: the
+    public function building it, for the entry (its profiler events)."""
     travel = _portable.attrs(func, portable, framework and framework.name,
                              obj=runs, nameable=nameable)
     entry = _registry.register(func if runs is None else runs, framework, name,
-                               executor=executor)
+                               executor=executor, api=api)
     result = wrapper(input=inputs, key=entry.key, Tout=signature.dtypes,
                      out_shapes=signature.shapes,
                      name=node_name(op_type, framework) if name is None else name,
@@ -152,9 +153,9 @@ def _execute(op_name, wrapper, inputs, key, signature, name, attrs):
 
 
 def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
-                framework=None, record=True, copy_mode=None, executor=None):
-    """Runs a bridge op eagerly; `framework`, `record` and `executor` go to
-    the entry.
+                framework=None, record=True, copy_mode=None, executor=None, api=None):
+    """Runs a bridge op eagerly; `framework`, `record`, `executor` and `api`
+    go to the entry.
 
     `copy_mode` (PfbCall's, from copy_policy): where TF has one CPU device,
     call the bridge without dispatching the op (numpy_function's kernel does
@@ -164,7 +165,8 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     # the function in a thread-local slot, under one constant key, so that TF's
     # eager kernel cache does not grow with every call.
     if context.context().is_async():
-        entry = _registry.register(func, framework, name, eager=True, executor=executor)
+        entry = _registry.register(func, framework, name, eager=True, executor=executor,
+                                   api=api)
         entry.record = record
         result = _execute(op_name, wrapper, inputs, entry.key, signature, name, attrs)
         context.async_wait()  # the entry must outlive the call
@@ -173,7 +175,7 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     slot, key = conversion._eager, conversion.EAGER_KEY
     previous = getattr(slot, "entry", None)
     slot.entry = _registry.Entry(func, key, framework, record, name, eager=True,
-                                 executor=executor)
+                                 executor=executor, api=api)
     slot.raised = None
     try:
         if copy_mode is not None and conversion.direct_eager_calls():

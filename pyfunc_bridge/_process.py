@@ -152,7 +152,7 @@ class _Call:
     `blocks` ({offset: size}) are its input blocks: the pool's while the
     call is queued, its worker's once it is sent (_Worker.inputs)."""
     __slots__ = ("lock", "reply", "holds", "claims", "id", "token", "pickled",
-                 "framework", "args", "writable", "blocks")
+                 "framework", "args", "writable", "blocks", "times")
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -160,6 +160,7 @@ class _Call:
         self.reply = None
         self.holds = False
         self.claims = []
+        self.times = None  # (started, ended) in the worker, time.time_ns(), from the reply
 
 
 class _Spawner:
@@ -637,13 +638,18 @@ class ProcessPool:
 
         A caller that stops waiting (KeyboardInterrupt) abandons the call: its
         blocks go back when the worker is done with them, never before."""
+        from pyfunc_bridge import _library
+        conversion = _library.conversion()
         call = _Call()
         try:
+            queued = conversion.trace_now()  # 0 unless a profiler records (trace.pxi)
             self._submit(call, func, framework, descs, writable)
             call.lock.acquire()  # releases the GIL while it waits
             with _Uninterrupted():  # the reply's result blocks get their owners
                 ok, payload, moved, worker = call.reply
                 call.reply = None  # taken: nothing left for _abandon to dispose of
+                if queued and call.times:  # the queue and the worker's time, on this thread's trace
+                    conversion.trace_worker(queued, *call.times, worker.pid)
                 if ok:
                     # No local holds the result: a KeyboardInterrupt raised on
                     # leaving keeps this frame alive with its traceback, and
@@ -804,8 +810,9 @@ class ProcessPool:
                         self._start_failures = 0
                         continue
                     _, replies, freed = message
-                    calls = [(worker.pending.pop(call_id, None), (ok, payload, moved, worker))
-                             for call_id, ok, payload, moved in replies]
+                    calls = [(_timed(worker.pending.pop(call_id, None), times),
+                              (ok, payload, moved, worker))
+                             for call_id, ok, payload, moved, times in replies]
                     self._settle(worker, freed, [call for call, _ in calls])
                     answered.extend((call, reply) for call, reply in calls if call is not None)
                 # The worker's next calls first, then its callers: it works
@@ -975,6 +982,13 @@ class ProcessPool:
             if w.reader is not threading.current_thread():
                 w.reader.join(timeout=5)
             w.sock.close()
+
+
+def _timed(call, times):
+    """`call` (None: an unknown id), with the worker's times of its reply."""
+    if call is not None:
+        call.times = times
+    return call
 
 
 def _discard(reply):

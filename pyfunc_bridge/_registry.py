@@ -30,14 +30,17 @@ class Entry:
     0-d inputs a NumPy function receives as 0-d arrays (in graphs: as NumPy
     scalars, as TensorFlow hands them over); it picks the converter.
     `executor`: None (in this process), or the pool the calls run in
-    (pyfunc_bridge/_process.py), whose converter the entry gets.
+    (pyfunc_bridge/_process.py), whose converter the entry gets.  `api`: the
+    public function that built the op ("numpy_function", "py_func",
+    "array_function"), for the profiler's events; None: the conversion layer
+    tells it from the call (an op loaded from elsewhere, py_function).
     """
 
     __slots__ = ("func", "key", "framework", "converter", "record", "name",
-                 "stats_record", "__weakref__")
+                 "stats_record", "api", "__weakref__")
 
     def __init__(self, func, key, framework=None, record=True, name=None, eager=False,
-                 executor=None):
+                 executor=None, api=None):
         self.func = func
         self.key = key
         self.framework = framework
@@ -49,6 +52,7 @@ class Entry:
         self.record = record
         self.name = name
         self.stats_record = None
+        self.api = api
 
     def __repr__(self):
         return f"<pyfunc_bridge entry {self.key}>"
@@ -67,11 +71,11 @@ def _forget(functions, key, ref):
         del functions[key]
 
 
-def register(func, framework=None, name=None, eager=False, executor=None):
+def register(func, framework=None, name=None, eager=False, executor=None, api=None):
     """Registers `func` under a new key and returns its Entry."""
     functions = _library.conversion().registry()
     key = f"{function_reference(func)}@{uuid.uuid4().hex}"
-    entry = Entry(func, key, framework, name=name, eager=eager, executor=executor)
+    entry = Entry(func, key, framework, name=name, eager=eager, executor=executor, api=api)
     functions[key] = weakref.ref(entry, lambda ref: _forget(functions, key, ref))
     return entry
 

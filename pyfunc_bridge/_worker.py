@@ -21,10 +21,13 @@ The protocol, one length-prefixed pickle per frame:
   each request ``(call_id, token, pickled_function or None, framework,
   args, writable)``;
 * worker -> parent: ``("done", replies, freed_inputs)``, one reply
-  ``(call_id, ok, payload, bytes_out)`` per request of the frame it answers
-  (with a timeout: one message per call, sent as soon as the call returns,
-  and the call it runs written in its status slot), and the input blocks
-  that nothing in this worker refers to any more (see below).
+  ``(call_id, ok, payload, bytes_out, (started_ns, ended_ns))`` per request
+  of the frame it answers (with a timeout: one message per call, sent as
+  soon as the call returns, and the call it runs written in its status
+  slot), and the input blocks that nothing in this worker refers to any more
+  (see below).  ``(started_ns, ended_ns)`` is the worker's time on the call,
+  by ``time.time_ns()`` (TF's profiler clock, so the parent can put it on
+  its trace).
 
 An argument is ``("s", offset, size, dtype, shape)`` (numbers in the
 parent's input arena) or ``("v", value)`` (pickled: strings, NumPy scalars,
@@ -393,6 +396,7 @@ class _Worker:
 
     def run(self, request):
         call_id, token, pickled, framework, args, writable = request
+        started = time.time_ns()
         try:
             func = self.functions.get(token)
             if func is None:
@@ -426,9 +430,9 @@ class _Worker:
                 facts = self.copy_facts(result, outside, dlpack, read_only, ranges)
                 item, moved = self.result(result, framework, facts)
                 payload = ("one", item)
-            return (call_id, True, payload, moved)
+            return (call_id, True, payload, moved, (started, time.time_ns()))
         except BaseException as exc:  # noqa: BLE001 - the parent raises it
-            return (call_id, False, _exception_payload(exc), 0)
+            return (call_id, False, _exception_payload(exc), 0, (started, time.time_ns()))
 
     def serve(self, reader, frames):
         """Runs requests until the end of the stream; `frames`: those read
@@ -472,7 +476,7 @@ class _Worker:
             pass
         checked = []
         for reply in replies:
-            call_id, ok, payload, _ = reply
+            call_id, ok, payload = reply[:3]
             try:
                 pickle.dumps(reply, protocol=_PICKLE_PROTOCOL)
             except Exception as exc:  # noqa: BLE001 - the call's error
@@ -487,7 +491,7 @@ class _Worker:
                     f"{type(items[bad][1]).__name__}) cannot be sent back from the worker "
                     f"process: {type(exc).__name__}: {exc}. Return NumPy arrays or values "
                     f"that pickle, or run the function in-process (executor=None)")
-                reply = (call_id, False, _exception_payload(error), 0)
+                reply = (call_id, False, _exception_payload(error), 0, reply[4])
             checked.append(reply)
         return frame(("done", checked, freed), pickle.dumps)
 

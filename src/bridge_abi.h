@@ -12,7 +12,7 @@
 /* dlpack.h declares only the struct tag in C. */
 typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
 
-#define PFB_BRIDGE_ABI_VERSION 4
+#define PFB_BRIDGE_ABI_VERSION 5
 /* PyCapsule_Import name of the PfbBridgeApi table exported by the conversion layer. */
 #define PFB_BRIDGE_CAPSULE "pyfunc_bridge._conversion._bridge_api"
 
@@ -124,6 +124,10 @@ typedef struct PfbCall {
    * caller releases the object (GIL held or takeable) when the kernel goes.
    * NULL: no slot (an eager call). */
   void** site;
+  /* The op's node name (its profiler events say which node ran the call);
+   * NULL for a call that ran no graph node (an eager op, call_eagerly). */
+  const char* node_name;
+  size_t node_name_len;
 } PfbCall;
 
 typedef struct PfbStatus {
@@ -136,5 +140,40 @@ typedef struct PfbBridgeApi {
   /* Runs the registered function.  The GIL must be held.  Returns status->code. */
   int32_t (*call)(PfbCall* call, PfbStatus* status);
 } PfbBridgeApi;
+
+/* TF's profiler, for the conversion layer, which records each call's events
+ * (the function, its inputs, the function itself, its outputs; a worker
+ * process's queue and compute) on the thread that ran it, the direct eager
+ * path included.  The kernel library links TSL's TraceMe recorder and
+ * publishes this table (PFB_TRACE_SYMBOL, static, lives as long as the
+ * process); the op layer hands it to the conversion layer when it loads that
+ * (set_trace_api).  Until then the conversion layer records nothing. */
+#define PFB_TRACE_SYMBOL "PyfuncBridge_TraceApi"
+
+/* TraceMe levels: the function's event is a user annotation (recorded by any
+ * profiler session); the events nested in it are details of it. */
+enum { PFB_TRACE_FUNCTION = 1, PFB_TRACE_DETAIL = 2 };
+
+typedef struct PfbTraceApi {
+  int32_t abi_version; /* PFB_BRIDGE_ABI_VERSION */
+  /* TSL's trace level (a std::atomic<int> of TF's): a profiler session
+   * records the events of level <= *level; < 1 while none runs.  Read it with
+   * pfb_trace_level: one relaxed atomic load, TraceMe's own check, and all a
+   * call costs while no profiler runs. */
+  const int* level;
+  /* TraceMe's clock: ns since the Unix epoch (CLOCK_REALTIME, as
+   * time.time_ns() reads it in any process of this machine). */
+  int64_t (*now)(void);
+  /* Records a complete event of `level` on the calling thread, if a session
+   * records that level.  `name` (copied): TraceMe's encoding,
+   * "name#key=value,...#" (values without ',' or '#'); the trace viewer nests
+   * events of one thread by their times.  Needs no GIL. */
+  void (*record)(const char* name, size_t name_len, int64_t start_ns,
+                 int64_t end_ns, int32_t level);
+} PfbTraceApi;
+
+static inline int pfb_trace_level(const int* level) {
+  return __atomic_load_n(level, __ATOMIC_RELAXED);
+}
 
 #endif /* PYFUNC_BRIDGE_BRIDGE_ABI_H_ */

@@ -94,7 +94,8 @@ class PfbCall(ctypes.Structure):
                 ("framework", ctypes.c_char_p), ("framework_len", ctypes.c_size_t),
                 # A PfbEagerApi*: none here (py_function inputs through DLPack).
                 ("eager", ctypes.c_void_p),
-                ("site", ctypes.POINTER(ctypes.c_void_p))]
+                ("site", ctypes.POINTER(ctypes.c_void_p)),
+                ("node_name", ctypes.c_char_p), ("node_name_len", ctypes.c_size_t)]
 
 
 class PfbStatus(ctypes.Structure):

@@ -53,6 +53,22 @@ def test_session_in_a_fresh_process():
     assert "RESULT [3.0, 8.0]" in proc.stdout
 
 
+def inner_times_ten(x):
+    return x * 10
+
+
+def outer_calls_inner(x):
+    return pfb.py_function(inner_times_ten, [x], tf.float32) + 1
+
+
+def test_nested_eager_calls_run_their_own_functions():
+    # The eager op's kernel is cached by TF and its calls share one key: the
+    # inner call ran the outer function (still alive) again, recursing until
+    # the error could not be formatted.
+    assert float(pfb.py_function(outer_calls_inner, [tf.constant(1.0)], tf.float32)) == 11.0
+    assert float(pfb.py_function(inner_times_ten, [tf.constant(2.0)], tf.float32)) == 20.0
+
+
 def test_string_inputs_in_a_tf1_session_match_tf():
     # A TF1 program runs its Session's kernels in graph mode: string inputs
     # must still become EagerTensors (made inside the function's eager

@@ -54,3 +54,19 @@ def test_gil_bound_worker_functions_do_not_import_tensorflow():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_profiler_trace_script_draws_the_trace(tmp_path):
+    # The README's picture: a pipeline under TF's profiler, its .xplane.pb
+    # read with xplane_pb2 and drawn, without TensorBoard.
+    png = tmp_path / "trace.png"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.profiler_trace", "--png", str(png), "--no-cost"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1:] for line in run.stdout.splitlines()[1:4]}
+    assert set(rows) == {"__main__.decode", "__main__.augment",
+                         "benchmarks.gil_work.python_work"}
+    assert all(cells[0] == "6" for cells in rows.values())  # calls: one per element
+    assert rows["benchmarks.gil_work.python_work"][-1] != "-"  # the pool's reply step
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

@@ -13,7 +13,9 @@ The kernel hands every call over through the PfbBridgeApi capsule
    the GIL is taken (``GilScope``), and a ``PfbCall`` (bridge_abi.h) goes to
    ``_bridge_call`` (bridge.pxi).  An eager numpy_function / array_function
    call builds the same PfbCall in ``call_eagerly`` (eager.pxi) instead.
-2. ``_run`` (bridge.pxi), the one driver: ``_stats_begin``; ``_adopt_inputs``
+2. ``_run`` (bridge.pxi), the one driver: ``_trace_begin`` (trace.pxi: TF's
+   profiler, one relaxed atomic load while no session records);
+   ``_stats_begin``; ``_adopt_inputs``
    (one ``_DLPackOwner`` per input); ``_entry`` (the registry, the eager slot,
    or a gradient's recorded ``_Forward``; a key missing from the registry is
    resolved once from the op's portable description in the PfbCall, by
@@ -36,7 +38,8 @@ The kernel hands every call over through the PfbBridgeApi capsule
    the kernel has it) -> ``_export_owner``: dtype and shape checked, then
    ``_copy_reason`` (copy.pxi, the one copy decision) says share, or copy
    once (``_aligned_copy``).
-7. ``converter.leave``; ``_stats_end``.  On error ``_delete_outputs`` frees the
+7. ``converter.leave``; ``_trace_end`` (a traced call's events);
+   ``_stats_end``.  On error ``_delete_outputs`` frees the
    outputs made so far and ``_bridge_call`` fills the PfbStatus
    (``_failure``, bridge.pxi; ``_status_of``, errors.pxi); ``call_eagerly``
    raises it as TF's error.  An eager call also leaves on its thread the
@@ -111,6 +114,7 @@ include "errors.pxi"
 include "converters.pxi"
 include "process.pxi"
 include "tensors.pxi"
+include "trace.pxi"
 include "bridge.pxi"
 include "eager.pxi"
 include "dlpack_api.pxi"

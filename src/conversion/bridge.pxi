@@ -72,13 +72,17 @@ cdef class _Site:
     cdef object ref              # weakref.ref of the entry
     cdef _Converter converter
     cdef _FunctionStats record   # None until the first counted call
+    cdef str trace_head          # None until the first traced call (trace.pxi)
 
 
 cdef _Site _site(PfbCall* call):
     """The kernel's site, its entry alive (refreshed when it has gone); None
-    for calls that have no slot (eager calls) or that run no entry
-    (gradients): those resolve the entry every call (_entry)."""
-    if call.site == NULL or call.flags & PFB_CALL_GRADIENT:
+    for calls that have no slot (call_eagerly), that run no entry
+    (gradients), or that run under the eager key (an eager op's kernel: the
+    key names the thread's entry of the moment, a new one every call, and a
+    cached one still alive, an outer call's, would run in a nested call's
+    place): those resolve the entry every call (_entry)."""
+    if call.site == NULL or call.flags & PFB_CALL_GRADIENT or _is_eager_key(call):
         return None
     cdef _Site site
     if call.site[0] != NULL:
@@ -155,9 +159,13 @@ cdef int _run(PfbCall* call) except -1:
     """The one call driver: every bridge call, from any kernel or from
     call_eagerly, runs these steps; its converter does the kind-specific part."""
     cdef _CallCounts counts
-    # A gradient call runs no function of the user's: it is not counted.
-    cdef _CallCounts* counting = (NULL if call.flags & PFB_CALL_GRADIENT
-                                  else _stats_begin(&counts))  # NULL: statistics off
+    cdef _CallTrace trace
+    # NULL unless a profiler session records (one relaxed atomic load).
+    cdef _CallTrace* tracing = _trace_begin(&trace)
+    # A gradient call runs no function of the user's: it is not counted (a
+    # traced one counts its bytes for its events only).
+    cdef bint counted = _stats_on and not (call.flags & PFB_CALL_GRADIENT)
+    cdef _CallCounts* counting = _stats_begin(&counts, counted or tracing != NULL)
     cdef _Converter conv
     cdef _FunctionStats record = None
     args = _adopt_inputs(call)
@@ -168,7 +176,7 @@ cdef int _run(PfbCall* call) except -1:
     else:
         entry = _entry(call)
         conv = _converter(call, entry)
-    if counting != NULL:
+    if counted:
         if site is None:
             record = _record_of(entry)
         else:
@@ -184,20 +192,30 @@ cdef int _run(PfbCall* call) except -1:
         ranges = conv.inputs(call, args, counting)
         if counting != NULL:
             counting.called = _now()
+            if tracing != NULL:
+                _trace_called(tracing, counting)
         result = conv.call(call, entry, args, counting)
         if counting != NULL:
             counting.returned = _now()
+            if tracing != NULL:
+                tracing.returned = _trace_now()
         args = None  # the inputs are no longer ours
         # `result` is our only reference: the rest belong to someone else.
         conv.outputs(call, result, Py_REFCNT(<PyObject*>result) - 1, ranges, counting)
-    except BaseException:
+        if tracing != NULL:
+            tracing.exported = _trace_now()
+    except BaseException as exc:
         _delete_outputs(call)
-        if counting != NULL:
+        if counted:
             _stats_end(counting, record, True)
+        if tracing != NULL:
+            _trace_end(tracing, call, entry, conv, site, counting, type(exc))
         raise
     finally:
         conv.leave(call, entered)
-    if counting != NULL:
+    if tracing != NULL:
+        _trace_end(tracing, call, entry, conv, site, counting, None)
+    if counted:
         _stats_end(counting, record, False)
     return 0
 

@@ -96,6 +96,8 @@ def call_eagerly(list inputs, list dtypes, list shapes, int copy_mode):
         call.framework_len = 0
         call.eager = NULL  # no py_function call comes here
         call.site = NULL  # the eager key names the slot's entry, not one function
+        call.node_name = NULL  # no op runs it
+        call.node_name_len = 0
         try:
             _run(&call)  # consumes the inputs; frees its outputs on error
         except BaseException as exc:

@@ -108,9 +108,10 @@ cdef bint _stats_on = True
 cdef dict _stats_records = {}
 
 
-cdef inline _CallCounts* _stats_begin(_CallCounts* counts) noexcept:
-    """Zeroes `counts` and stamps the start; NULL when statistics are off."""
-    if not _stats_on:
+cdef inline _CallCounts* _stats_begin(_CallCounts* counts, bint needed) noexcept:
+    """Zeroes `counts` and stamps the start; NULL when not `needed` (neither
+    the statistics nor a profiler session count the call)."""
+    if not needed:
         return NULL
     memset(counts, 0, sizeof(_CallCounts))
     counts.start = _now()
@@ -174,18 +175,23 @@ cdef int _count_inputs(_CallCounts* counts, tuple args, int64_t* numeric) except
 cdef str _AUTOGRAPH_FACTORY = "inner_factory.<locals>."
 
 
-cdef str _display_name(object entry):
-    """The op's `name=`, else the function's __qualname__."""
-    name = getattr(entry, "name", None)
-    if name:
-        return name
-    func = entry.func
+cdef str _qualname(object func):
+    """The function's __qualname__ (as the user wrote it: without autograph's
+    factory prefix)."""
     name = (getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
             or type(func).__qualname__)
     cdef Py_ssize_t factory = name.rfind(_AUTOGRAPH_FACTORY)
     if factory >= 0:
         name = name[factory + len(_AUTOGRAPH_FACTORY):]
     return name
+
+
+cdef str _display_name(object entry):
+    """The op's `name=`, else the function's __qualname__."""
+    name = getattr(entry, "name", None)
+    if name:
+        return name
+    return _qualname(entry.func)
 
 
 # Eager calls make an entry per call: the record found last by name is kept

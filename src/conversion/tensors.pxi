@@ -65,6 +65,9 @@ cdef class _Forward:
     # One per floating output (as declared): the tensor the function returned,
     # or None where it returned something TF did not compute (an ndarray).
     cdef readonly list targets
+    # The event name of the forward call (trace.pxi), for its gradient's
+    # event; None when no profiler traced it.
+    cdef object name
 
     def __repr__(self):
         return (f"<pyfunc_bridge forward state: {len(self.sources)} sources, "

@@ -416,6 +416,11 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
   call.framework_len = framework_.size();
   call.eager = (flags & PFB_CALL_TENSORS) ? EagerApi() : nullptr;
   call.site = &site_;
+  // An eager op's kernel is named after its op type, which no graph node can
+  // be (node names hold no '>', our op types do): it ran no node.
+  const bool has_node = name() != type_string();
+  call.node_name = has_node ? name().data() : nullptr;
+  call.node_name_len = has_node ? name().size() : 0;
   PfbStatus status{0, nullptr};
   api->call(&call, &status);  // consumes the inputs, on every path
   // A recorded state is the caller's on error too (bridge_abi.h).

@@ -16,6 +16,8 @@ cdef extern from "bridge_abi.h" nogil:
         PFB_CALL_TENSORS
         PFB_CALL_RECORD
         PFB_CALL_GRADIENT
+        PFB_TRACE_FUNCTION
+        PFB_TRACE_DETAIL
     const char* PFB_BRIDGE_CAPSULE
 
     ctypedef struct PfbStringRef:
@@ -53,6 +55,8 @@ cdef extern from "bridge_abi.h" nogil:
         size_t framework_len
         const PfbEagerApi* eager
         void** site
+        const char* node_name
+        size_t node_name_len
 
     ctypedef struct PfbStatus:
         int32_t code
@@ -61,3 +65,11 @@ cdef extern from "bridge_abi.h" nogil:
     ctypedef struct PfbBridgeApi:
         int32_t abi_version
         int32_t (*call)(PfbCall*, PfbStatus*) noexcept
+
+    ctypedef struct PfbTraceApi:
+        int32_t abi_version
+        const int* level
+        int64_t (*now)() noexcept
+        void (*record)(const char*, size_t, int64_t, int64_t, int32_t) noexcept
+
+    int pfb_trace_level(const int* level) noexcept
