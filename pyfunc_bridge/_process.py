@@ -22,8 +22,9 @@ Traffic: each worker has one socket.  A caller appends its request to the
 worker's outbox and the first caller that finds no write under way writes
 every waiting request in one frame; the worker runs all it read and answers
 them in one frame; the pool's reader thread for that worker wakes the
-callers.  A function travels once per worker (cloudpickle, which pickles an
-importable function by reference), then its token does.
+callers.  A function travels once per worker (pickled by _pickling's rule:
+by value when its module imports TensorFlow, else as cloudpickle does), then
+its token does.
 """
 import atexit
 import builtins
@@ -40,7 +41,7 @@ import weakref
 
 import numpy as np
 
-from pyfunc_bridge import _worker
+from pyfunc_bridge import _pickling, _worker
 
 DEFAULT_ARENA_BYTES = 64 << 20
 _CLOSE_GRACE_SECONDS = 1.0   # then a worker still running a function is killed
@@ -225,9 +226,8 @@ class _Functions:
 
 
 def _pickle_function(func):
-    import cloudpickle  # an importable function pickles as its reference
-    try:
-        return cloudpickle.dumps(func, protocol=_worker._PICKLE_PROTOCOL)
+    try:  # by value or by name: _pickling's rule
+        return _pickling.dumps(func, _worker._PICKLE_PROTOCOL)
     except Exception as exc:
         raise TypeError(
             f"executor: the function {func!r} cannot be sent to a worker process "
@@ -253,7 +253,12 @@ class ProcessPool:
 
     Workers are fresh interpreters (``sys.executable``, never a fork of this
     process) with this process's ``sys.path`` and working directory; they
-    import NumPy and the functions they run, not TensorFlow.  They share no
+    import NumPy and the functions they run, not TensorFlow.  A function
+    whose module imports TensorFlow (directly or through what its globals
+    hold) travels by value, with the globals it uses, so that the worker does
+    not import that module; the functions and classes it uses follow the same
+    rule, and the modules it uses (``tf`` included) are imported by name.  A
+    worker so imports TensorFlow only when the function uses it.  They share no
     Python state with this process or with each other: a function that keeps
     state keeps one copy per worker.  A worker that dies fails the calls it
     held with :class:`WorkerError` and is replaced.  Use it as a context

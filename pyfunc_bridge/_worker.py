@@ -320,14 +320,20 @@ def _pickles(pickle, value):
 
 
 def _exception_payload(exc):
-    """(pickled exception or None, builtin base class name, summary, traceback)."""
+    """(pickled exception or None, builtin base class name, summary, traceback).
+
+    cloudpickle, not pickle: a class that came by value (its module imports
+    TensorFlow, so this worker has not imported it) goes back by value, where
+    pickle would import its module here to look the class up by name."""
     import pickle
     import traceback
+
+    import cloudpickle
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     base = next(c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins")
     try:
-        data = pickle.dumps(exc, protocol=_PICKLE_PROTOCOL)
+        data = cloudpickle.dumps(exc, protocol=_PICKLE_PROTOCOL)
         pickle.loads(data)  # one that cannot be rebuilt is sent by its base class
     except Exception:  # noqa: BLE001
         data = None
