@@ -29,6 +29,7 @@ its token does.
 import atexit
 import builtins
 import itertools
+import math
 import mmap
 import os
 import pickle
@@ -37,11 +38,12 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import weakref
 
 import numpy as np
 
-from pyfunc_bridge import _pickling, _worker
+from pyfunc_bridge import _pickling, _pool_stats, _worker
 
 DEFAULT_ARENA_BYTES = 64 << 20
 _CLOSE_GRACE_SECONDS = 1.0   # then a worker still running a function is killed
@@ -135,8 +137,11 @@ class _Call:
     appends when the reply arrives, a caller that stops waiting (Ctrl-C)
     when it gives up; whoever is first there leaves the reply to the other
     (list.append is atomic).  So the result blocks of an abandoned call go
-    back to its worker whichever comes first."""
-    __slots__ = ("lock", "reply", "holds", "claims")
+    back to its worker whichever comes first.
+
+    `queued_at` and `timing` (the worker's (started, finished)) are the
+    pool's statistics: time.monotonic(), a clock all processes share on Linux."""
+    __slots__ = ("lock", "reply", "holds", "claims", "queued_at", "timing")
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -144,6 +149,8 @@ class _Call:
         self.reply = None
         self.holds = False
         self.claims = []
+        self.queued_at = time.monotonic()
+        self.timing = None
 
 
 class _Worker:
@@ -294,6 +301,7 @@ class ProcessPool:
         self._start_failures = 0
         self._ids = itertools.count()
         self._functions = _Functions(self)
+        self._counters = _pool_stats.record(self.name)  # pfb.stats().pools[name]
         self._input_fd, self._input_map = _shared_memory(arena_bytes, f"{self.name}-inputs")
         self._inputs = (np.frombuffer(self._input_map, np.uint8)
                         if self._input_map is not None else None)
@@ -407,9 +415,12 @@ class ProcessPool:
         A caller that stops waiting (KeyboardInterrupt) abandons the call: its
         blocks go back when the worker is done with them, never before."""
         call = _Call()
+        inputs = descs[:]  # for the statistics: _submit hands descs over
         try:
             self._submit(call, func, framework, descs, writable)
             call.lock.acquire()  # releases the GIL while it waits
+            if call.timing is not None and _pool_stats.counting():
+                self._count_call(call, inputs, writable)
             with _Uninterrupted():  # the reply's result blocks get their owners
                 ok, payload, moved, worker = call.reply
                 call.reply = None  # taken: nothing left for _abandon to dispose of
@@ -421,6 +432,18 @@ class ProcessPool:
             raise
         finally:
             self.release(descs)  # the blocks of a call that did not reach a worker
+
+    def _count_call(self, call, inputs, writable):
+        """Adds an answered call (its reply not yet taken) to the pool's
+        statistics."""
+        ok, payload, _, _ = call.reply
+        started, finished = call.timing
+        items = [] if not ok else [payload[1]] if payload[0] == "one" else payload[1]
+        shared = sum(1 for item in items if item[0] == "s")
+        self._counters.add_call(
+            max(0.0, started - call.queued_at), max(0.0, finished - started),
+            sum(_desc_bytes(d) for d in inputs), sum(_desc_bytes(i) for i in items),
+            0 if writable else shared)
 
     def _submit(self, call, func, framework, descs, writable):
         """Hands `call` to a worker: the request and its input blocks become
@@ -526,11 +549,13 @@ class ProcessPool:
                         self._start_failures = 0
                         continue
                     _, replies, freed = message
-                    answered = [(worker.pending.pop(call_id, None), (ok, payload, moved, worker))
-                                for call_id, ok, payload, moved in replies]
-                    self._settle(worker, freed, [call for call, _ in answered])
-                    for call, reply in answered:
+                    answered = [(worker.pending.pop(call_id, None), (ok, payload, moved, worker),
+                                 timing)
+                                for call_id, ok, payload, moved, *timing in replies]
+                    self._settle(worker, freed, [call for call, _, _ in answered])
+                    for call, reply, timing in answered:
                         if call is not None:
+                            call.timing = timing[0] if timing else None  # (started, finished)
                             self._answer(call, reply)
         except (OSError, EOFError):
             pass
@@ -616,6 +641,7 @@ class ProcessPool:
             self._workers[dead.index] = fresh
             closed = self._closed
             self._lock.notify_all()
+        self._counters.count_worker_replaced()
         if closed:
             self._stop([fresh])
 
@@ -667,6 +693,14 @@ def _discard(reply):
         for item in ([body] if kind == "one" else body):
             if item[0] == "s":
                 worker.freed.append((item[1], item[2]))
+
+
+def _desc_bytes(desc):
+    """The data bytes of an input or result description ("s": a block;
+    "v": a pickled value)."""
+    if desc[0] == "s":
+        return np.dtype(desc[3]).itemsize * math.prod(desc[4])
+    return _pool_stats.data_bytes(desc[1])
 
 
 def _worker_exception(payload):

@@ -19,9 +19,11 @@ The protocol, one length-prefixed pickle per frame:
   each request ``(call_id, token, pickled_function or None, framework,
   args, writable)``;
 * worker -> parent: ``("done", replies, freed_inputs)``, one reply
-  ``(call_id, ok, payload, bytes_out)`` per request of the frame it answers,
-  and the input blocks that nothing in this worker refers to any more (see
-  below).
+  ``(call_id, ok, payload, bytes_out, (started, finished))`` per request of
+  the frame it answers, and the input blocks that nothing in this worker
+  refers to any more (see below).  ``(started, finished)``: the
+  ``time.monotonic()`` of the call's start and end here, for the parent's
+  statistics (a trailing field: a reply read by its first four still reads).
 
 An argument or a result is ``("s", offset, size, dtype, shape)`` (numbers in
 an arena: the parent's input arena, or this worker's result arena) or
@@ -41,6 +43,7 @@ import os
 import socket
 import struct
 import sys
+import time
 import weakref
 
 ALIGN = 64  # PFB_TENSOR_ALIGNMENT (src/bridge_abi.h): TF's Eigen kernels need it
@@ -268,7 +271,9 @@ class _Worker:
                 for token in forget:
                     self.functions.pop(token, None)
                 for request in requests:
-                    replies.append(self.run(request))
+                    started = time.monotonic()  # the parent's statistics
+                    reply = self.run(request)
+                    replies.append(reply + ((started, time.monotonic()),))
             frames = None
             self.sock.sendall(self.sendable(replies, pickle))
 
@@ -285,7 +290,7 @@ class _Worker:
             pass
         checked = []
         for reply in replies:
-            call_id, ok, payload, _ = reply
+            call_id, ok, payload = reply[:3]
             try:
                 pickle.dumps(reply, protocol=_PICKLE_PROTOCOL)
             except Exception as exc:  # noqa: BLE001 - the call's error
@@ -300,7 +305,7 @@ class _Worker:
                     f"{type(items[bad][1]).__name__}) cannot be sent back from the worker "
                     f"process: {type(exc).__name__}: {exc}. Return NumPy arrays or values "
                     f"that pickle, or run the function in-process (executor=None)")
-                reply = (call_id, False, _exception_payload(error), 0)
+                reply = (call_id, False, _exception_payload(error), 0) + reply[4:]
             checked.append(reply)
         return frame(("done", checked, freed), pickle.dumps)
 
