@@ -268,7 +268,9 @@ class ProcessPool:
     worker so imports TensorFlow only when the function uses it.  They share no
     Python state with this process or with each other: a function that keeps
     state keeps one copy per worker.  A worker that dies fails the calls it
-    held with :class:`WorkerError` and is replaced.  Use it as a context
+    held with :class:`WorkerError` and is replaced.  ``pfb.stats().pools[name]``
+    counts its calls, their time queued and in workers, the bytes in and
+    out, the copies saved, workers replaced and timeouts.  Use it as a context
     manager or call :meth:`close`; pools still open are closed at exit.
 
     >>> import numpy as np, tensorflow as tf

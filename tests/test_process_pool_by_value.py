@@ -221,6 +221,9 @@ def test_an_instance_of_a_tensorflow_module_class_counts(modules, tmp_path):
 
 def test_the_pickle_leaves_no_module_registered_by_value(modules):
     import cloudpickle
+    pipeline = modules("pfb_tf_pipeline")
     before = cloudpickle.list_registry_pickle_by_value()
-    _pickling.dumps(modules("pfb_tf_pipeline").numpy_map, 5)
+    _pickling.dumps(pipeline.numpy_map, 5)
+    assert cloudpickle.list_registry_pickle_by_value() == before
+    _pickling.dumps(pipeline.locked_double, 5)  # by value fails: by name
     assert cloudpickle.list_registry_pickle_by_value() == before
