@@ -1,9 +1,9 @@
 """The functions gil_bound's workers run.
 
 A function shipped to a ProcessPool by reference is imported from its module
-in each worker, so this module imports NumPy only: a module that imports
-TensorFlow would load it in every worker (seconds of start-up and hundreds of
-MiB each).
+in each worker, and so is torch DataLoader's dataset in each of its spawned
+workers: this module imports NumPy only, so that neither kind of worker
+loads TensorFlow (seconds of start-up and hundreds of MiB each).
 """
 import numpy as np
 
@@ -23,3 +23,16 @@ def identity(a):
 
 def times_two(a):
     return a * 2
+
+
+class Work:
+    """python_work as a map-style torch Dataset: element i is python_work(i)."""
+
+    def __init__(self, n, loops):
+        self.n, self.loops = n, loops
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return python_work(i, self.loops)

@@ -90,10 +90,23 @@ class FunctionStats:
     @property
     def bytes_copied_total(self) -> int: ...
 
+class PoolStats:
+    calls: int
+    seconds_queued: float
+    seconds_in_workers: float
+    bytes_in: int
+    bytes_out: int
+    copies_saved: int
+    workers_replaced: int
+    timeouts: int
+
 class StatsSnapshot:
     functions: dict[str, FunctionStats]
     total: FunctionStats
     enabled: bool
+    eager_tensor_path: str
+    eager_tensor_missing: tuple[str, ...]
+    pools: dict[str, PoolStats]
 
 def stats() -> StatsSnapshot: ...
 def reset_stats() -> None: ...

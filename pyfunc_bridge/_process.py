@@ -24,13 +24,16 @@ way writes every waiting request in one frame), or, when every worker has
 calls, waits in the pool's queue.  The worker runs all it read and answers
 them in one frame; the pool's reader thread for that worker wakes the
 callers and, the worker being free again, hands it a share of the queue.
-So a worker stuck in a function holds only the calls it already had.  A function travels once per worker (cloudpickle, which pickles an
-importable function by reference), then its token does.
+So a worker stuck in a function holds only the calls it already had.  A
+function travels once per worker (pickled by _pickling's rule: by value when
+its module imports TensorFlow, else as cloudpickle does), then its token
+does.
 """
 import atexit
 import builtins
 import collections
 import itertools
+import math
 import mmap
 import os
 import pickle
@@ -47,7 +50,7 @@ from numbers import Real
 
 import numpy as np
 
-from pyfunc_bridge import _worker
+from pyfunc_bridge import _pickling, _pool_stats, _worker
 from pyfunc_bridge._errors import CallTimeoutError
 
 DEFAULT_ARENA_BYTES = 64 << 20
@@ -150,9 +153,13 @@ class _Call:
     call may wait in the pool's queue until a worker is free to take it, and
     a call that its worker had not started when it died is sent again.
     `blocks` ({offset: size}) are its input blocks: the pool's while the
-    call is queued, its worker's once it is sent (_Worker.inputs)."""
+    call is queued, its worker's once it is sent (_Worker.inputs).
+
+    `queued_at` and `times` (the worker's (started, ended), from its reply)
+    are time.time_ns(): one clock for every process, and TF's profiler's,
+    for the pool's statistics and the trace."""
     __slots__ = ("lock", "reply", "holds", "claims", "id", "token", "pickled",
-                 "framework", "args", "writable", "blocks", "times")
+                 "framework", "args", "writable", "blocks", "queued_at", "times")
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -160,7 +167,8 @@ class _Call:
         self.reply = None
         self.holds = False
         self.claims = []
-        self.times = None  # (started, ended) in the worker, time.time_ns(), from the reply
+        self.queued_at = time.time_ns()
+        self.times = None
 
 
 class _Spawner:
@@ -306,9 +314,8 @@ class _Functions:
 
 
 def _pickle_function(func):
-    import cloudpickle  # an importable function pickles as its reference
-    try:
-        return cloudpickle.dumps(func, protocol=_worker._PICKLE_PROTOCOL)
+    try:  # by value or by name: _pickling's rule
+        return _pickling.dumps(func, _worker._PICKLE_PROTOCOL)
     except Exception as exc:
         raise TypeError(
             f"executor: the function {func!r} cannot be sent to a worker process "
@@ -416,6 +423,7 @@ class _Deadlines:
                 f"because another call ran past the {self.timeout:g} s timeout; this call "
                 f"had just started in it. The pool starts a new worker, so later calls run.")
         stack = self.stack(worker)
+        pool._counters.count_timeout()
         return CallTimeoutError(
             f"pyfunc_bridge: the call ran past the {self.timeout:g} s timeout of {pool.name} "
             f"in worker process {worker.pid}, which was ended; the pool starts a new "
@@ -477,10 +485,17 @@ class ProcessPool:
 
     Workers are fresh interpreters (``sys.executable``, never a fork of this
     process) with this process's ``sys.path`` and working directory; they
-    import NumPy and the functions they run, not TensorFlow.  They share no
+    import NumPy and the functions they run, not TensorFlow.  A function
+    whose module imports TensorFlow (directly or through what its globals
+    hold) travels by value, with the globals it uses, so that the worker does
+    not import that module; the functions and classes it uses follow the same
+    rule, and the modules it uses (``tf`` included) are imported by name.  A
+    worker so imports TensorFlow only when the function uses it.  They share no
     Python state with this process or with each other: a function that keeps
     state keeps one copy per worker.  A worker that dies fails the calls it
-    held with :class:`WorkerError` and is replaced.  Use it as a context
+    held with :class:`WorkerError` and is replaced.  ``pfb.stats().pools[name]``
+    counts its calls, their time queued and in workers, the bytes in and
+    out, the copies saved, workers replaced and timeouts.  Use it as a context
     manager or call :meth:`close`; pools still open are closed at exit.
 
     >>> import numpy as np, tensorflow as tf
@@ -522,6 +537,7 @@ class ProcessPool:
         self.timeout = None if timeout is None else float(timeout)
         self._deadlines = None if timeout is None else _Deadlines(self, self.timeout)
         self._functions = _Functions(self)
+        self._counters = _pool_stats.record(self.name)  # pfb.stats().pools[name]
         self._input_fd, self._input_map = _shared_memory(arena_bytes, f"{self.name}-inputs")
         self._inputs = (np.frombuffer(self._input_map, np.uint8)
                         if self._input_map is not None else None)
@@ -641,10 +657,13 @@ class ProcessPool:
         from pyfunc_bridge import _library
         conversion = _library.conversion()
         call = _Call()
+        inputs = descs[:]  # for the statistics: _submit hands descs over
         try:
             queued = conversion.trace_now()  # 0 unless a profiler records (trace.pxi)
             self._submit(call, func, framework, descs, writable)
             call.lock.acquire()  # releases the GIL while it waits
+            if call.times is not None and _pool_stats.counting():
+                self._count_call(call, inputs, writable)
             with _Uninterrupted():  # the reply's result blocks get their owners
                 ok, payload, moved, worker = call.reply
                 call.reply = None  # taken: nothing left for _abandon to dispose of
@@ -661,6 +680,18 @@ class ProcessPool:
             raise
         finally:
             self.release(descs)  # the blocks of a call that did not reach the pool
+
+    def _count_call(self, call, inputs, writable):
+        """Adds an answered call (its reply not yet taken) to the pool's
+        statistics."""
+        ok, payload, _, _ = call.reply
+        started, finished = (t / 1e9 for t in call.times)
+        items = [] if not ok else [payload[1]] if payload[0] == "one" else payload[1]
+        shared = sum(1 for item in items if item[0] == "s")
+        self._counters.add_call(
+            max(0.0, started - call.queued_at / 1e9), max(0.0, finished - started),
+            sum(_desc_bytes(d) for d in inputs), sum(_desc_bytes(i) for i in items),
+            0 if writable else shared)
 
     def _submit(self, call, func, framework, descs, writable):
         """Hands `call` to a worker that has no calls, or queues it until one
@@ -935,6 +966,7 @@ class ProcessPool:
         with self._lock:
             self._workers[dead.index] = fresh
             closed = self._closed
+        self._counters.count_worker_replaced()
         if closed:
             self._stop([fresh])
         else:
@@ -1000,6 +1032,14 @@ def _discard(reply):
         for item in ([body] if kind == "one" else body):
             if item[0] == "s":
                 worker.freed.append((item[1], item[2]))
+
+
+def _desc_bytes(desc):
+    """The data bytes of an input or result description ("s": a block;
+    "v": a pickled value)."""
+    if desc[0] == "s":
+        return np.dtype(desc[3]).itemsize * math.prod(desc[4])
+    return _pool_stats.data_bytes(desc[1])
 
 
 def _worker_exception(payload):

@@ -15,10 +15,22 @@ on (it is on by default); these functions switch, read and clear the counters.
 >>> snapshot.total.calls
 1
 >>> _ = pfb.enable_stats(previous)
+
+Calls run by a ProcessPool are counted per function as any other, and per
+pool (``snapshot.pools``, by the pool's name):
+
+>>> pfb.reset_stats()
+>>> with pfb.ProcessPool(1, name="adding pool") as pool:
+...     _ = pfb.numpy_function(np.add, [tf.zeros([256]), tf.ones([256])], tf.float32,
+...                            executor=pool)
+>>> pool_stats = pfb.stats().pools["adding pool"]
+>>> pool_stats.calls, pool_stats.bytes_in, pool_stats.bytes_out, pool_stats.copies_saved
+(1, 2048, 1024, 1)
 """
 import dataclasses
 
-from pyfunc_bridge import _library
+from pyfunc_bridge import _library, _pool_stats
+from pyfunc_bridge._pool_stats import PoolStats  # noqa: F401 - a snapshot's type
 
 
 def _copy_reasons():
@@ -81,6 +93,9 @@ class StatsSnapshot:
     else the function's ``__qualname__``; ``total``: their sum; ``enabled``:
     whether counting was on when the snapshot was taken.
 
+    ``pools``: pool name -> PoolStats (pyfunc_bridge/_pool_stats.py), for
+    the ProcessPools with calls or faults counted.
+
     ``eager_tensor_path``: how py_function's kernel turns its TF tensors into
     the function's EagerTensors and the results back: ``"kernel"`` (directly,
     through TensorFlow's own exports) or ``"dlpack"`` (through DLPack, slower
@@ -93,6 +108,7 @@ class StatsSnapshot:
     enabled: bool
     eager_tensor_path: str = "kernel"
     eager_tensor_missing: tuple = ()
+    pools: dict = dataclasses.field(default_factory=dict)
 
     def __str__(self):
         rows = sorted(self.functions.items()) + [("(total)", self.total)]
@@ -110,10 +126,28 @@ class StatsSnapshot:
                 f"{s.seconds_marshalling * per_call:>10.2f} us  {reasons or '-'}")
         lines.append("(times are per call; statistics are "
                      f"{'on' if self.enabled else 'off'})")
+        if self.pools:
+            lines.extend(_pool_table(self.pools))
         if self.eager_tensor_missing:
             lines.append("(py_function's EagerTensors go through DLPack: TensorFlow does "
                          f"not export {', '.join(self.eager_tensor_missing)})")
         return "\n".join(lines)
+
+
+def _pool_table(pools):
+    width = min(max(len(name) for name in pools), 48) + 2
+    header = (f"{'pool':<{width}}{'calls':>9}{'queued':>12}{'in worker':>12}"
+              f"{'bytes in':>12}{'bytes out':>12}{'copies saved':>14}{'replaced':>10}"
+              f"{'timeouts':>10}")
+    lines = ["", header, "-" * len(header)]
+    for name, p in sorted(pools.items()):
+        per_call = 1e6 / p.calls if p.calls else 0.0
+        lines.append(f"{name[:width - 2]:<{width}}{p.calls:>9}"
+                     f"{p.seconds_queued * per_call:>9.1f} us{p.seconds_in_workers * per_call:>9.1f} us"
+                     f"{_bytes(p.bytes_in):>12}{_bytes(p.bytes_out):>12}{p.copies_saved:>14}"
+                     f"{p.workers_replaced:>10}{p.timeouts:>10}")
+    lines.append("(pool times are per call)")
+    return lines
 
 
 def stats():
@@ -121,7 +155,11 @@ def stats():
 
     Returns:
       StatsSnapshot with ``.functions`` (name -> FunctionStats) and ``.total``;
-      ``str()`` of it is a table.  ``.eager_tensor_path`` says how
+      ``.pools`` (pool name -> PoolStats: ``calls``, ``seconds_queued``,
+      ``seconds_in_workers``, ``bytes_in``, ``bytes_out``, ``copies_saved``,
+      ``workers_replaced``, ``timeouts``) for the ProcessPools that ran calls
+      (pools of one name share a record; a closed pool's stays until
+      reset); ``str()`` of it is a table.  ``.eager_tensor_path`` says how
       py_function's EagerTensors are made (``"kernel"``: directly).
     """
     conversion = _library.conversion()
@@ -136,12 +174,13 @@ def stats():
         total = _add(total, entry)
     missing = _library.eager_api_missing()
     return StatsSnapshot(functions, total, conversion.stats_enabled(),
-                         "dlpack" if missing else "kernel", missing)
+                         "dlpack" if missing else "kernel", missing, _pool_stats.snapshot())
 
 
 def reset_stats():
-    """Clears every function's counters."""
+    """Clears every function's and every pool's counters."""
     _library.conversion().reset_stats()
+    _pool_stats.reset()
 
 
 def enable_stats(flag=True):

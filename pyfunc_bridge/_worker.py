@@ -26,8 +26,8 @@ The protocol, one length-prefixed pickle per frame:
   soon as the call returns, and the call it runs written in its status
   slot), and the input blocks that nothing in this worker refers to any more
   (see below).  ``(started_ns, ended_ns)`` is the worker's time on the call,
-  by ``time.time_ns()`` (TF's profiler clock, so the parent can put it on
-  its trace).
+  by ``time.time_ns()`` (one clock for every process, and TF's profiler's:
+  the parent puts it on its trace and in the pool's statistics).
 
 An argument is ``("s", offset, size, dtype, shape)`` (numbers in the
 parent's input arena) or ``("v", value)`` (pickled: strings, NumPy scalars,
@@ -511,14 +511,20 @@ def _pickles(pickle, value):
 
 
 def _exception_payload(exc):
-    """(pickled exception or None, builtin base class name, summary, traceback)."""
+    """(pickled exception or None, builtin base class name, summary, traceback).
+
+    cloudpickle, not pickle: a class that came by value (its module imports
+    TensorFlow, so this worker has not imported it) goes back by value, where
+    pickle would import its module here to look the class up by name."""
     import pickle
     import traceback
+
+    import cloudpickle
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     base = next(c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins")
     try:
-        data = pickle.dumps(exc, protocol=_PICKLE_PROTOCOL)
+        data = cloudpickle.dumps(exc, protocol=_PICKLE_PROTOCOL)
         pickle.loads(data)  # one that cannot be rebuilt is sent by its base class
     except Exception:  # noqa: BLE001
         data = None

@@ -5,6 +5,7 @@ imports a function's module to run it (functions travel by reference), and
 the test modules import TensorFlow, which a worker should not have to load.
 """
 import os
+import sys
 import time
 
 import numpy as np
@@ -299,3 +300,7 @@ def wait_for_file(path):
     while not os.path.exists(path):
         time.sleep(0.01)
     return np.int64(os.getpid())
+def loaded(names):
+    """Which of the modules `names` (bytes) this process has imported: asked
+    of a worker, it tells what a function sent to it brought in."""
+    return np.array([bytes(name).decode() in sys.modules for name in names])

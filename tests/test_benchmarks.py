@@ -19,6 +19,31 @@ def _cases(result):
     return found
 
 
+def _check_gil_bound(result):
+    """gil_bound's CPU per element (by variant) and its workers sweep."""
+    cases = result["cases"]
+    variants = {"map 1 ms Python": {"pool", "in-process"},
+                "trivial map": {"pool", "in-process", "tf"},
+                "a*2 8 MiB": {"pool", "in-process"}}
+    for case, expected in variants.items():
+        cpu = cases[case]["cpu_us"]
+        assert expected <= set(cpu), case
+        assert all(value >= 0 for value in cpu.values()), (case, cpu)
+    if "torch" in cases["map 1 ms Python"]:
+        assert "torch DataLoader" in cases["map 1 ms Python"]["cpu_us"]
+    trivial = cases["trivial map"]
+    assert trivial["in_process"] > 0 and trivial["ratio_in_process"] >= 0
+    sweep = result["sweep"]
+    assert [row["workers"] for row in sweep] == gil_bound_counts(result["cores"])
+    for row in sweep:
+        assert row["elements_per_s"] > 0 and row["speedup"] > 0 and row["cpu_us"] >= 0
+
+
+def gil_bound_counts(cores):
+    from benchmarks.gil_bound import sweep_counts
+    return sweep_counts(cores)
+
+
 @pytest.mark.slow
 def test_smoke_run_writes_every_scenario_and_the_plot(tmp_path):
     run = subprocess.run(
@@ -39,6 +64,7 @@ def test_smoke_run_writes_every_scenario_and_the_plot(tmp_path):
     assert "numpy_function identity" in results["graph_overhead"]["cases"]
     assert set(results["size_sweep"]["cases"]) == {"pass-through", "fresh a*2"}
     assert results["meta"]["mode"] == "smoke"
+    _check_gil_bound(results["gil_bound"])
     png = (tmp_path / "benchmark.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
 
@@ -70,3 +96,38 @@ def test_profiler_trace_script_draws_the_trace(tmp_path):
     assert all(cells[0] == "6" for cells in rows.values())  # calls: one per element
     assert rows["benchmarks.gil_work.python_work"][-1] != "-"  # the pool's reply step
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+@pytest.mark.slow
+def test_gil_bound_reports_cpu_per_element_and_a_workers_sweep(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--only", "gil_bound",
+         "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "CPU us: pool" in run.stdout and "workers sweep" in run.stdout
+    with open(tmp_path / "results.json") as f:
+        _check_gil_bound(json.load(f)["gil_bound"])
+
+
+@pytest.mark.parametrize("most, counts", [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]),
+                                          (8, [1, 2, 4, 8])])
+def test_gil_bound_sweeps_from_one_worker_to_the_given_count(most, counts):
+    from benchmarks.gil_bound import sweep_counts
+    assert sweep_counts(most) == counts
+
+
+def test_gil_bound_refuses_a_sweep_without_workers(capsys):
+    from benchmarks import gil_bound
+    with pytest.raises(SystemExit) as exit_:
+        gil_bound.main(["--mode", "smoke", "--workers", "0"])
+    assert exit_.value.code == 2
+    assert "--workers must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_gil_bound_dataloader_workers_are_not_forked():
+    """TensorFlow is not fork-safe: the DataLoader's workers are spawned."""
+    from benchmarks import gil_bound
+    pytest.importorskip("torch")
+    epoch = gil_bound._torch_loader(2, 1)
+    loader = next(cell.cell_contents for cell in epoch.__closure__
+                  if type(cell.cell_contents).__name__ == "DataLoader")
+    assert loader.multiprocessing_context.get_start_method() == "spawn"

@@ -1,0 +1,134 @@
+"""Statistics per ProcessPool: what the pool's calls cost and what its workers
+went through, by pool name (``pfb.stats().pools``).
+
+The pool (pyfunc_bridge/_process.py) counts into its name's record from the
+callers' and its reader threads; each record has a lock of its own.  Records
+are cleared in place, never dropped, so that a pool may keep its record; a
+pool closed since still shows until ``pfb.reset_stats()``.  Counting follows
+``pfb.enable_stats`` (the conversion layer's switch).
+"""
+import dataclasses
+import threading
+
+from pyfunc_bridge import _library
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolStats:
+    """Counters of one pool name.
+
+    - ``calls``: calls its workers answered (returned or raised);
+    - ``seconds_queued``: from a call's request being queued in this process
+      to its worker starting it (the wait for the worker and the way there);
+    - ``seconds_in_workers``: from a worker starting a call to its reply being
+      ready: the function, reading its inputs and writing its results;
+    - ``bytes_in`` / ``bytes_out``: the data of the inputs and the results
+      (arrays' bytes, strings' bytes; a Python number counts 0), whether it
+      travelled in shared memory or pickled;
+    - ``copies_saved``: results that came back in the worker's shared memory
+      and were handed over without a copy in this process (not under
+      ``copy=True``; a result that travels pickled saves none);
+    - ``workers_replaced``: workers that died (killed, crashed, ended) and
+      were replaced;
+    - ``timeouts``: calls that ran past the pool's timeout.
+    """
+
+    calls: int = 0
+    seconds_queued: float = 0.0
+    seconds_in_workers: float = 0.0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    copies_saved: int = 0
+    workers_replaced: int = 0
+    timeouts: int = 0
+
+
+_FIELDS = [f.name for f in dataclasses.fields(PoolStats)]
+
+
+class PoolCounters:
+    """The record of one pool name, updated from any thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.clear()
+
+    def clear(self):
+        with self._lock:
+            self._counts = dict.fromkeys(_FIELDS, 0)
+
+    def add_call(self, seconds_queued, seconds_in_worker, bytes_in, bytes_out, copies_saved):
+        """One answered call (the pool checked that counting is on)."""
+        with self._lock:
+            c = self._counts
+            c["calls"] += 1
+            c["seconds_queued"] += seconds_queued
+            c["seconds_in_workers"] += seconds_in_worker
+            c["bytes_in"] += bytes_in
+            c["bytes_out"] += bytes_out
+            c["copies_saved"] += copies_saved
+
+    def count_worker_replaced(self):
+        """A dead worker was replaced."""
+        self._add_one("workers_replaced")
+
+    def count_timeout(self):
+        """A call ran past the pool's timeout (the pool's timeout handling
+        calls this once per call that timed out)."""
+        self._add_one("timeouts")
+
+    def _add_one(self, field):
+        if counting():
+            with self._lock:
+                self._counts[field] += 1
+
+    def snapshot(self):
+        with self._lock:
+            return PoolStats(**self._counts)
+
+
+_records = {}  # pool name -> PoolCounters
+_records_lock = threading.Lock()
+
+
+def record(name):
+    """The record a pool named `name` counts into (pools of one name share it)."""
+    with _records_lock:
+        found = _records.get(name)
+        if found is None:
+            found = _records[name] = PoolCounters()
+        return found
+
+
+def counting():
+    """Whether statistics are on (pfb.enable_stats)."""
+    return _library.conversion().stats_enabled()
+
+
+def snapshot():
+    """name -> PoolStats, for the pools with anything counted."""
+    with _records_lock:
+        records = list(_records.items())
+    return {name: s for name, s in ((n, r.snapshot()) for n, r in records)
+            if s != PoolStats()}
+
+
+def reset():
+    with _records_lock:
+        records = list(_records.values())
+    for r in records:
+        r.clear()
+
+
+def data_bytes(value):
+    """The bytes of data `value` holds: an array's (its strings' for an
+    object array), a NumPy scalar's, a bytes or str's; 0 for anything else."""
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, str):
+        return len(value.encode())
+    dtype = getattr(value, "dtype", None)
+    if getattr(dtype, "kind", None) == "O":
+        return sum(data_bytes(item) for item in value.flat)
+    nbytes = getattr(value, "nbytes", None)
+    return nbytes if type(nbytes) is int else 0

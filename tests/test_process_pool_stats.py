@@ -1,0 +1,149 @@
+"""Process workers (executor=): statistics per pool in pfb.stats().pools,
+one test per counter."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import process_functions as pf
+import pyfunc_bridge as pfb
+
+pytestmark = pytest.mark.usefixtures("stats_on")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with pfb.ProcessPool(1, name="stats pool") as one:
+        yield one
+
+
+def pool_stats(name="stats pool"):
+    return pfb.stats().pools[name]
+
+
+def call(func, inputs, tout, pool, **kwargs):
+    return pfb.numpy_function(func, inputs, tout, executor=pool, **kwargs)
+
+
+def wait_for(condition, seconds=20):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.01)
+
+
+def test_calls_count_answered_calls_those_that_raise_included(pool):
+    call(pf.double, [tf.constant([1.0])], tf.float32, pool)
+    call(pf.double, [tf.constant([2.0])], tf.float32, pool)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        call(pf.raises_value_error, [tf.constant(0)], tf.int64, pool)
+    assert pool_stats().calls == 3
+
+
+def test_bytes_in_and_out_count_the_data_both_ways(pool):
+    call(pf.add, [tf.zeros([1024], tf.float32), tf.ones([1024], tf.float32)], tf.float32,
+         pool)
+    s = pool_stats()
+    assert (s.bytes_in, s.bytes_out) == (2 * 4096, 4096)
+
+
+def test_bytes_count_strings_and_scalars_that_travel_pickled(pool):
+    words = [b"alpha", b"be", b"c"]
+    out = call(pf.upper, [tf.constant(words)], tf.string, pool)
+    assert out.numpy().tolist() == [b"ALPHA", b"BE", b"C"]
+    call(pf.pid, [tf.constant(0)], tf.int64, pool)  # a 0-d input, an np.int64 result
+    s = pool_stats()
+    assert s.bytes_in == 8 + 4
+    assert s.bytes_out == 8 + 8
+
+
+def test_copies_saved_counts_results_handed_over_from_shared_memory(pool):
+    call(pf.two_results, [tf.zeros([64], tf.int32)], [tf.int32, tf.int32], pool)
+    assert pool_stats().copies_saved == 2
+    # copy=True copies the result blocks; a pickled result saves nothing.
+    call(pf.double, [tf.zeros([64], tf.int32)], tf.int32, pool, copy=True)
+    call(pf.pid, [tf.constant(0)], tf.int64, pool)
+    assert pool_stats().copies_saved == 2
+
+
+def test_a_result_larger_than_the_arena_saves_no_copy():
+    with pfb.ProcessPool(1, arena_bytes=1 << 12, name="small stats pool") as small:
+        call(pf.double, [tf.zeros([4096], tf.float32)], tf.float32, small)
+    s = pool_stats("small stats pool")
+    assert (s.calls, s.bytes_in, s.bytes_out, s.copies_saved) == (1, 16384, 16384, 0)
+
+
+def test_time_queued_and_in_workers(pool):
+    """One worker, two calls of 0.3 s at once: the second waits for the first."""
+    threads = [threading.Thread(target=call, args=(pf.slow_pid, [tf.constant(0.3)],
+                                                   tf.int64, pool)) for _ in range(2)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    elapsed = time.monotonic() - start
+    s = pool_stats()
+    assert s.calls == 2
+    assert 0.6 <= s.seconds_in_workers <= elapsed
+    assert 0.25 <= s.seconds_queued <= elapsed
+
+
+def test_workers_replaced():
+    with pfb.ProcessPool(1, name="replacing pool") as one:
+        victim = one.pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: one.pids() and one.pids()[0] != victim)
+        assert int(call(pf.pid, [tf.constant(0)], tf.int64, one)) == one.pids()[0]
+    s = pool_stats("replacing pool")
+    assert (s.workers_replaced, s.calls) == (1, 1)
+
+
+def test_timeouts_count_through_the_pools_record(pool):
+    # The pool's timeout handling counts each call that timed out with this.
+    pool._counters.count_timeout()
+    assert pool_stats().timeouts == 1
+
+
+def test_pools_are_kept_apart_by_name_and_shown_in_the_table(pool):
+    call(pf.double, [tf.constant([1])], tf.int32, pool)
+    with pfb.ProcessPool(1, name="other stats pool") as other:
+        for _ in range(2):
+            call(pf.double, [tf.constant([1])], tf.int32, other)
+    snapshot = pfb.stats()
+    assert snapshot.pools["stats pool"].calls == 1
+    assert snapshot.pools["other stats pool"].calls == 2
+    table = str(snapshot)
+    assert "copies saved" in table and "other stats pool" in table
+
+
+def test_a_closed_pools_counts_stay_until_reset():
+    with pfb.ProcessPool(1, name="closed stats pool") as closing:
+        call(pf.double, [tf.constant([1])], tf.int32, closing)
+    assert pool_stats("closed stats pool").calls == 1
+    pfb.reset_stats()
+    assert "closed stats pool" not in pfb.stats().pools
+
+
+def test_nothing_is_counted_while_statistics_are_off(pool):
+    pfb.enable_stats(False)
+    call(pf.double, [tf.constant([1])], tf.int32, pool)
+    pool._counters.count_timeout()
+    pfb.enable_stats(True)
+    assert "stats pool" not in pfb.stats().pools
+
+
+def test_an_unanswered_call_is_not_counted():
+    """A call whose worker died has no worker times: it counts as a
+    replacement, not as a call."""
+    with pfb.ProcessPool(1, name="dying stats pool") as dying:
+        with pytest.raises(tf.errors.UnknownError, match="exited with status 3"):
+            call(pf.exits, [tf.constant(3)], tf.int64, dying)
+        wait_for(lambda: pfb.stats().pools.get("dying stats pool") is not None)
+    s = pool_stats("dying stats pool")
+    assert (s.calls, s.workers_replaced) == (0, 1)
