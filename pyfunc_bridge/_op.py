@@ -119,14 +119,16 @@ def build_graph_op(op_type, wrapper, func, inputs, signature, name, attrs=(),
                              obj=runs, nameable=nameable)
     entry = _registry.register(func if runs is None else runs, framework, name,
                                executor=executor)
+    # The graph the op is built in, taken from neither result form: a list of
+    # outputs, (outputs, forward) for py_function, the Operation of a stateful
+    # op without outputs, or [] for a stateless one (TF's generated wrappers
+    # return the Operation only for stateful ops).
+    graph = _tf_ops.get_default_graph()
     result = wrapper(input=inputs, key=entry.key, Tout=signature.dtypes,
                      out_shapes=signature.shapes,
                      name=node_name(op_type, framework) if name is None else name,
                      **dict(attrs), **travel)
-    # A list of outputs, (outputs, forward) for py_function, or an Operation
-    # when there are no outputs.
-    last = result[-1] if isinstance(result, (list, tuple)) and result else result
-    _registry.keep_alive(entry, last.graph)
+    _registry.keep_alive(entry, graph)
     return result
 
 
