@@ -218,7 +218,8 @@ def py_function(func=None, inp=None, Tout=None, name=None, *, portable=False,
     Args:
       func: the Python function.  It receives one EagerTensor per input
         (RaggedTensor/SparseTensor inputs arrive as such), wrapping the op's
-        input memory without a copy, on the op's device.  It may run TF ops and
+        input memory without a copy (host inputs report CPU:0 on any CPU, as
+        TF's do).  It may run TF ops, placed under the op's device scope, and
         returns EagerTensors, NumPy arrays, Python scalars, RaggedTensors or
         SparseTensors as Tout declares (None when Tout declares nothing).
       inp: a list of tensors, RaggedTensors or SparseTensors.
