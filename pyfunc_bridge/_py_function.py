@@ -44,9 +44,11 @@ def _py_function_grad(op, *grads):
     floating = [dtype for dtype in input_dtypes if _floating(dtype)]
     if not floating:
         return [None] * len(input_dtypes)
-    input_grads = iter(_library.ops().pyfunc_bridge_py_function_grad(
-        forward=op.outputs[-1], grads=output_grads, Tdx=floating,
-        name=None if tf.executing_eagerly() else _op.node_name(GRAD_OP)))
+    grad_op = _library.ops().pyfunc_bridge_py_function_grad
+    with _op.BridgeFrames(grad_op):
+        input_grads = iter(grad_op(
+            forward=op.outputs[-1], grads=output_grads, Tdx=floating,
+            name=None if tf.executing_eagerly() else _op.node_name(GRAD_OP)))
     return [next(input_grads) if _floating(dtype) else None for dtype in input_dtypes]
 
 
