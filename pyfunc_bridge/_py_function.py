@@ -197,7 +197,7 @@ def _py_function(func, inp, Tout, name, portable=False):
             OP, op, call, inputs, signature, name, record=entry_record)
     else:
         # A reference names `func`; another process rebuilds the caller around
-        # it for dense inputs and outputs only (_portable._dense_caller).
+        # it for dense inputs and outputs only (_resolve._dense_caller).
         dense = not signature.composite and all(isinstance(v, tf.Tensor) for v in structure)
         outputs, forward = _op.build_graph_op(OP, op, func, inputs, signature, name,
                                               portable=portable, runs=call,
