@@ -27,6 +27,10 @@ from pyfunc_bridge._array_function import array_function  # noqa: E402
 from pyfunc_bridge._stats import enable_stats, reset_stats, stats  # noqa: E402
 from pyfunc_bridge._portable import portable, trust_pickled  # noqa: E402
 from pyfunc_bridge._process import ProcessPool  # noqa: E402
+# Above the APIs: it rebuilds loaded py_function ops as _py_function builds
+# them.  The conversion layer calls it on a registry miss (graphs from
+# elsewhere); imported here so that no kernel thread imports it.
+from pyfunc_bridge import _resolve  # noqa: E402,F401
 
 __version__ = "0.1.0"
 # The conversion API lives in the conversion layer (src/conversion/dlpack_api.pxi),

@@ -101,7 +101,9 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
     Returns:
       A tensor, or a list of tensors when Tout is a list.  With no outputs
       (``Tout=[]``): None eagerly, the ``tf.Operation`` in a graph (for
-      ``Session.run`` and control dependencies), as ``tf.numpy_function``.
+      ``Session.run`` and control dependencies), as ``tf.numpy_function``;
+      ``[]`` in a graph with ``stateful=False`` (TF's too: nothing keeps such
+      an op, so the graph prunes it).
 
     Without ``func`` it is a decorator, which also declares a module-level
     function portable:

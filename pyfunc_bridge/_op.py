@@ -3,6 +3,7 @@ array_function): argument checks, the decorator form, building a bridge op
 in a graph (with its portable description, pyfunc_bridge/_portable.py), and
 running one eagerly.  The API modules keep only what differs between them."""
 import functools
+import os
 
 from tensorflow.python import pywrap_tfe as _pywrap_tfe
 from tensorflow.python.autograph.core import config as _autograph_config
@@ -10,6 +11,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.eager import core as _eager_core
 from tensorflow.python.framework import errors_impl as _errors_impl
 from tensorflow.python.framework import ops as _tf_ops
+from tensorflow.python.util import tf_stack as _tf_stack
 
 from pyfunc_bridge import _errors, _library, _portable, _registry, _tout
 
@@ -87,6 +89,29 @@ _NODE_NAMES = {
 }
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_FILES = frozenset(
+    os.path.join(_HERE, name) for name in os.listdir(_HERE) if name.endswith(".py"))
+
+
+class BridgeFrames(_tf_stack.StackTraceFilter):
+    """Leaves this package's frames out of the stack TF records for an op
+    built under it, as TF leaves out its own: the stack that errors show
+    ("defined at", XLA's "The op is created at") then ends at the user's
+    line.  `wrapper`: the op's generated wrapper, whose code TF compiled
+    from a string (file ``<string>``, shared by every op library's
+    wrappers: a frame of code the user exec'd while building the op would be
+    left out too).  One instance per op built: TF's filters belong to the
+    thread that enters them."""
+
+    def __init__(self, wrapper):
+        super().__init__()
+        self._files = _PACKAGE_FILES | {wrapper.__code__.co_filename}
+
+    def get_filtered_filenames(self):
+        return self._files | self.parent.get_filtered_filenames()
+
+
 def node_name(op_type, framework=None):
     """The default name of a graph node of a bridge op: array_function's
     (numpy_function's op with a `framework`) are ArrayFunction.
@@ -120,14 +145,17 @@ def build_graph_op(op_type, wrapper, func, inputs, signature, name, attrs=(),
                              obj=runs, nameable=nameable)
     entry = _registry.register(func if runs is None else runs, framework, name,
                                executor=executor, api=api)
-    result = wrapper(input=inputs, key=entry.key, Tout=signature.dtypes,
-                     out_shapes=signature.shapes,
-                     name=node_name(op_type, framework) if name is None else name,
-                     **dict(attrs), **travel)
-    # A list of outputs, (outputs, forward) for py_function, or an Operation
-    # when there are no outputs.
-    last = result[-1] if isinstance(result, (list, tuple)) and result else result
-    _registry.keep_alive(entry, last.graph)
+    # The graph the op is built in, taken from neither result form: a list of
+    # outputs, (outputs, forward) for py_function, the Operation of a stateful
+    # op without outputs, or [] for a stateless one (TF's generated wrappers
+    # return the Operation only for stateful ops).
+    graph = _tf_ops.get_default_graph()
+    with BridgeFrames(wrapper):
+        result = wrapper(input=inputs, key=entry.key, Tout=signature.dtypes,
+                         out_shapes=signature.shapes,
+                         name=node_name(op_type, framework) if name is None else name,
+                         **dict(attrs), **travel)
+    _registry.keep_alive(entry, graph)
     return result
 
 

@@ -44,9 +44,11 @@ def _py_function_grad(op, *grads):
     floating = [dtype for dtype in input_dtypes if _floating(dtype)]
     if not floating:
         return [None] * len(input_dtypes)
-    input_grads = iter(_library.ops().pyfunc_bridge_py_function_grad(
-        forward=op.outputs[-1], grads=output_grads, Tdx=floating,
-        name=None if tf.executing_eagerly() else _op.node_name(GRAD_OP)))
+    grad_op = _library.ops().pyfunc_bridge_py_function_grad
+    with _op.BridgeFrames(grad_op):
+        input_grads = iter(grad_op(
+            forward=op.outputs[-1], grads=output_grads, Tdx=floating,
+            name=None if tf.executing_eagerly() else _op.node_name(GRAD_OP)))
     return [next(input_grads) if _floating(dtype) else None for dtype in input_dtypes]
 
 
@@ -195,7 +197,7 @@ def _py_function(func, inp, Tout, name, portable=False):
             OP, op, call, inputs, signature, name, record=entry_record)
     else:
         # A reference names `func`; another process rebuilds the caller around
-        # it for dense inputs and outputs only (_portable._dense_caller).
+        # it for dense inputs and outputs only (_resolve._dense_caller).
         dense = not signature.composite and all(isinstance(v, tf.Tensor) for v in structure)
         outputs, forward = _op.build_graph_op(OP, op, func, inputs, signature, name,
                                               portable=portable, runs=call,
@@ -218,7 +220,8 @@ def py_function(func=None, inp=None, Tout=None, name=None, *, portable=False,
     Args:
       func: the Python function.  It receives one EagerTensor per input
         (RaggedTensor/SparseTensor inputs arrive as such), wrapping the op's
-        input memory without a copy, on the op's device.  It may run TF ops and
+        input memory without a copy (host inputs report CPU:0 on any CPU, as
+        TF's do).  It may run TF ops, placed under the op's device scope, and
         returns EagerTensors, NumPy arrays, Python scalars, RaggedTensors or
         SparseTensors as Tout declares (None when Tout declares nothing).
       inp: a list of tensors, RaggedTensors or SparseTensors.

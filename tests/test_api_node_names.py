@@ -1,5 +1,7 @@
 """Graph nodes get default names that TensorFlow's error interpolation
 parses: errors then say where the op was defined, and cost what TF's cost."""
+import functools
+import os
 import re
 import time
 
@@ -97,3 +99,68 @@ def test_a_long_graph_error_costs_about_what_tensorflows_costs(op):
         assert "Detected at node" in info.value.message
     # A loose guard: before, 40k characters took 27 s against TF's 0.1 s.
     assert seconds["ours"] < 10 * seconds["theirs"] + 1.0, seconds
+
+
+PACKAGE_DIR = os.path.dirname(pfb.__file__)
+# API_PAIRS with array_function as a partial: a lambda would add a frame of
+# its own to the stacks compared here.
+FRAME_PAIRS = {**API_PAIRS, "array_function": (
+    functools.partial(pfb.array_function, framework="numpy"), tf.numpy_function)}
+
+
+def _frames(message, header):
+    """(file name, line, function) of each frame listed after `header` in a
+    TF error message (TF writes the paths shortened by their common prefix)."""
+    lines = message.split(header, 1)[1].splitlines()[1:]
+    frames = []
+    for line in lines:
+        match = re.match(r'\s*File "(.*)", line (\d+), in (.*)', line)
+        if match is None:
+            if line.strip():
+                break
+            continue
+        frames.append((os.path.basename(match[1]), int(match[2]), match[3]))
+    return frames
+
+
+def _xla_error(api):
+    @tf.function(jit_compile=True)
+    def fn(x):
+        return api(lambda a: a, [x], tf.float32)  # both APIs' ops are built here
+    with pytest.raises(tf.errors.OpError) as info:
+        fn(tf.constant([1.0]))
+    return info.value
+
+
+@pytest.mark.parametrize("op", sorted(FRAME_PAIRS))
+def test_xla_errors_show_the_users_frames_as_tensorflows(op):
+    """XLA cannot compile a Python function: the error names where the op
+    was created, and that stack ends at the user's line, as TF's does."""
+    ours, theirs = (_xla_error(api) for api in FRAME_PAIRS[op])
+    assert type(ours) is type(theirs) is tf.errors.InvalidArgumentError
+    header = "The op is created at:"
+    got, want = _frames(ours.message, header), _frames(theirs.message, header)
+    assert got == want
+    assert got[-1][0] == os.path.basename(__file__) and got[-1][2] == "fn"
+    assert "pyfunc_bridge" not in ours.message.split(header, 1)[1]
+    assert "<string>" not in ours.message
+
+
+@pytest.mark.parametrize("op", sorted(FRAME_PAIRS))
+def test_graph_errors_show_the_users_frames_as_tensorflows(op):
+    ours, theirs = (error_of(api, raising(ValueError("marker")), "graph")
+                    for api in FRAME_PAIRS[op])
+    header = "defined at (most recent call last):"
+    got, want = _frames(ours.message, header), _frames(theirs.message, header)
+    assert got == want
+    assert got[-1][2] == "call"  # conftest.error_of's line that builds the op
+
+
+def test_the_gradient_op_records_no_frame_of_the_package():
+    graph = py_function_gradient(lambda a: a * a).get_concrete_function(
+        tf.constant([1.0])).graph
+    ops = [op for function in graph._functions.values()
+           for op in function.graph.get_operations()] + graph.get_operations()
+    (grad,) = [op for op in ops if op.type == "PyfuncBridge>PyFunctionGrad"]
+    files = [frame.filename for frame in grad.traceback]
+    assert files and not [f for f in files if f.startswith(PACKAGE_DIR) or f == "<string>"]

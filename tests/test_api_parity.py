@@ -259,6 +259,65 @@ def test_no_outputs_in_parallel_map_runs_for_each_element(api_name):
     assert counts["pfb"] == counts["tf"] == ([0, 1, 2, 3, 4], 5)
 
 
+# The APIs that take `stateful`, with TF's builtin as the oracle
+# (array_function(framework="numpy") is exactly numpy_function).
+STATEFUL_APIS = {
+    **NUMPY_APIS,
+    "array_function": (tf.numpy_function,
+                       lambda *args, **kwargs: pfb.array_function(*args, framework="numpy",
+                                                                  **kwargs)),
+}
+
+
+def _stateless_no_outputs(mode, api, calls):
+    """What api(f, [x], [], stateful=False) gives the caller in `mode`, and
+    what running it gives ("-" where nothing is run apart from the call)."""
+    def f(a):
+        calls.append(1)
+    if mode == "eager":
+        return api(f, [tf.constant([1.0])], [], stateful=False), "-"
+    if mode == "tf.function":
+        built = []
+
+        @tf.function
+        def g(x):
+            built.append(api(f, [x], [], stateful=False))
+            return tf.identity(x)
+        g(tf.constant([1.0]))
+        return built[0], "-"
+    if mode == "tf.data":
+        built = []
+
+        def element(x):
+            built.append(api(f, [x], [], stateful=False))
+            return x
+        ds = tf.data.Dataset.range(3).map(element, num_parallel_calls=2)
+        return built[0], sorted(ds.as_numpy_iterator())
+    with tf.Graph().as_default():
+        op = api(f, [tf.constant([1.0])], [], stateful=False)
+        with tf.compat.v1.Session() as sess:
+            return op, sess.run(op)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("api_name", STATEFUL_APIS)
+def test_stateless_no_outputs_matches_tf(api_name, mode):
+    """Tout=[] with stateful=False: TF's generated wrapper of a stateless op
+    returns its (empty) output list, not the Operation; nothing keeps such an
+    op, so graphs prune it and the function never runs there."""
+    results = {}
+    for label, api in zip(("tf", "pfb"), STATEFUL_APIS[api_name]):
+        calls = []
+        got, ran = _stateless_no_outputs(mode, api, calls)
+        results[label] = (type(got).__name__, got if not isinstance(got, tf.Operation) else "op",
+                          ran, len(calls))
+    assert results["pfb"] == results["tf"]
+    if mode == "eager":
+        assert results["tf"] == ("NoneType", None, "-", 1)
+    elif mode == "session":
+        assert results["tf"] == ("list", [], [], 0)
+
+
 # ---------------------------------------------------------------------------
 # 4. func that is not callable.
 

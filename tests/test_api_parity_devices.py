@@ -32,10 +32,14 @@ SCRIPT = textwrap.dedent("""
     def py_function_cases(api):
         out = {}
         seen = []
+        mode = ["eager"]
+        devices = []  # [mode, the input's device, the device of the function's op]
 
         def square(a):
             seen.append(json.dumps(kind(a) + [a.device]))
-            return a * a
+            y = a * a
+            devices.append([mode[0], a.device, y.device])
+            return y
 
         x = tf.constant(3.0)
         with tf.device("/cpu:1"):
@@ -43,6 +47,7 @@ SCRIPT = textwrap.dedent("""
                 tape.watch(x)
                 y = api(square, [x], tf.float32)
             out["eager"] = [float(y), float(tape.gradient(y, x)), y.device]
+        mode[0] = "tf.function"
 
         @tf.function
         def f(x):
@@ -53,6 +58,7 @@ SCRIPT = textwrap.dedent("""
                 return y, tape.gradient(y, x)
         y, g = f(x)
         out["tf.function"] = [float(y), float(g), y.device]
+        mode[0] = "session"
 
         with tf.Graph().as_default():
             with tf.device("/cpu:1"):
@@ -60,7 +66,8 @@ SCRIPT = textwrap.dedent("""
                 y = api(square, [c], tf.float32)
                 (g,) = tf.gradients(y, [c])
             with tf.compat.v1.Session() as sess:
-                out["session"] = [float(v) for v in sess.run([y, g])]
+                out["session"] = [float(v) for v in sess.run([y, g])] + [y.device]
+        mode[0] = "mirrored"
 
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         with strategy.scope():
@@ -75,6 +82,7 @@ SCRIPT = textwrap.dedent("""
         out["mirrored"] = [[float(t) for t in strategy.experimental_local_results(r)]
                            for r in (ys, gs)]
         out["received"] = sorted(set(seen))
+        out["devices"] = sorted(set(map(tuple, devices)))
         return out
 
     def numpy_cases(api):
@@ -172,3 +180,24 @@ def test_tensor_on_second_cpu_exports_as_host_memory(results):
     assert device.endswith("CPU:1")
     assert dl_device == [1, 0]  # kDLCPU, device 0: DLPack's one host device
     assert values == [2.0, 4.0]
+
+
+def test_py_function_inputs_on_second_cpu_report_host_device_as_tf(results):
+    """What the README says of a py_function on /cpu:1: the op runs there and
+    its output is there, but the EagerTensors the function receives report
+    CPU:0 (host memory is one address space; TF's py_function makes host
+    inputs on CPU:0 as well).  The function's own TF ops run under the op's
+    device scope, as TF's do eagerly; in graphs TF's run where TF's default
+    placement puts them (CPU:0), a difference the README lists."""
+    got, want = results["py_function"]["pfb"], results["py_function"]["tf"]
+    assert got["eager"][2].endswith("CPU:1") and want["eager"][2].endswith("CPU:1")
+    assert got["session"][2].endswith("CPU:1") and want["session"][2].endswith("CPU:1")
+    inputs = {(mode, device) for mode, device, _ in got["devices"]}
+    assert inputs == {(mode, device) for mode, device, _ in want["devices"]}
+    assert {mode for mode, _ in inputs} == {"eager", "tf.function", "session", "mirrored"}
+    assert all(device.endswith("CPU:0") for _, device in inputs)
+    ran = {mode: device for mode, _, device in got["devices"] if mode != "mirrored"}
+    assert all(device.endswith("CPU:1") for device in ran.values()), ran
+    ran_tf = {mode: device for mode, _, device in want["devices"] if mode != "mirrored"}
+    assert ran_tf["eager"].endswith("CPU:1")
+    assert ran_tf["tf.function"].endswith("CPU:0") and ran_tf["session"].endswith("CPU:0")

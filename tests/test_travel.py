@@ -24,7 +24,7 @@ import tensorflow as tf
 
 import pyfunc_bridge as pfb
 import travel_functions
-from pyfunc_bridge import _portable
+from pyfunc_bridge import _portable, _resolve
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -565,13 +565,13 @@ def test_concurrent_misses_resolve_exactly_once(registry, trusting):
     import cloudpickle
     payload = cloudpickle.dumps(travel_functions.SlowlyUnpickled())
     key = f"tests:concurrent@{uuid.uuid4().hex}"
-    made, resolutions = travel_functions.made, _portable.resolutions
+    made, resolutions = travel_functions.made, _resolve.resolutions
     barrier = threading.Barrier(16)
     entries = []
 
     def miss():
         barrier.wait()
-        entries.append(_portable.resolve(key, "", payload, "", False, 1))
+        entries.append(_resolve.resolve(key, "", payload, "", False, 1))
     threads = [threading.Thread(target=miss) for _ in range(16)]
     for t in threads:
         t.start()
@@ -579,11 +579,11 @@ def test_concurrent_misses_resolve_exactly_once(registry, trusting):
         t.join(timeout=60)
     assert len(entries) == 16
     assert travel_functions.made - made == 1
-    assert _portable.resolutions - resolutions == 1
+    assert _resolve.resolutions - resolutions == 1
     assert all(e is entries[0] for e in entries)
     assert entries[0].func is travel_functions.times2
     assert registry[key]() is entries[0]  # later calls take the registered path
-    assert key not in _portable._key_locks  # no lock kept per resolved key
+    assert key not in _resolve._key_locks  # no lock kept per resolved key
 
 
 def test_parallel_pipeline_misses_resolve_once(trusting):
@@ -604,21 +604,21 @@ def test_failed_resolution_is_not_cached(registry):
     key = f"tests:retry@{uuid.uuid4().hex}"
     reference = "travel_functions:late"
     with pytest.raises(ValueError, match="did not declare"):
-        _portable.resolve(key, reference, b"", "", False, 1)
+        _resolve.resolve(key, reference, b"", "", False, 1)
 
     def late(a):
         return a
     late.__module__, late.__qualname__ = "travel_functions", "late"
     pfb.portable(late)
     try:
-        assert _portable.resolve(key, reference, b"", "", False, 1).func is late
+        assert _resolve.resolve(key, reference, b"", "", False, 1).func is late
     finally:
         del _portable._declared[reference]
 
 
 def test_resolution_records_the_framework(trusting):
     pytest.importorskip("torch")
-    entry = _portable.resolve(f"tests:fw@{uuid.uuid4().hex}", "travel_functions:times2",
+    entry = _resolve.resolve(f"tests:fw@{uuid.uuid4().hex}", "travel_functions:times2",
                               b"", "torch", False, 1)
     assert entry.framework.name == "torch"
 
@@ -627,7 +627,7 @@ def test_untrusted_pickle_error_names_the_key():
     previous = pfb.trust_pickled(False)
     try:
         with pytest.raises(ValueError) as info:
-            _portable.resolve("tests:untrusted@1", "", b"payload", "", False, 1)
+            _resolve.resolve("tests:untrusted@1", "", b"payload", "", False, 1)
     finally:
         pfb.trust_pickled(previous)
     assert "'tests:untrusted@1'" in str(info.value)
@@ -638,7 +638,7 @@ def test_undeclared_reference_and_untrusted_pickle_give_both_fixes():
     previous = pfb.trust_pickled(False)
     try:
         with pytest.raises(ValueError) as info:
-            _portable.resolve(f"tests:both@{uuid.uuid4().hex}",
+            _resolve.resolve(f"tests:both@{uuid.uuid4().hex}",
                               "travel_functions:undeclared_writer", b"payload", "", False, 1)
     finally:
         pfb.trust_pickled(previous)
@@ -648,13 +648,13 @@ def test_undeclared_reference_and_untrusted_pickle_give_both_fixes():
 
 def test_unknown_framework_is_an_error():
     with pytest.raises(ValueError, match="framework must be one of"):
-        _portable.resolve(f"tests:framework@{uuid.uuid4().hex}", "travel_functions:times2",
+        _resolve.resolve(f"tests:framework@{uuid.uuid4().hex}", "travel_functions:times2",
                           b"", "fortran", False, 1)
 
 
 def test_broken_pickle_says_what_failed(trusting):
     with pytest.raises(ValueError, match="could not be unpickled"):
-        _portable.resolve(f"tests:broken@{uuid.uuid4().hex}", "", b"not a pickle", "",
+        _resolve.resolve(f"tests:broken@{uuid.uuid4().hex}", "", b"not a pickle", "",
                           False, 1)
 
 

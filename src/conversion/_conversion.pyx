@@ -19,7 +19,7 @@ The kernel hands every call over through the PfbBridgeApi capsule
    (one ``_DLPackOwner`` per input); ``_entry`` (the registry, the eager slot,
    or a gradient's recorded ``_Forward``; a key missing from the registry is
    resolved once from the op's portable description in the PfbCall, by
-   ``_resolve_missing`` -> ``pyfunc_bridge/_portable.py``, into an entry with
+   ``_resolve_missing`` -> ``pyfunc_bridge/_resolve.py``, into an entry with
    the converter of the recorded framework); ``_converter``: the entry's
    ``_NUMPY`` (``_NUMPY_EAGER`` for an eager call) or ``_FrameworkConverter``
    (converters.pxi), or ``_TENSORS`` for the py_function kernels (tensors.pxi).

@@ -41,7 +41,7 @@ cdef object _lookup(PfbCall* call):
     return entry
 
 
-cdef object _resolve = None  # pyfunc_bridge._portable.resolve, on the first miss
+cdef object _resolve = None  # pyfunc_bridge._resolve.resolve, on the first miss
 
 
 cdef bytes _attr_bytes(const char* data, size_t size):
@@ -54,7 +54,7 @@ cdef object _resolve_missing(PfbCall* call):
     function.  Resolved once per key; later calls find it in `_functions`."""
     global _resolve
     if _resolve is None:
-        from pyfunc_bridge._portable import resolve
+        from pyfunc_bridge._resolve import resolve
         _resolve = resolve
     return _resolve(
         _attr_bytes(call.key, call.key_len).decode("utf-8", "replace"),
