@@ -11,8 +11,12 @@
 #     pfb.outputs              converting the results
 #
 # While no profiler session runs a call costs one relaxed atomic load (TSL's
-# trace level, TraceMe's own check) and allocates nothing: the events are
-# built, from times taken on TraceMe's clock, when the call ends.
+# trace level, TraceMe's own check) and a few branches, and allocates nothing:
+# the events are built, from times taken on TraceMe's clock, when it ends.
+
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size) except NULL
+
 
 cdef int _NO_TRACE_LEVEL = 0
 # TSL's trace level once set_trace_api has run; until then a level that never
@@ -75,10 +79,6 @@ cdef int _trace_called(_CallTrace* trace, _CallCounts* counts) noexcept:
     memcpy(trace.in_copied, counts.copied, sizeof(trace.in_copied))
     trace.called = _trace_api.now()
     return 0
-
-
-cdef extern from "Python.h":
-    const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size) except NULL
 
 
 cdef str _trace_text(object value):
