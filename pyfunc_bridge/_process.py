@@ -274,6 +274,15 @@ class _Worker:
                                        name=f"{pool.name} reader {index}")
         self.reader.start()
 
+    def ended(self):
+        """Lets go of what the parent holds of this worker once it has ended:
+        its socket (under the write lock: no write is under way on the
+        descriptor), and its result mapping, which stays mapped only while an
+        output views one of its blocks (each _ResultBlock keeps it)."""
+        with self.write_lock:
+            self.sock.close()
+        self.results = self.result_map = None
+
 
 class _Functions:
     """func -> (token, pickle) for the life of func; a function dropped in
@@ -581,15 +590,16 @@ class ProcessPool:
     def stage(self, args):
         """One description per input (the values _input_arrays made): numbers
         are copied into the input arena, everything else is pickled."""
+        inputs = self._inputs  # kept: close() lets go of the mapping
         numbers = [i for i, value in enumerate(args)
                    if type(value) is np.ndarray and value.dtype.kind not in "OSUMm"
-                   and value.size and self._inputs is not None]
+                   and value.size and inputs is not None]
         descs = [("v", value) for value in args]
         try:
             self._alloc(args, numbers, descs)
             for value, desc in zip(args, descs):
                 if desc[0] == "s":
-                    target = self._inputs[desc[1]:desc[1] + value.nbytes]
+                    target = inputs[desc[1]:desc[1] + value.nbytes]
                     np.copyto(target.view(value.dtype).reshape(value.shape), value)
         except BaseException:
             self.release(descs)
@@ -800,7 +810,8 @@ class ProcessPool:
                 requests = _take(worker.outbox)
                 message = (_take(worker.freed), _take(worker.forget), requests)
                 try:
-                    worker.sock.sendall(_worker.frame(message, pickle.dumps))
+                    _worker.send(worker.sock,
+                                 pickle.dumps(message, protocol=_worker._PICKLE_PROTOCOL))
                 except OSError:
                     pass  # the worker is gone: its reader fails these calls
             finally:
@@ -811,11 +822,16 @@ class ProcessPool:
         from pyfunc_bridge import _library
         result_view = _library.conversion().worker_result
 
+        results = worker.results  # (None once the pool let go of the mapping)
+
         def value(item):
             if item[0] == "v":
                 return item[1]
+            if results is None:
+                raise PoolClosedError(f"pyfunc_bridge: {self.name} was closed before the "
+                                      f"call's result was read")
             _, offset, size, dtype, shape, _ = item
-            return result_view(worker, offset, size, dtype, shape)
+            return result_view(worker, results, offset, size, dtype, shape)
 
         kind, body = payload
         if kind == "one":
@@ -830,28 +846,10 @@ class ProcessPool:
         at the end of the stream, fails the calls it still held."""
         frames = _worker.FrameReader(worker.sock)
         try:
-            while True:
-                received = frames.read(pickle.loads)
-                if not received:
-                    break
-                answered = []
-                for message in received:
-                    if message[0] == "ready":  # ("ready", pid)
-                        worker.ready = True
-                        self._start_failures = 0
-                        continue
-                    _, replies, freed = message
-                    calls = [(_timed(worker.pending.pop(call_id, None), times),
-                              (ok, payload, moved, worker))
-                             for call_id, ok, payload, moved, times in replies]
-                    self._settle(worker, freed, [call for call, _ in calls])
-                    answered.extend((call, reply) for call, reply in calls if call is not None)
-                # The worker's next calls first, then its callers: it works
-                # while they wake.
-                if not worker.pending:
-                    self._hand_queue(worker)
-                for call, reply in answered:
-                    self._answer(call, reply)
+            # No local keeps a reply while the next is awaited (a large
+            # pickled result would stay alive until then).
+            while self._receive(worker, frames.read(pickle.loads)):
+                pass
         except (OSError, EOFError):
             pass
         except Exception as exc:  # noqa: BLE001 - a reply this process cannot load
@@ -862,6 +860,28 @@ class ProcessPool:
                                f"({type(exc).__name__}: {exc}), so it was ended")
             return
         self._lost(worker)
+
+    def _receive(self, worker, received):
+        """Hands out the messages of one read; False at the end of the stream."""
+        answered = []
+        for message in received:
+            if message[0] == "ready":  # ("ready", pid)
+                worker.ready = True
+                self._start_failures = 0
+                continue
+            _, replies, freed = message
+            calls = [(_timed(worker.pending.pop(call_id, None), times),
+                      (ok, payload, moved, worker))
+                     for call_id, ok, payload, moved, times in replies]
+            self._settle(worker, freed, [call for call, _ in calls])
+            answered.extend((call, reply) for call, reply in calls if call is not None)
+        # The worker's next calls first, then its callers: it works while
+        # they wake.
+        if received and not worker.pending:
+            self._hand_queue(worker)
+        for call, reply in answered:
+            self._answer(call, reply)
+        return bool(received)
 
     def _settle(self, worker, freed, answered):
         """The input blocks `worker` freed go back to the arena; the calls
@@ -905,6 +925,8 @@ class ProcessPool:
                 for offset in call.blocks:
                     worker.inputs.pop(offset, None)
         self._settle(worker, list(worker.inputs.items()), [call for call, _ in failed])
+        if not closing:  # (close() ends its workers itself)
+            worker.ended()
         for call, error in failed:
             self._answer(call, (None, error, 0, worker))
         if again:
@@ -995,6 +1017,9 @@ class ProcessPool:
         if self._input_fd is not None:
             os.close(self._input_fd)
             self._input_fd = None
+        # The input mapping goes with the last reference to it (a stage()
+        # still copying holds one); result mappings, see _Worker.ended.
+        self._inputs = self._input_map = None
         _live_pools.discard(self)
 
     def _stop(self, workers):
@@ -1013,7 +1038,7 @@ class ProcessPool:
         for w in workers:
             if w.reader is not threading.current_thread():
                 w.reader.join(timeout=5)
-            w.sock.close()
+            w.ended()
 
 
 def _timed(call, times):

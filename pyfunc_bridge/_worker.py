@@ -97,18 +97,33 @@ class Arena:
         return sum(size for _, size in self._free)
 
 
+_JOINED = 1 << 16  # a pickle up to this size is joined to its header (one write)
+
+
 def frame(obj, dumps):
     """One frame: the length, then the pickle."""
     data = dumps(obj, protocol=_PICKLE_PROTOCOL)
     return _HEADER.pack(len(data)) + data
 
 
+def send(sock, data):
+    """Writes the frame of the pickle `data`.  A large one is written after
+    its header rather than joined to it: joining would copy it."""
+    if len(data) <= _JOINED:
+        sock.sendall(_HEADER.pack(len(data)) + data)
+    else:
+        sock.sendall(_HEADER.pack(len(data)))
+        sock.sendall(data)
+
+
 class FrameReader:
     """Splits what a socket delivers into frames (several per read when the
-    other side wrote several).  Reads into one reused buffer: a fresh large
-    buffer per read would cost page faults on every call."""
+    other side wrote several).  Reads into one reused buffer of `size` bytes
+    (a fresh buffer per read would cost page faults on every call); a frame
+    that does not fit it is read into a buffer of its own, dropped once the
+    frame is loaded, so that one large frame leaves no large buffer behind."""
 
-    def __init__(self, sock, size=1 << 16):
+    def __init__(self, sock, size=1 << 20):
         self._sock = sock
         self._buffer = bytearray(size)
         self._start = 0   # the first byte not yet parsed
@@ -129,6 +144,8 @@ class FrameReader:
                     (length,) = _HEADER.unpack_from(view, self._start)
                     begin = self._start + _HEADER.size
                     if self._end < begin + length:
+                        if _HEADER.size + length > len(self._buffer):
+                            frames.append(loads(self._read_large(view, begin, length)))
                         break
                     frames.append(loads(view[begin:begin + length]))
                     self._start = begin + length
@@ -136,15 +153,27 @@ class FrameReader:
                 self._start = self._end = 0
         return frames
 
+    def _read_large(self, view, begin, length):
+        """The whole frame at `begin`, of which the buffer holds the start,
+        read on into a buffer of its own; the reused buffer is then empty."""
+        have = self._end - begin
+        data = bytearray(length)
+        data[:have] = view[begin:self._end]
+        self._start = self._end = 0
+        with memoryview(data) as rest:
+            while have < length:
+                received = self._sock.recv_into(rest[have:])
+                if not received:
+                    raise ConnectionResetError("the stream ended inside a frame")
+                have += received
+        return data
+
     def _make_room(self):
-        """Moves the partial frame to the front, growing the buffer for a
-        frame larger than it."""
+        """Moves the partial frame to the front (a frame that does not fit
+        the buffer is read by _read_large)."""
         pending = self._end - self._start
-        if self._start == 0:
-            self._buffer.extend(bytes(len(self._buffer)))
-        else:
-            self._buffer[:pending] = self._buffer[self._start:self._end]
-            self._start, self._end = 0, pending
+        self._buffer[:pending] = self._buffer[self._start:self._end]
+        self._start, self._end = 0, pending
 
 
 # ------------------------------------------------------------- copy facts --
@@ -443,35 +472,46 @@ class _Worker:
                 frames = reader.read(pickle.loads)
                 if not frames:
                     return  # the parent closed the pool, or exited
-            replies = []
-            for freed, forget, requests in frames:
-                for offset, size in freed:
-                    self.arena.free(offset, size)
-                for token in forget:
-                    self.functions.pop(token, None)
-                for request in requests:
-                    if self.status is None:
-                        replies.append(self.run(request))
-                        continue
-                    # With a timeout, each reply goes at once: a call that
-                    # times out must not take the results of the calls run
-                    # before it with it.
-                    self.begin(request[0])
-                    self.sock.sendall(self.sendable([self.run(request)], pickle))
-                    self.begin(-1)
-            frames = None
+            # Nothing of these requests or their replies (large pickled
+            # inputs or results among them) stays referenced while the next
+            # frame is awaited.
+            replies = self.answer(frames, pickle)
             if self.status is None:
-                self.sock.sendall(self.sendable(replies, pickle))
+                send(self.sock, self.sendable(replies, pickle))
+            replies = frames = None
+
+    def answer(self, frames, pickle):
+        """Runs the requests of `frames` (emptied); returns their replies
+        (none with a timeout: each has gone already)."""
+        replies = []
+        while frames:
+            freed, forget, requests = frames.pop(0)
+            for offset, size in freed:
+                self.arena.free(offset, size)
+            for token in forget:
+                self.functions.pop(token, None)
+            while requests:
+                request = requests.pop(0)
+                if self.status is None:
+                    replies.append(self.run(request))
+                    continue
+                # With a timeout, each reply goes at once: a call that
+                # times out must not take the results of the calls run
+                # before it with it.
+                self.begin(request[0])
+                send(self.sock, self.sendable([self.run(request)], pickle))
+                self.begin(-1)
+        return replies
 
     def sendable(self, replies, pickle):
-        """The frame of `replies`, with the input blocks freed since the last
+        """The pickle of `replies`, with the input blocks freed since the last
         one (the calls' inputs, unless a function kept them).  A reply whose
         result does not pickle becomes its call's TypeError (its arena blocks
         freed), rather than an error that ends this worker and fails every
         call of the frame."""
         freed = self.freed_inputs()
         try:
-            return frame(("done", replies, freed), pickle.dumps)
+            return pickle.dumps(("done", replies, freed), protocol=_PICKLE_PROTOCOL)
         except Exception:  # noqa: BLE001 - found reply by reply below
             pass
         checked = []
@@ -493,7 +533,7 @@ class _Worker:
                     f"that pickle, or run the function in-process (executor=None)")
                 reply = (call_id, False, _exception_payload(error), 0, reply[4])
             checked.append(reply)
-        return frame(("done", checked, freed), pickle.dumps)
+        return pickle.dumps(("done", checked, freed), protocol=_PICKLE_PROTOCOL)
 
     def freed_inputs(self):
         """Takes the input blocks reported gone since the last call."""

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -1204,3 +1205,121 @@ def test_a_closed_pool_leaves_no_shared_memory_in_this_process():
     del out, pool
     gc.collect()
     assert _memfds(name) == ([], [])
+
+
+def test_close_unmaps_the_shared_memory_of_a_pool_still_referenced():
+    """close() frees the arenas although the pool object lives on; a result
+    tensor keeps only its own worker's mapping, until it goes."""
+    name = "unmap check pool"
+    pool = pfb.ProcessPool(2, arena_bytes=1 << 20, name=name)
+    try:
+        kept = pfb.numpy_function(pf.identity, [tf.range(1000.0)], tf.float32,
+                                  executor=pool)
+        # The input arena and two result arenas (each mmap object holds a
+        # descriptor of its own, and the pool the input arena's).
+        fds, maps = _memfds(name)
+        assert len(fds) == 4 and len(maps) == 3, (fds, maps)
+    finally:
+        pool.close()
+    fds, maps = _memfds(name)
+    assert len(fds) == len(maps) == 1 and "-results" in fds[0] + maps[0], (fds, maps)
+    assert int(kept[999]) == 999
+    del kept  # (no gc.collect: nothing waits for a collection)
+    assert _memfds(name) == ([], [])
+    assert all(w.sock.fileno() == -1 for w in pool._workers)
+
+
+def _open_fds():
+    """This process's descriptors of sockets and memfds."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(("socket:", "/memfd:")):
+            found.append(target)
+    return found
+
+
+# With gc off, in a fresh interpreter: what a dead worker leaves must go when
+# its death is handled, not when a collection finds it.
+_DEATHS_SCRIPT = r"""
+import gc, os, signal, time
+gc.disable()
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+import test_process_pool as t
+with pfb.ProcessPool(1, arena_bytes=1 << 20, name="dying pool") as pool:
+    def call():
+        return float(pfb.numpy_function(pf.double, [tf.fill([1000], 2.0)], tf.float32,
+                                        executor=pool)[0])
+    assert call() == 4.0
+    fds, maps = len(t._open_fds()), len(t._memfds("dying pool")[1])
+    for _ in range(10):
+        (victim,) = pool._workers
+        os.kill(victim.pid, signal.SIGKILL)
+        t.wait_for(lambda: pool._workers[0] is not victim and pool._workers[0].ready)
+        assert call() == 4.0
+    t.wait_for(lambda: len(t._open_fds()) == fds)
+    assert len(t._memfds("dying pool")[1]) == maps, (t._memfds("dying pool")[1], maps)
+print("done")
+"""
+
+
+def test_a_dead_workers_socket_and_mapping_are_closed_when_its_death_is_handled():
+    run_script(_DEATHS_SCRIPT)
+
+
+_ROUND_TRIP_SCRIPT = r"""
+import gc, os
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) >> 10 for line in f if line.startswith("VmRSS:"))
+
+with pfb.ProcessPool(1, name="round trip pool") as pool:  # 64 MiB arenas: 200 MiB is pickled
+    (worker,) = pool._workers
+    pfb.numpy_function(pf.identity, [tf.constant(1)], tf.int32, executor=pool)
+    x = tf.fill([50 << 20], 1.0)  # 200 MiB
+    before = rss_mib(worker.pid), rss_mib(os.getpid())
+    for _ in range(2):
+        out = pfb.numpy_function(pf.double, [x], tf.float32, executor=pool)
+        assert float(out[-1]) == 2.0
+        del out
+    after = rss_mib(worker.pid), rss_mib(os.getpid())
+    # Nothing of 200 MiB frames stays: no buffer, no reply kept.
+    assert after[0] < before[0] + 32 and after[1] < before[1] + 64, (before, after)
+print("done")
+"""
+
+
+def test_a_large_round_trip_leaves_no_large_buffer_behind():
+    run_script(_ROUND_TRIP_SCRIPT)
+
+
+def test_frames_larger_than_the_reader_buffer_arrive_whole():
+    """FrameReader: small frames share its buffer, a large one gets its own,
+    in any split of the stream."""
+    import pickle
+    from pyfunc_bridge import _worker
+    a, b = socket.socketpair()
+    b.settimeout(20)  # a frame that never completes fails the test
+    try:
+        reader = _worker.FrameReader(b, size=64)
+        sent = [b"x" * 10, b"y" * 1000, b"z" * 20, list(range(300)), b"w"]
+        writer = threading.Thread(target=lambda: [a.sendall(
+            _worker.frame(item, pickle.dumps)) for item in sent])
+        writer.start()
+        got = []
+        while len(got) < len(sent):
+            got.extend(reader.read(pickle.loads))
+        writer.join()
+        assert got == sent and len(reader._buffer) == 64
+        a.close()
+        assert reader.read(pickle.loads) == []
+    finally:
+        a.close()
+        b.close()

@@ -9,9 +9,12 @@ cdef class _ResultBlock:
     """A block of a worker's result arena, kept by the output that views it;
     when the output goes, the block is handed back to the worker (with the
     pool's next message to it)."""
-    # The pool's handle of the worker: its `results` array keeps the shared
-    # mapping alive, its `freed` list collects returned blocks.
+    # The pool's handle of the worker: its `freed` list collects returned blocks.
     cdef object worker
+    # The uint8 array over the worker's result mapping: keeps the mapping
+    # alive for as long as the block is viewed, after the pool let go of it
+    # (closed, or the worker died).
+    cdef object results
     cdef Py_ssize_t offset
     cdef Py_ssize_t size
 
@@ -23,12 +26,13 @@ cdef class _ResultBlock:
                 pass  # the interpreter is finalizing: the memory goes with it
 
 
-def worker_result(object worker, Py_ssize_t offset, Py_ssize_t size, object dtype,
-                  tuple shape):
-    """A read-only ndarray of `dtype` and `shape` over a worker's result
-    block.  Its base is a read-only bridge owner of the block (the worker
-    wrote it, and nothing in Python can write it): the copy decision hands it
-    to TensorFlow without a copy, and the tensor keeps the block."""
+def worker_result(object worker, cnp.ndarray results, Py_ssize_t offset, Py_ssize_t size,
+                  object dtype, tuple shape):
+    """A read-only ndarray of `dtype` and `shape` over a block of `worker`'s
+    result arena (`results`, a uint8 array over its mapping).  Its base is a
+    read-only bridge owner of the block (the worker wrote it, and nothing in
+    Python can write it): the copy decision hands it to TensorFlow without a
+    copy, and the tensor keeps the block, and with it the mapping."""
     cdef cnp.dtype descr = np.dtype(dtype)
     cdef int ndim = len(shape)
     cdef npy_intp dims[64]
@@ -39,14 +43,15 @@ def worker_result(object worker, Py_ssize_t offset, Py_ssize_t size, object dtyp
     for i in range(ndim):
         dims[i] = shape[i]
         nbytes *= dims[i]
-    cdef Py_ssize_t arena = len(worker.results) if worker.results is not None else 0
+    cdef Py_ssize_t arena = cnp.PyArray_NBYTES(results) if results.dtype == np.uint8 else 0
     if offset < 0 or size < nbytes or offset + size > arena or offset % PFB_TENSOR_ALIGNMENT:
         raise RuntimeError(
             f"pyfunc_bridge: a worker described a result block ({offset}, {size}) that "
             f"does not hold {nbytes} bytes in its {arena}-byte arena")
-    cdef char* data = <char*><uintptr_t>worker.results_base + offset
+    cdef char* data = <char*>cnp.PyArray_DATA(results) + offset
     cdef _ResultBlock block = _ResultBlock.__new__(_ResultBlock)
     block.worker = worker
+    block.results = results
     block.offset = offset
     block.size = size
     cdef DLDataType u8
