@@ -78,8 +78,8 @@ def test_other_threads_keep_the_ordinary_allocator(results):
 
 
 def test_small_allocations_use_the_ordinary_allocator():
-    results = pw.ResultArena(mmap.mmap(-1, ARENA))  # min_bytes=4096 by default
-    small, large = results.call(lambda: (np.ones(100), np.ones(1000)), ())
+    results = pw.ResultArena(mmap.mmap(-1, ARENA))  # min_bytes=64 KiB by default
+    small, large = results.call(lambda: (np.ones(8191), np.ones(8192)), ())
     assert not inside(results, small) and inside(results, large)
     assert results.take(small) is None and results.take(large) is not None
 

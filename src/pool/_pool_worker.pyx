@@ -573,9 +573,10 @@ cdef class ResultArena:
     with its block allocator and NumPy data-memory handler.
 
     ``call(func, args)`` runs ``func(*args)`` with the handler installed in
-    this thread's context: NumPy arrays of at least `min_bytes` that the
-    function makes are allocated in the arena (what does not fit goes to the
-    ordinary allocator), and the handler is uninstalled when it returns.
+    this thread's context: NumPy arrays of at least `min_bytes` (default
+    64 KiB) that the function makes are allocated in the arena (what does not
+    fit goes to the ordinary allocator), and the handler is uninstalled when
+    it returns.
     ``take(result)`` then hands a result to the parent without a copy, if its
     memory came from the arena during that call and nothing else in this
     worker can reach it (no other reference to it or to the arrays it views,
@@ -593,7 +594,7 @@ cdef class ResultArena:
     cdef object _capsule   # owns _h; arrays allocated through it hold it too
     cdef dict _exclusive   # id(result) -> its block's offset, for the last call
 
-    def __cinit__(self, buffer, uint64_t min_bytes=4096):
+    def __cinit__(self, buffer, uint64_t min_bytes=65536):
         cdef _Handler* h = <_Handler*>calloc(1, sizeof(_Handler))
         if h == NULL:
             raise MemoryError()
