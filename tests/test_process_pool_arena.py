@@ -51,6 +51,38 @@ def test_a_result_the_worker_keeps_is_copied(pool):
     assert in_arena(pool, first) and in_arena(pool, second)
 
 
+def test_copy_false_accepts_a_fresh_result_sent_without_a_copy(pool, stats_on):
+    """The copy facts of a result the arena hands over as it is are those of
+    what the function returned: a fresh compact array, which copy=False
+    accepts (and no copy is made anywhere on the way back)."""
+    x = tf.random.uniform([LARGE])
+    y = pfb.numpy_function(pf.double, [x], tf.float32, executor=pool, copy=False,
+                           name="fresh result, copy=False")
+    np.testing.assert_array_equal(y.numpy(), x.numpy() * 2)
+    assert in_arena(pool, y)
+    assert pfb.stats().functions["fresh result, copy=False"].bytes_copied["worker"] == 4 * LARGE
+
+
+def test_copy_false_refuses_a_large_result_the_worker_keeps(pool):
+    """A large array the function keeps is copied into the arena, and
+    copy=False still refuses it, as in-process: the facts are taken from
+    what the function returned (before the worker takes a reference), not
+    from the copy."""
+    x = tf.fill([LARGE], 3.0)
+
+    def outcome(executor):
+        pf._kept_results.clear()
+        try:
+            return "ok", pfb.numpy_function(pf.keeps_its_result, [x], tf.float32,
+                                            executor=executor, copy=False).numpy().sum()
+        except tf.errors.InvalidArgumentError as exc:
+            return type(exc), exc.message
+
+    expected = outcome(None)
+    assert expected[0] is tf.errors.InvalidArgumentError
+    assert outcome(pool) == expected
+
+
 def test_result_blocks_go_back_when_the_outputs_go():
     """Without gc.collect: a block goes back when its output's last reference does."""
     x = tf.random.uniform([LARGE])
