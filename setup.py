@@ -1,10 +1,14 @@
-"""Build of pyfunc_bridge's two compiled layers.
+"""Build of pyfunc_bridge's compiled layers.
 
 - pyfunc_bridge/_kernels.so: the TF ops and kernels (C++, src/kernel/),
   built with tf.sysconfig's flags and loaded with tf.load_op_library.
 - pyfunc_bridge/_conversion*.so: the Cython conversion layer (src/conversion/).
+- pyfunc_bridge/_pool_worker*.so: a ProcessPool worker's own module (src/pool/:
+  the shared-memory layout, arena allocator, rings and NumPy data-memory
+  handler), built with NumPy's headers only: workers import neither
+  TensorFlow nor the op library.
 
-Both use the dlpack.h that ships in TensorFlow's wheel.
+The first two use the dlpack.h that ships in TensorFlow's wheel.
 """
 import os
 import sys
@@ -90,10 +94,28 @@ conversion = Extension(
     extra_link_args=SANITIZER_FLAGS,
 )
 
+# No TensorFlow flag, header or library: a worker loads this module.
+POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/records.c"]
+pool_worker = Extension(
+    "pyfunc_bridge._pool_worker",
+    sources=["src/pool/_pool_worker.pyx"] + POOL_C_SOURCES,
+    include_dirs=[np.get_include(), "src/pool"],
+    # PyDataMem_SetHandler is NumPy 1.22 API.
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
+                   ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
+    extra_compile_args=OPT + SANITIZER_FLAGS,
+    extra_link_args=SANITIZER_FLAGS,
+)
+
 setup(
     ext_modules=[kernels] + cythonize(
         [conversion],
         include_path=["src/conversion"],
+        compiler_directives={"language_level": 3},
+        quiet=True,
+    ) + cythonize(
+        [pool_worker],
+        include_path=["src/pool"],
         compiler_directives={"language_level": 3},
         quiet=True,
     ),

@@ -1,13 +1,20 @@
 """The worker process of a ProcessPool (pyfunc_bridge/_process.py), and what
-both sides of the pool share: the frames on the socket and the arena
+both sides of the pool share: the frames on the socket and the input arena's
 allocator.
 
 Run as a script (``python <this file> PARENT_PID SOCKET_FD INPUT_FD
-RESULT_FD``), never
-as ``-m pyfunc_bridge._worker``: importing the package would import
-TensorFlow, which a worker never needs.  At module level it imports the
-standard library only; NumPy, cloudpickle (through pickle) and the user's
-function load in ``main``.
+RESULT_FD``), never as ``-m pyfunc_bridge._worker``: importing the package
+would import TensorFlow, which a worker never needs.  At module level it
+imports the standard library only; NumPy, cloudpickle (through pickle), the
+worker's compiled module (``pool_module``) and the user's function load in
+``main``.
+
+The result arena is the compiled module's ``ResultArena``: while a function
+runs, NumPy allocates its arrays of 64 KiB or more there, so a fresh result
+that the arena judges exclusive (nothing else in the worker can reach it) is
+sent by its offset without a copy; any other result (one the worker could
+still change, a smaller one) is copied into a fresh block.  Either way its
+copy facts are computed first, from what the function returned.
 
 The protocol, one length-prefixed pickle per frame:
 
@@ -58,10 +65,9 @@ _PICKLE_PROTOCOL = 5
 
 
 class Arena:
-    """First-fit allocator of ALIGN-aligned blocks in ``[0, size)``.
-
-    One side of the pool allocates in each arena (the parent in the input
-    arena, each worker in its result arena); frees come back by message."""
+    """First-fit allocator of ALIGN-aligned blocks in ``[0, size)``: the
+    parent's, for its input arena (each worker's result arena has the
+    compiled module's ResultArena)."""
 
     def __init__(self, size):
         self.size = size
@@ -176,11 +182,36 @@ class FrameReader:
         self._start, self._end = 0, pending
 
 
+def pool_module():
+    """The worker's compiled module (pyfunc_bridge/_pool_worker*.so, built from
+    src/pool/ without TensorFlow: the shared-memory layout's rings and arena
+    allocator, and the NumPy handler of the result arena), loaded by path:
+    importing it through the package would import TensorFlow.  A process that
+    loaded it already gets that module."""
+    name = "pyfunc_bridge._pool_worker"
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    import importlib.machinery
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(here, "_pool_worker" + suffix)
+        if os.path.exists(path):
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[name] = module
+            return module
+    raise ImportError(f"pyfunc_bridge: the worker's compiled module _pool_worker is missing "
+                      f"from {here}; build the package (python setup.py build_ext --inplace)")
+
+
 # ------------------------------------------------------------- copy facts --
 # What the parent's copy decision (_copy_reason, src/conversion/copy.pxi)
-# would have known of a result in-process: the worker copies every result,
-# so the parent sees only fresh arrays, yet copy=False must refuse what it
-# refuses in-process.  The facts are gathered here as the conversion layer
+# would have known of a result in-process: the parent sees only blocks of
+# the result arena (a fresh result as it is, anything else copied), yet
+# copy=False must refuse what it refuses in-process.  The facts are gathered here as the conversion layer
 # gathers them (_array_writable_elsewhere and _export_output for arrays,
 # _export_dlpack_output and the framework's adapter for DLPack producers);
 # the parent decides.
@@ -273,14 +304,24 @@ def _wrap_input(np, arr, framework):
     return arr
 
 
+# NumPy allocations of at least this many bytes that a function makes go to
+# the result arena: copying a smaller result costs less than a wake-up, and
+# small arrays a function keeps (caches, constants made on first use) would
+# scatter over the arena and split its free space.
+_ARENA_MIN_BYTES = 64 << 10
+
+
 class _Worker:
-    def __init__(self, sock, np, input_map, result_map, result_bytes):
+    def __init__(self, sock, np, input_map, result_map):
         self.sock = sock
         self.np = np
         self.input_map = input_map
         self.inputs_base = _address(np.frombuffer(input_map, np.uint8)) if input_map else 0
         self.results = np.frombuffer(result_map, np.uint8) if result_map else None
-        self.arena = Arena(result_bytes)
+        # The result arena's allocator and NumPy handler (src/pool/): a fresh
+        # result of the function is already in shared memory.
+        self.arena = (pool_module().ResultArena(result_map, _ARENA_MIN_BYTES)
+                      if result_map else None)
         self.functions = {}  # token -> function
         # id(weak reference) -> (the reference, offset, size) of each input
         # block something here still views; the reference's callback moves
@@ -329,9 +370,12 @@ class _Worker:
         """(encoded value, bytes written to the result arena)."""
         np = self.np
         value = _as_numpy(np, value, framework)
-        if (isinstance(value, np.ndarray) and value.size
+        if (isinstance(value, np.ndarray) and value.size and self.arena is not None
                 and _shares_by_memory(np, value.dtype)):
-            block = self.arena.alloc(value.nbytes)
+            block = self.arena.take(value)
+            if block is not None:  # the function's own arena memory: no copy
+                return ("s", *block, value.dtype, value.shape, facts), 0
+            block = self.arena.reserve(value.nbytes)
             if block is not None:
                 offset, size = block
                 out = self.results[offset:offset + value.nbytes].view(value.dtype)
@@ -426,13 +470,15 @@ class _Worker:
     def run(self, request):
         call_id, token, pickled, framework, args, writable = request
         started = time.time_ns()
+        items = []  # a list or tuple result's encoded items, so far
         try:
             func = self.functions.get(token)
             if func is None:
                 import pickle
                 func = self.functions[token] = pickle.loads(pickled)
             values = [self.arg(a, writable, framework) for a in args]
-            result = func(*values)
+            result = (self.arena.call(func, values) if self.arena is not None
+                      else func(*values))
             del values  # the inputs are no longer the worker's, as in-process
             moved = 0
             # The copy facts, before any reference is taken to the results.
@@ -449,7 +495,6 @@ class _Worker:
                     item_outside = _outside_of(values, result, i, outside)  # counted first
                     facts.append(self.copy_facts(values[i], item_outside, dlpack, read_only,
                                                  ranges))
-                items = []
                 for value, value_facts in zip(values, facts):
                     item, n = self.result(value, framework, value_facts)
                     items.append(item)
@@ -461,7 +506,14 @@ class _Worker:
                 payload = ("one", item)
             return (call_id, True, payload, moved, (started, time.time_ns()))
         except BaseException as exc:  # noqa: BLE001 - the parent raises it
+            self.give_back(items)  # an item that failed after others were placed
             return (call_id, False, _exception_payload(exc), 0, (started, time.time_ns()))
+
+    def give_back(self, items):
+        """Frees the result blocks of encoded items that will not be sent."""
+        for item in items:
+            if item[0] == "s":
+                self.arena.hand_back(item[1])
 
     def serve(self, reader, frames):
         """Runs requests until the end of the stream; `frames`: those read
@@ -486,8 +538,8 @@ class _Worker:
         replies = []
         while frames:
             freed, forget, requests = frames.pop(0)
-            for offset, size in freed:
-                self.arena.free(offset, size)
+            for offset, _ in freed:
+                self.arena.hand_back(offset)
             for token in forget:
                 self.functions.pop(token, None)
             while requests:
@@ -522,9 +574,7 @@ class _Worker:
             except Exception as exc:  # noqa: BLE001 - the call's error
                 kind, body = payload
                 items = [body] if kind == "one" else body
-                for item in items:
-                    if item[0] == "s":
-                        self.arena.free(item[1], item[2])
+                self.give_back(items)
                 bad = next(i for i, item in enumerate(items) if not _pickles(pickle, item))
                 error = TypeError(
                     f"pyfunc_bridge: result {bad} of the function (a "
@@ -643,7 +693,7 @@ def main(argv):
         maps.append(mmap.mmap(fd, size) if size else None)
         if fd >= 0:
             os.close(fd)
-    worker = _Worker(sock, np, maps[0], maps[1], hello["result_bytes"])
+    worker = _Worker(sock, np, maps[0], maps[1])
     deadlines = hello.get("deadlines")
     if deadlines is not None:
         _watched(worker, deadlines, mmap, signal)

@@ -300,7 +300,41 @@ def wait_for_file(path):
     while not os.path.exists(path):
         time.sleep(0.01)
     return np.int64(os.getpid())
+
+
 def loaded(names):
     """Which of the modules `names` (bytes) this process has imported: asked
     of a worker, it tells what a function sent to it brought in."""
     return np.array([bytes(name).decode() in sys.modules for name in names])
+
+
+_kept_results = []
+
+
+def keeps_its_result(a):
+    """Keeps each result and overwrites the one before: a result the worker
+    can still change must reach the parent as a copy."""
+    if _kept_results:
+        _kept_results[-1][...] = -1
+    _kept_results.append(a * 2)
+    return _kept_results[-1]
+
+
+def worker_modules(_):
+    """Whether this worker loaded TensorFlow, and its compiled module."""
+    return np.array(["tensorflow" in sys.modules, "pyfunc_bridge._pool_worker" in sys.modules])
+
+
+class _NoArray:
+    """A result that claims DLPack and fails to give it."""
+
+    def __dlpack__(self, **kwargs):
+        raise RuntimeError("this result cannot become an array")
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def fresh_then_failing(a):
+    """A fresh large array, then an item that fails to convert in the worker."""
+    return np.ones(a.size, np.float32), _NoArray()

@@ -1,0 +1,51 @@
+/* Building and reading the messages of the rings (shm_layout.h) in this
+ * process's own memory: a message is built in a local array of slots, then
+ * copied into a ring by pfb_ring_write; pfb_ring_read copies one out, and it
+ * is read here.  Reading validates everything against the message's own slot
+ * count: a malformed message is EPROTO, never a read out of bounds.
+ *
+ * Plain C that also compiles as C++. */
+#ifndef PYFUNC_BRIDGE_POOL_RECORDS_H_
+#define PYFUNC_BRIDGE_POOL_RECORDS_H_
+
+#include <stdint.h>
+
+#include "shm_layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The slots of the longest message a side builds or reads: a CALL or DONE of
+ * many tensors of many dimensions spans several batches of words. */
+#define PFB_POOL_MAX_MESSAGE_SLOTS 1024
+
+/* Starts a message of `kind` (every other header field zero) in out[0]. */
+void pfb_msg_init(PfbPoolSlot* out, uint16_t kind);
+
+/* Appends a tensor record: `tensor` (its ndim, dtype, flags, offset and
+ * size; its dims are ignored) with `dims` (ndim entries), and counts it.
+ * 0; EINVAL for an ndim out of range; EMSGSIZE when the message would pass
+ * `max_slots` (nothing appended). */
+int pfb_msg_add_tensor(PfbPoolSlot* out, uint32_t max_slots, const PfbPoolTensor* tensor,
+                       const int64_t* dims);
+
+/* Appends a word (an offset or a token) and counts it; 0 or EMSGSIZE. */
+int pfb_msg_add_word(PfbPoolSlot* out, uint32_t max_slots, uint64_t word);
+
+/* Reads the tensor record at slot `*cursor` (start at 1) of `message`: its
+ * record into `tensor` and its ndim dims into `dims` (room for
+ * PFB_POOL_MAX_NDIM), and moves the cursor past it.  0, or EPROTO when the
+ * record is malformed or runs past the message. */
+int pfb_msg_read_tensor(const PfbPoolSlot* message, uint32_t* cursor, PfbPoolTensor* tensor,
+                        int64_t* dims);
+
+/* Word `index` of a words message; 0, or EPROTO when the message does not
+ * hold it. */
+int pfb_msg_read_word(const PfbPoolSlot* message, uint32_t index, uint64_t* word);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PYFUNC_BRIDGE_POOL_RECORDS_H_ */

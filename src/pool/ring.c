@@ -1,0 +1,195 @@
+/* The rings (ring.h).  Every access to a ring's shared words is atomic; the
+ * stores and loads that decide whether to sleep or wake are sequentially
+ * consistent (see shm_layout.h for why no wake-up is lost). */
+#include "ring.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LOAD(word, order) __atomic_load_n(&(word), order)
+#define STORE(word, value, order) __atomic_store_n(&(word), value, order)
+#define SC __ATOMIC_SEQ_CST
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Sleeps while *word == expected, at most `ns` (negative: no limit).  Not
+ * FUTEX_PRIVATE: the waker is another process.  EINTR, EAGAIN (the word
+ * changed first) and ETIMEDOUT all send the caller back to its checks. */
+static void futex_wait(uint32_t* word, uint32_t expected, int64_t ns) {
+  struct timespec timeout;
+  struct timespec* limit = NULL;
+  if (ns >= 0) {
+    timeout.tv_sec = (time_t)(ns / 1000000000);
+    timeout.tv_nsec = (long)(ns % 1000000000);
+    limit = &timeout;
+  }
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, limit, NULL, 0);
+}
+
+static void futex_wake(uint32_t* word, int waiters) {
+  syscall(SYS_futex, word, FUTEX_WAKE, waiters, NULL, NULL, 0);
+}
+
+/* The time left before `deadline` (negative deadline: no limit, -1). */
+static int64_t time_left(int64_t deadline) {
+  if (deadline < 0) return -1;
+  int64_t left = deadline - now_ns();
+  return left > 0 ? left : 0;
+}
+
+void pfb_ring_attach(PfbRing* ring, PfbPoolRingWords* words, PfbPoolSlot* slots,
+                     uint32_t capacity) {
+  memset(ring, 0, sizeof(*ring));
+  ring->words = words;
+  ring->slots = slots;
+  ring->capacity = capacity;
+}
+
+void pfb_ring_reset(PfbRing* ring) {
+  memset(ring->words, 0, sizeof(*ring->words));
+  __atomic_thread_fence(SC);
+}
+
+int pfb_ring_closed(const PfbRing* ring) { return LOAD(ring->words->closed, SC) != 0; }
+
+int pfb_ring_consumer_sleeping(const PfbRing* ring) {
+  return LOAD(ring->words->consumer_sleeping, SC) != 0;
+}
+
+void pfb_ring_close(PfbRing* ring) {
+  PfbPoolRingWords* w = ring->words;
+  STORE(w->closed, 1, SC);
+  /* Both sides may sleep; the bump makes a wait that has not started yet
+   * return at once. */
+  __atomic_fetch_add(&w->items_wake, 1, SC);
+  __atomic_fetch_add(&w->space_wake, 1, SC);
+  futex_wake(&w->items_wake, INT_MAX);
+  futex_wake(&w->space_wake, INT_MAX);
+}
+
+/* ------------------------------------------------------------ producer -- */
+
+uint32_t pfb_ring_room(const PfbRing* ring) {
+  uint64_t used = LOAD(ring->words->tail, __ATOMIC_RELAXED) - LOAD(ring->words->head, SC);
+  return used >= ring->capacity ? 0 : (uint32_t)(ring->capacity - used);
+}
+
+int pfb_ring_wait_room(PfbRing* ring, uint32_t slots, int64_t timeout_ns) {
+  PfbPoolRingWords* w = ring->words;
+  if (slots > ring->capacity) return EMSGSIZE;
+  int64_t deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+  for (;;) {
+    if (pfb_ring_closed(ring)) return EPIPE;
+    if (pfb_ring_room(ring) >= slots) return 0;
+    int64_t left = time_left(deadline);
+    if (left == 0) return ETIMEDOUT;
+    uint32_t seen = LOAD(w->space_wake, SC);
+    STORE(w->producer_sleeping, 1, SC);
+    if (pfb_ring_room(ring) < slots && !pfb_ring_closed(ring)) {
+      ++ring->sleeps;
+      futex_wait(&w->space_wake, seen, left);
+    }
+    STORE(w->producer_sleeping, 0, SC);
+  }
+}
+
+int pfb_ring_write(PfbRing* ring, const PfbPoolSlot* message) {
+  uint32_t slots = message[0].message.slots;
+  if (slots == 0 || slots > ring->capacity) return EINVAL;
+  if (pfb_ring_closed(ring)) return EPIPE;
+  if (pfb_ring_room(ring) < slots) return EAGAIN;
+  PfbPoolRingWords* w = ring->words;
+  uint64_t tail = LOAD(w->tail, __ATOMIC_RELAXED);  /* only this side writes it */
+  uint32_t mask = ring->capacity - 1;
+  for (uint32_t i = 0; i < slots; ++i)
+    memcpy(&ring->slots[(tail + i) & mask], &message[i], sizeof(PfbPoolSlot));
+  /* Publishes the slots written above (and orders this store before the
+   * load of consumer_sleeping in pfb_ring_notify). */
+  STORE(w->tail, tail + slots, SC);
+  return 0;
+}
+
+int pfb_ring_notify(PfbRing* ring) {
+  PfbPoolRingWords* w = ring->words;
+  __atomic_thread_fence(SC);
+  if (!LOAD(w->consumer_sleeping, SC)) return 0;
+  __atomic_fetch_add(&w->items_wake, 1, SC);
+  futex_wake(&w->items_wake, 1);
+  ++ring->wakes;
+  return 1;
+}
+
+/* ------------------------------------------------------------ consumer -- */
+
+uint32_t pfb_ring_available(const PfbRing* ring) {
+  uint64_t n = LOAD(ring->words->tail, SC) - LOAD(ring->words->head, __ATOMIC_RELAXED);
+  /* More than the ring holds: a scribbled tail; pfb_ring_read reports it. */
+  return n > ring->capacity ? ring->capacity + 1 : (uint32_t)n;
+}
+
+int pfb_ring_wait_items(PfbRing* ring, int64_t timeout_ns, uint32_t checks) {
+  PfbPoolRingWords* w = ring->words;
+  for (uint32_t i = 0; i < checks; ++i) {
+    if (pfb_ring_available(ring)) return 0;
+    cpu_relax();
+  }
+  int64_t deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+  for (;;) {
+    if (pfb_ring_available(ring)) return 0;
+    if (pfb_ring_closed(ring)) return EPIPE;
+    int64_t left = time_left(deadline);
+    if (left == 0) return ETIMEDOUT;
+    uint32_t seen = LOAD(w->items_wake, SC);
+    STORE(w->consumer_sleeping, 1, SC);
+    /* Re-checked after the flag: a message published before the producer
+     * could see the flag is found here instead of being slept through. */
+    if (!pfb_ring_available(ring) && !pfb_ring_closed(ring)) {
+      ++ring->sleeps;
+      futex_wait(&w->items_wake, seen, left);
+    }
+    STORE(w->consumer_sleeping, 0, SC);
+  }
+}
+
+int pfb_ring_read(PfbRing* ring, PfbPoolSlot* out, uint32_t max_slots) {
+  PfbPoolRingWords* w = ring->words;
+  uint32_t available = pfb_ring_available(ring);
+  if (available == 0) return 0;
+  if (available > ring->capacity) return -EPROTO;
+  uint64_t head = LOAD(w->head, __ATOMIC_RELAXED);  /* only this side writes it */
+  uint32_t mask = ring->capacity - 1;
+  /* The header is read once, into `out`: the peer could change the shared
+   * copy between a check and a use. */
+  memcpy(&out[0], &ring->slots[head & mask], sizeof(PfbPoolSlot));
+  uint32_t slots = out[0].message.slots;
+  if (slots == 0 || slots > available) return -EPROTO;
+  if (slots > max_slots) return -EMSGSIZE;
+  for (uint32_t i = 1; i < slots; ++i)
+    memcpy(&out[i], &ring->slots[(head + i) & mask], sizeof(PfbPoolSlot));
+  /* Gives the slots back (and orders this store before the load of
+   * producer_sleeping). */
+  STORE(w->head, head + slots, SC);
+  if (LOAD(w->producer_sleeping, SC)) {
+    __atomic_fetch_add(&w->space_wake, 1, SC);
+    futex_wake(&w->space_wake, 1);
+    ++ring->wakes;
+  }
+  return (int)slots;
+}

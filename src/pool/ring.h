@@ -1,0 +1,88 @@
+/* One ring of a worker's control segment (shm_layout.h: "THE RINGS"), seen
+ * from one process: one producer and one consumer, messages of whole slots,
+ * futex wake-ups only when the other side sleeps.
+ *
+ * A producer writes messages (pfb_ring_write, which publishes each) and then
+ * calls pfb_ring_notify once for the batch.  A consumer waits
+ * (pfb_ring_wait_items), then reads (pfb_ring_read) every message there is
+ * before it waits again: one wake-up serves a batch.
+ *
+ * Plain C that also compiles as C++. */
+#ifndef PYFUNC_BRIDGE_POOL_RING_H_
+#define PYFUNC_BRIDGE_POOL_RING_H_
+
+#include <stdint.h>
+
+#include "shm_layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* This process's handle of a ring (process-local: the pointers are this
+ * process's addresses of the shared words and slots). */
+typedef struct PfbRing {
+  PfbPoolRingWords* words;
+  PfbPoolSlot* slots;
+  /* Slots, a power of two: this process's own copy, so that a peer that
+   * scribbles over the control segment cannot send an index out of bounds. */
+  uint32_t capacity;
+  /* Counts of this process's side, for tests and statistics. */
+  uint64_t wakes;   /* FUTEX_WAKE calls made */
+  uint64_t sleeps;  /* FUTEX_WAIT calls made */
+} PfbRing;
+
+/* The default bounded check of a consumer before it sleeps: a few
+ * microseconds at most, far from a spin (a core is a worker on 2 cores). */
+#define PFB_RING_CHECKS 64
+
+/* Binds a handle to a ring's words and slots (no change to shared memory). */
+void pfb_ring_attach(PfbRing* ring, PfbPoolRingWords* words, PfbPoolSlot* slots,
+                     uint32_t capacity);
+/* Sets up a ring's words for its first use (the parent, before the worker
+ * starts). */
+void pfb_ring_reset(PfbRing* ring);
+
+/* ---- the producer ---- */
+
+/* Slots free for the producer now. */
+uint32_t pfb_ring_room(const PfbRing* ring);
+/* Waits until `slots` slots are free: 0; ETIMEDOUT after `timeout_ns`
+ * (negative: no limit; 0: no wait); EPIPE when the ring is closed; EMSGSIZE
+ * when a message of `slots` can never fit. */
+int pfb_ring_wait_room(PfbRing* ring, uint32_t slots, int64_t timeout_ns);
+/* Copies one message (`message[0].message.slots` slots) into the ring and
+ * publishes it, without waking the consumer: 0, or EAGAIN when there is no
+ * room (nothing written), EPIPE when closed, EINVAL for a malformed header. */
+int pfb_ring_write(PfbRing* ring, const PfbPoolSlot* message);
+/* Wakes the consumer if it sleeps, once for everything published since:
+ * 1 when a FUTEX_WAKE was made, 0 when the consumer was awake. */
+int pfb_ring_notify(PfbRing* ring);
+
+/* ---- the consumer ---- */
+
+/* Slots published and not yet consumed. */
+uint32_t pfb_ring_available(const PfbRing* ring);
+/* Waits until a message is there: 0; ETIMEDOUT; EPIPE when the ring is
+ * closed and empty.  Checks `checks` times before it sleeps. */
+int pfb_ring_wait_items(PfbRing* ring, int64_t timeout_ns, uint32_t checks);
+/* Copies the next message into `out` (at most `max_slots` slots) and gives
+ * its slots back, waking a producer that waits for room: its slot count; 0
+ * when the ring is empty; -EMSGSIZE when it is longer than `max_slots`
+ * (left in the ring); -EPROTO when its header is malformed (the peer broke
+ * the protocol: the caller ends the worker). */
+int pfb_ring_read(PfbRing* ring, PfbPoolSlot* out, uint32_t max_slots);
+
+/* ---- both ---- */
+
+/* Ends the ring: every wait on either side returns (EPIPE once drained). */
+void pfb_ring_close(PfbRing* ring);
+int pfb_ring_closed(const PfbRing* ring);
+/* Whether the consumer has set its sleeper flag (tests, diagnostics). */
+int pfb_ring_consumer_sleeping(const PfbRing* ring);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PYFUNC_BRIDGE_POOL_RING_H_ */

@@ -1,0 +1,319 @@
+/* The shared memory of a ProcessPool, described once.  Both sides include
+ * this header: the worker's own module (pyfunc_bridge/_pool_worker*.so, built
+ * from src/pool/ without TensorFlow), which the parent loads too to lay out
+ * and read the segments, and the kernel library for native dispatch.  Plain C
+ * that also compiles as C++.
+ *
+ * Each process maps the segments at its own address, so nothing here holds a
+ * pointer: blocks travel as offsets into an arena, records sit at indices of
+ * a ring.
+ *
+ * What runs on it today: the arenas' allocator (arena.h) and the result
+ * arena's NumPy handler; the rings and records (ring.h, records.h) are built
+ * and tested across processes, and the messages below are the protocol of
+ * native dispatch, while ProcessPool (pyfunc_bridge/_process.py) still moves
+ * its requests over a socket per worker.
+ *
+ * THE SEGMENTS (each a memfd: anonymous, so no exit path leaves a name in
+ * /dev/shm; freed when the last process that maps it goes)
+ *
+ *   input arena     one per pool, input_arena_bytes.  The parent allocates
+ *                   blocks in it (its allocator, src/pool/arena.h, lives in
+ *                   the parent's private memory) and writes the call's
+ *                   inputs; the worker only reads them.
+ *   result arena    one per worker, result_arena_bytes.  The worker allocates
+ *                   (its allocator, and NumPy's data-memory handler while a
+ *                   function runs: a fresh result is written there by the
+ *                   function itself); the parent only reads.
+ *   control         one per worker: PfbPoolControl, then the request ring's
+ *                   slots, then the reply ring's slots
+ *                   (pfb_pool_control_bytes).
+ *
+ * Allocators keep their bookkeeping in their own process, never in shared
+ * memory: a peer that crashes or scribbles cannot corrupt the other side's
+ * allocator, and a hand-back the allocator does not recognise (a block it
+ * never handed out, or one handed back twice) is detected and refused.
+ *
+ * WHO OWNS A BLOCK, AND WHEN
+ *
+ * A block is exactly one side's at any time: its allocator's side, in flight,
+ * or the receiver's.  The receiver hands it back by its offset (the block's
+ * index, offset / PFB_POOL_ALIGN, in units of the alignment), exactly once,
+ * in a hand-back message; only the allocating side frees it.
+ *
+ *   input block     PARENT (allocated, inputs written) -> in flight (posted
+ *                   in a CALL, or a LOAD's pickled function) -> WORKER (its
+ *                   argument arrays view it) -> handed back in INPUTS_BACK
+ *                   when the worker's last view of it dies, which may be long
+ *                   after the call if the function kept its input -> PARENT
+ *                   frees it.  A caller that stops waiting (timeout, Ctrl-C,
+ *                   cancellation) changes nothing: the block is still the
+ *                   worker's.  A worker that died holds nothing any more: the
+ *                   parent frees its blocks once it has reaped it.
+ *   result block    WORKER (allocated by the function through NumPy's
+ *                   handler, or by the worker to copy a result that it may
+ *                   not share) -> in flight (posted in a DONE) -> PARENT (an
+ *                   output tensor's buffer holds it) -> handed back in
+ *                   RESULTS_BACK when that buffer is released -> WORKER frees
+ *                   it, once its own arrays over it are gone too.  The
+ *                   parent's completion path takes the blocks of a DONE whose
+ *                   caller stopped waiting and hands them back at once, so an
+ *                   abandoned call's blocks go back only when its worker has
+ *                   finished with them.  A dead worker's result arena is never
+ *                   reused: its replacement gets a fresh one, and the old one
+ *                   stays mapped while an output holds a block of it.
+ *
+ * A result the worker could still change after the call (a global, a cached
+ * array, a view of a kept input: anything whose memory did not come from the
+ * result arena during this call, or that something else in the worker still
+ * references) is copied into a fresh result block, never shared.
+ *
+ * THE RINGS
+ *
+ * Each worker has two bounded rings of PFB_POOL_SLOT_BYTES slots in its
+ * control segment, each with one producer and one consumer:
+ *
+ *   requests   parent -> worker: LOAD, CALL, RESULTS_BACK, FORGET, STOP.  The
+ *              parent's threads take a lock of the parent's own (never one
+ *              in shared memory, which a dead peer could leave held) to be
+ *              the one producer.
+ *   replies    worker -> parent: DONE, INPUTS_BACK.
+ *
+ * `head` and `tail` count slots since the start and never wrap (2^64); a
+ * slot's index is position & (slots - 1), slots a power of two.  A message is
+ * one PfbPoolMessage slot followed by `slots - 1` slots of its own (tensor
+ * records and their dimensions, or offsets and tokens), consecutive modulo
+ * the ring size; it wraps around the end like any slot.  The producer writes
+ * the slots, then publishes them by storing `tail` (release); the consumer
+ * reads `tail` (acquire), reads the slots, then stores `head` (release),
+ * which gives the slots back.
+ *
+ * Wake-ups (futexes on 32-bit words, FUTEX_WAIT without FUTEX_PRIVATE: the
+ * waiter is in another process).  Nobody spins: a consumer checks the ring
+ * a bounded few times, then sets `consumer_sleeping` and re-checks, and
+ * sleeps on `items_wake` with the value it read before setting the flag.  A
+ * producer publishes any number of messages, then, once per batch, reads
+ * `consumer_sleeping`: only when it is set does it bump `items_wake` and call
+ * FUTEX_WAKE (a store of `tail` and a load of the flag on one side, a store
+ * of the flag and a load of `tail` on the other, all sequentially consistent:
+ * at least one side sees the other's store, so no wake-up is lost).  A
+ * producer that finds no room sleeps the same way on `space_wake`, flagged by
+ * `producer_sleeping`, and the consumer wakes it after consuming.
+ * `closed` (set by either side when it ends the ring, then both words are
+ * bumped and woken) ends every wait.
+ */
+#ifndef PYFUNC_BRIDGE_POOL_SHM_LAYOUT_H_
+#define PYFUNC_BRIDGE_POOL_SHM_LAYOUT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+#define PFB_POOL_STATIC_ASSERT(what, why) static_assert(what, why)
+#else
+#define PFB_POOL_STATIC_ASSERT(what, why) _Static_assert(what, why)
+#endif
+
+#define PFB_POOL_MAGIC 0x314c4f4f50424650ULL /* "PFBPOOL1", little-endian */
+#define PFB_POOL_LAYOUT_VERSION 1
+
+/* Every block starts at a multiple of this and is a multiple of it long:
+ * PFB_TENSOR_ALIGNMENT (bridge_abi.h), which TensorFlow needs to use memory
+ * without a copy.  (Restated rather than included: the worker's module does
+ * not see bridge_abi.h; tests/test_pool_arena.py checks that the two agree.) */
+#define PFB_POOL_ALIGN 64
+#define PFB_POOL_SLOT_BYTES 64
+#define PFB_POOL_MAX_NDIM 64
+/* The dimensions a tensor record holds itself; the rest follow in
+ * PfbPoolDims slots, PFB_POOL_DIMS_PER_SLOT to a slot. */
+#define PFB_POOL_INLINE_DIMS 4
+#define PFB_POOL_DIMS_PER_SLOT 8
+#define PFB_POOL_WORDS_PER_SLOT 8
+
+/* PfbPoolMessage.kind.  Parent -> worker (the request ring): */
+enum {
+  /* A function: `token`; its cloudpickle in the input block (block_offset,
+   * block_size), handed back in INPUTS_BACK once loaded.  Posted before the
+   * first CALL of that token to this worker, in the same ring: it arrives
+   * first. */
+  PFB_POOL_MSG_LOAD = 1,
+  /* A call: `call_id`, `token`, `count` inputs as PfbPoolTensor records in
+   * the input arena; flags PFB_POOL_CALL_*; `stamp` the parent's
+   * CLOCK_MONOTONIC ns when it was posted (time queued). */
+  PFB_POOL_MSG_CALL = 2,
+  /* `count` result-block offsets the parent no longer holds (PfbPoolWords). */
+  PFB_POOL_MSG_RESULTS_BACK = 3,
+  /* `count` function tokens the parent dropped (PfbPoolWords). */
+  PFB_POOL_MSG_FORGET = 4,
+  /* The pool closes: the worker finishes what it ran and exits. */
+  PFB_POOL_MSG_STOP = 5,
+  /* Worker -> parent (the reply ring): */
+  /* A call finished: `call_id`; status 0: `count` outputs as PfbPoolTensor
+   * records in the result arena, flags PFB_POOL_DONE_* say how they were
+   * returned; status PFB_POOL_STATUS_ERROR: the exception, pickled, in the
+   * result block (block_offset, block_size).  `stamp`: ns the function ran. */
+  PFB_POOL_MSG_DONE = 16,
+  /* `count` input-block offsets whose last view in the worker died. */
+  PFB_POOL_MSG_INPUTS_BACK = 17,
+  /* Tests and probes: `count` words (PfbPoolWords), no meaning. */
+  PFB_POOL_MSG_WORDS = 31
+};
+
+/* PfbPoolMessage.flags of a CALL. */
+enum {
+  /* copy=True: the worker may write its inputs (they are the call's own). */
+  PFB_POOL_CALL_WRITABLE = 1
+};
+
+/* PfbPoolMessage.flags of a DONE: how the function returned its outputs. */
+enum {
+  PFB_POOL_DONE_ONE = 0,    /* one value */
+  PFB_POOL_DONE_TUPLE = 1,  /* a tuple of `count` */
+  PFB_POOL_DONE_LIST = 2    /* a list of `count` */
+};
+
+/* PfbPoolMessage.status of a DONE. */
+enum {
+  PFB_POOL_STATUS_OK = 0,
+  PFB_POOL_STATUS_ERROR = 1  /* the function raised: see PFB_POOL_MSG_DONE */
+};
+
+/* PfbPoolTensor.flags. */
+enum {
+  /* A string tensor: the block holds its elements in row-major order, each a
+   * uint64 little-endian byte count followed by that many bytes, packed (no
+   * padding between elements). */
+  PFB_POOL_TENSOR_STRINGS = 1,
+  /* Not an array: a Python value, pickled, in the block (a result the
+   * parent's checks convert or refuse, as for an in-process result). */
+  PFB_POOL_TENSOR_PICKLED = 2,
+  /* The worker shared the function's own result memory (no copy): for the
+   * parent's statistics ("copies saved"). */
+  PFB_POOL_TENSOR_SHARED = 4
+};
+
+/* The first slot of every message. */
+typedef struct PfbPoolMessage {
+  uint16_t kind;          /* PFB_POOL_MSG_* */
+  uint16_t slots;         /* the message's slots, this one included (>= 1) */
+  uint32_t count;         /* inputs, outputs, offsets or tokens that follow */
+  uint64_t call_id;       /* CALL, DONE: the parent's number of the call */
+  uint64_t token;         /* LOAD, CALL: the function */
+  uint32_t flags;         /* PFB_POOL_CALL_* or PFB_POOL_DONE_* */
+  uint32_t status;        /* DONE: PFB_POOL_STATUS_* */
+  uint64_t block_offset;  /* LOAD: the pickle; DONE with an error: the error */
+  uint64_t block_size;    /*   (bytes used, not the block's rounded size) */
+  uint64_t stamp;         /* CALL: ns posted; DONE: ns the function ran */
+  uint64_t reserved;      /* zero */
+} PfbPoolMessage;
+
+/* One input or output: a slot after a CALL or DONE. */
+typedef struct PfbPoolTensor {
+  uint8_t code;       /* DLPack's DLDataTypeCode (kDLInt 0, kDLUInt 1,   */
+  uint8_t bits;       /*   kDLFloat 2, kDLBfloat 4, kDLComplex 5,        */
+  uint16_t lanes;     /*   kDLBool 6); strings: PFB_POOL_TENSOR_STRINGS */
+  int32_t ndim;       /* 0 (a 0-d value) .. PFB_POOL_MAX_NDIM */
+  uint32_t flags;     /* PFB_POOL_TENSOR_* */
+  uint32_t reserved;  /* zero */
+  uint64_t offset;    /* the block, in the sender's arena (meaningless when */
+  uint64_t size;      /*   size is 0: an empty tensor has no block) */
+  int64_t dims[PFB_POOL_INLINE_DIMS];  /* the first dimensions */
+} PfbPoolTensor;
+
+/* Dimensions PFB_POOL_INLINE_DIMS.. of the tensor record before it. */
+typedef struct PfbPoolDims {
+  int64_t dims[PFB_POOL_DIMS_PER_SLOT];
+} PfbPoolDims;
+
+/* Offsets or tokens of a RESULTS_BACK, INPUTS_BACK or FORGET. */
+typedef struct PfbPoolWords {
+  uint64_t words[PFB_POOL_WORDS_PER_SLOT];
+} PfbPoolWords;
+
+typedef union PfbPoolSlot {
+  PfbPoolMessage message;
+  PfbPoolTensor tensor;
+  PfbPoolDims dims;
+  PfbPoolWords words;
+  unsigned char bytes[PFB_POOL_SLOT_BYTES];
+} PfbPoolSlot;
+
+/* The words of one ring, each cache line written by one side only (a line
+ * that both sides write would bounce between the cores on every message).
+ * Read and written with atomic operations only. */
+typedef struct PfbPoolRingWords {
+  /* Written by the producer. */
+  uint64_t tail;               /* slots published */
+  uint32_t items_wake;         /* futex: bumped to wake the consumer */
+  uint32_t producer_sleeping;  /* 1 while the producer waits for room */
+  unsigned char producer_pad[PFB_POOL_SLOT_BYTES - 16];
+  /* Written by the consumer. */
+  uint64_t head;               /* slots consumed (their slots are free again) */
+  uint32_t space_wake;         /* futex: bumped to wake the producer */
+  uint32_t consumer_sleeping;  /* 1 while the consumer waits for messages */
+  unsigned char consumer_pad[PFB_POOL_SLOT_BYTES - 16];
+  /* Written once, by whichever side ends the ring. */
+  uint32_t closed;
+  unsigned char closed_pad[PFB_POOL_SLOT_BYTES - 4];
+} PfbPoolRingWords;
+
+/* The start of a worker's control segment. */
+typedef struct PfbPoolControl {
+  /* Written by the parent before the worker starts; constant after. */
+  uint64_t magic;               /* PFB_POOL_MAGIC */
+  uint32_t version;             /* PFB_POOL_LAYOUT_VERSION */
+  uint32_t ring_slots;          /* slots per ring, a power of two */
+  uint64_t input_arena_bytes;
+  uint64_t result_arena_bytes;
+  uint32_t parent_pid;          /* the worker checks it after PR_SET_PDEATHSIG */
+  uint32_t worker_index;
+  unsigned char constant_pad[PFB_POOL_SLOT_BYTES - 40];
+  /* Written by the worker. */
+  uint32_t worker_pid;
+  uint32_t worker_ready;        /* 1 once it serves its request ring */
+  uint64_t running_call;        /* the call it runs now, 0 between calls */
+  uint64_t running_since;       /* CLOCK_MONOTONIC ns that call started */
+  unsigned char worker_pad[PFB_POOL_SLOT_BYTES - 24];
+  PfbPoolRingWords requests;
+  PfbPoolRingWords replies;
+  /* Then: PfbPoolSlot request_slots[ring_slots];
+   *       PfbPoolSlot reply_slots[ring_slots]; */
+} PfbPoolControl;
+
+PFB_POOL_STATIC_ASSERT(sizeof(PfbPoolMessage) == PFB_POOL_SLOT_BYTES, "one slot");
+PFB_POOL_STATIC_ASSERT(sizeof(PfbPoolTensor) == PFB_POOL_SLOT_BYTES, "one slot");
+PFB_POOL_STATIC_ASSERT(sizeof(PfbPoolDims) == PFB_POOL_SLOT_BYTES, "one slot");
+PFB_POOL_STATIC_ASSERT(sizeof(PfbPoolSlot) == PFB_POOL_SLOT_BYTES, "one slot");
+PFB_POOL_STATIC_ASSERT(sizeof(PfbPoolRingWords) == 3 * PFB_POOL_SLOT_BYTES,
+                       "one cache line per writer");
+PFB_POOL_STATIC_ASSERT(sizeof(PfbPoolControl) == 8 * PFB_POOL_SLOT_BYTES,
+                       "the slots start on a cache line");
+PFB_POOL_STATIC_ASSERT(PFB_POOL_ALIGN % 8 == 0, "offsets of aligned blocks");
+
+/* The slots a tensor record of `ndim` dimensions takes, itself included. */
+static inline uint32_t pfb_pool_tensor_slots(int32_t ndim) {
+  return ndim <= PFB_POOL_INLINE_DIMS
+             ? 1u
+             : 1u + (uint32_t)(ndim - PFB_POOL_INLINE_DIMS + PFB_POOL_DIMS_PER_SLOT - 1) /
+                        PFB_POOL_DIMS_PER_SLOT;
+}
+
+/* The slots of a message carrying `count` words (RESULTS_BACK, ...). */
+static inline uint32_t pfb_pool_words_slots(uint32_t count) {
+  return 1u + (count + PFB_POOL_WORDS_PER_SLOT - 1) / PFB_POOL_WORDS_PER_SLOT;
+}
+
+/* The bytes of a control segment with `ring_slots` slots per ring. */
+static inline uint64_t pfb_pool_control_bytes(uint32_t ring_slots) {
+  return sizeof(PfbPoolControl) + 2 * (uint64_t)ring_slots * PFB_POOL_SLOT_BYTES;
+}
+
+/* The request and reply slots of a mapped control segment. */
+static inline PfbPoolSlot* pfb_pool_request_slots(PfbPoolControl* control) {
+  return (PfbPoolSlot*)(control + 1);
+}
+static inline PfbPoolSlot* pfb_pool_reply_slots(PfbPoolControl* control) {
+  return pfb_pool_request_slots(control) + control->ring_slots;
+}
+
+#endif /* PYFUNC_BRIDGE_POOL_SHM_LAYOUT_H_ */

@@ -1,0 +1,260 @@
+"""The rings of a worker's control segment (src/pool/ring.c, records.c,
+through the worker module's Channel): messages across the wrap-around, a
+full ring, records of every shape, malformed messages, closing; and, across
+two processes started with subprocess (never fork), wake-ups only when the
+consumer sleeps, one per batch, and a producer that sleeps for room."""
+import mmap
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from pyfunc_bridge import _pool_worker as pw
+
+PACKAGE = os.path.dirname(os.path.abspath(pw.__file__))
+R, Q = pw.REQUESTS, pw.REPLIES
+
+
+def segment(ring_slots):
+    """(fd, mapping) of a fresh control segment's memfd."""
+    fd = os.memfd_create("test-pool-control")
+    size = pw.control_bytes(ring_slots)
+    os.ftruncate(fd, size)
+    return fd, mmap.mmap(fd, size)
+
+
+@pytest.fixture
+def channel():
+    fd, mapping = segment(8)
+    os.close(fd)
+    yield pw.Channel(mapping, create=True, ring_slots=8)
+
+
+def test_layout_sizes():
+    assert pw.SLOT_BYTES == 64
+    assert pw.control_bytes(8) == 512 + 2 * 8 * 64
+
+
+def test_messages_cross_the_end_of_the_ring_intact(channel):
+    """3-slot messages in an 8-slot ring: every position of the wrap-around."""
+    for i in range(40):
+        words = [i, 2**64 - 1 - i, *range(i % 11)]  # 1 or 2 slots of words
+        assert channel.post(R, pw.MSG_WORDS, words, call_id=i, token=7, stamp=i * 3)
+        [message] = channel.receive(R)
+        assert message.kind == pw.MSG_WORDS and message.call_id == i
+        assert message.token == 7 and message.stamp == i * 3 and message.items == words
+    assert channel.available(R) == 0 and channel.room(R) == 8
+
+
+def test_a_full_ring_refuses_until_the_consumer_reads(channel):
+    assert all(channel.post(R, pw.MSG_WORDS, [i], call_id=i) for i in range(4))  # 2 slots each
+    assert channel.room(R) == 0
+    start = time.monotonic()
+    assert channel.post(R, pw.MSG_WORDS, [9], timeout=0) is False
+    assert channel.post(R, pw.MSG_WORDS, [9], timeout=0.05) is False
+    assert time.monotonic() - start >= 0.05
+    assert [m.call_id for m in channel.receive(R, limit=1)] == [0]
+    assert channel.post(R, pw.MSG_WORDS, [9], call_id=4, timeout=0)
+    assert [m.call_id for m in channel.receive(R)] == [1, 2, 3, 4]
+
+
+def test_a_message_longer_than_the_ring_is_refused(channel):
+    with pytest.raises(ValueError, match="cannot fit a ring of 8"):
+        channel.post(R, pw.MSG_WORDS, list(range(8 * 8)))  # 9 slots
+    assert channel.room(R) == 8
+
+
+def test_tensor_records_of_every_shape(channel):
+    tensors = [
+        (2, 32, 1, 0, 0, 64, ()),                                    # 0-d
+        (0, 64, 1, 0, 64, 0, (0,)),                                   # empty, no block
+        (1, 8, 1, 0, 128, 192, (3, 1, 2, 5)),                         # 4 dims inline
+        (5, 64, 1, 0, 320, 64, (1, 2, 3, 4, 5)),                      # one dims slot
+        (3, 128, 1, pw.TENSOR_STRINGS, 1 << 40, 128, (2,)),           # strings
+        (6, 8, 1, 0, 4096, 64, tuple(range(1, 14))),                  # two dims slots
+        (2, 16, 1, pw.TENSOR_PICKLED | pw.TENSOR_SHARED, 8, 64, ()),
+    ]
+    for chunk in (tensors[:3], tensors[3:5], tensors[5:]):
+        assert channel.post_tensors(Q, pw.MSG_DONE, chunk, call_id=5, flags=1, status=0,
+                                    block=(64, 17))
+        [message] = channel.receive(Q)
+        assert message.items == chunk and message.block == (64, 17) and message.flags == 1
+
+
+def test_a_shape_beyond_the_limit_is_refused(channel):
+    with pytest.raises(ValueError, match="65 dimensions"):
+        channel.post_tensors(R, pw.MSG_CALL, [(2, 32, 1, 0, 0, 64, (1,) * 65)])
+    with pytest.raises(ValueError, match="negative dimension"):
+        channel.post_tensors(R, pw.MSG_CALL, [(2, 32, 1, 0, 0, 64, (2, -1))])
+    with pytest.raises(ValueError, match="ring must be"):
+        channel.receive(2)
+    assert channel.available(R) == 0
+
+
+def test_a_malformed_message_is_an_error_not_a_read_past_it():
+    fd, mapping = segment(8)
+    os.close(fd)
+    channel = pw.Channel(mapping, create=True, ring_slots=8)
+    channel.post(R, pw.MSG_WORDS, [1, 2, 3])
+    slots = 512  # the request ring's first slot
+    mapping[slots + 2:slots + 4] = (9).to_bytes(2, "little")  # claims 9 slots of 2 published
+    with pytest.raises(OSError, match="malformed message"):
+        channel.receive(R)
+    mapping[slots + 2:slots + 4] = (0).to_bytes(2, "little")
+    with pytest.raises(OSError, match="malformed message"):
+        channel.receive(R)
+
+
+def test_attaching_checks_the_layout():
+    fd, mapping = segment(8)
+    os.close(fd)
+    with pytest.raises(ValueError, match="not a pool control segment"):
+        pw.Channel(mapping)  # never laid out
+    with pytest.raises(ValueError, match="power of two"):
+        pw.Channel(mapping, create=True, ring_slots=6)
+    with pytest.raises(ValueError, match="cannot hold"):
+        pw.Channel(mapping, create=True, ring_slots=16)
+    pw.Channel(mapping, create=True, ring_slots=8)
+    assert pw.Channel(mapping).ring_slots == 8
+    with pytest.raises(BufferError, match="not writable"):
+        pw.Channel(bytes(2048))
+
+
+def test_closing_ends_waits_after_the_ring_is_drained(channel):
+    channel.post(R, pw.MSG_WORDS, [1])
+    channel.close()
+    assert channel.closed
+    assert channel.wait(R, timeout=1)  # a message is still there
+    assert len(channel.receive(R)) == 1
+    with pytest.raises(pw.ChannelClosed):
+        channel.wait(R, timeout=1)
+    with pytest.raises(pw.ChannelClosed):
+        channel.post(R, pw.MSG_WORDS, [2])
+
+
+def test_no_wake_when_the_consumer_is_awake(channel):
+    """In one process the consumer never sleeps: posts and notifies make no
+    FUTEX_WAKE; a wait with a message there returns without sleeping."""
+    for i in range(3):
+        channel.post(R, pw.MSG_WORDS, [i])
+        assert channel.notify(R) is False
+    assert channel.wait(R, timeout=0) and channel.sleeps(R) == 0
+    assert channel.wait(Q, timeout=0.01) is False and channel.sleeps(Q) == 1
+    assert channel.wakes(R) == 0
+
+
+# ------------------------------------------------------ two processes --
+
+# The consumer: an echo of the request ring onto the reply ring, one reply
+# per request: (messages it read after that wake-up, its sleeps so far).  A
+# request with token 1 makes it pause words[0] ms before it reads on.
+_ECHO = textwrap.dedent(r"""
+    import mmap, os, sys, time
+    sys.path.insert(0, sys.argv[1])
+    import _worker
+    pw = _worker.pool_module()
+    assert "tensorflow" not in sys.modules and "pyfunc_bridge" not in sys.modules
+    fd = int(sys.argv[2])
+    channel = pw.Channel(mmap.mmap(fd, os.fstat(fd).st_size))
+    print("ready", flush=True)
+    R, Q = pw.REQUESTS, pw.REPLIES
+    while True:
+        try:
+            channel.wait(R, timeout=60, interruptible=False)
+        except pw.ChannelClosed:
+            break
+        batch = channel.receive(R)
+        for message in batch:
+            channel.post(Q, pw.MSG_WORDS, [len(batch), channel.sleeps(R), channel.wakes(R)],
+                         call_id=message.call_id, timeout=60)
+        channel.notify(Q)
+        for message in batch:
+            if message.token == 1:
+                time.sleep(message.items[0] / 1000)
+""")
+
+
+@pytest.fixture
+def echo():
+    """(channel, the consumer process) over a 16-slot control segment."""
+    fd, mapping = segment(16)
+    channel = pw.Channel(mapping, create=True, ring_slots=16)
+    child = subprocess.Popen([sys.executable, "-c", _ECHO, PACKAGE, str(fd)], pass_fds=[fd],
+                             stdout=subprocess.PIPE, text=True)
+    os.close(fd)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        yield channel, child
+        channel.close()
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+
+
+def replies(channel, count, timeout=30):
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        assert channel.wait(Q, timeout=max(0.0, deadline - time.monotonic())), "no reply"
+        got += channel.receive(Q)
+    return got
+
+
+def wait_until(condition, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_sleeping_consumer_is_woken_once_per_batch(echo):
+    channel, _ = echo
+    wait_until(lambda: channel.consumer_sleeping(R))  # asleep on the request ring
+    for i in range(6):  # 2 slots each: 12 of 16
+        channel.post(R, pw.MSG_WORDS, [i], call_id=i)
+    assert channel.wakes(R) == 0
+    assert channel.notify(R) is True  # it slept: one FUTEX_WAKE for the six
+    assert channel.wakes(R) == 1
+    got = replies(channel, 6)
+    assert [m.call_id for m in got] == list(range(6))
+    assert all(m.items[0] == 6 for m in got)  # all six read after one wake-up
+    assert got[0].items[1] == 1  # it slept once to get them
+
+
+def test_a_producer_sleeps_for_room_and_is_woken_by_the_consumer(echo):
+    channel, _ = echo
+    channel.post(R, pw.MSG_WORDS, [300], call_id=0, token=1)  # the consumer pauses
+    channel.notify(R)
+    replies(channel, 1)
+    for i in range(1, 9):  # fills the ring: 8 messages of 2 slots
+        assert channel.post(R, pw.MSG_WORDS, [i], call_id=i, timeout=0)
+    assert channel.room(R) == 0
+    start = time.monotonic()
+    for i in range(9, 30):  # waits for room while the consumer pauses, then reads
+        assert channel.post(R, pw.MSG_WORDS, [i], call_id=i, timeout=30)
+        channel.notify(R)
+    assert time.monotonic() - start > 0.1 and channel.sleeps(R) >= 1
+    got = replies(channel, 29)
+    assert [m.call_id for m in got] == list(range(1, 30))
+    assert got[-1].items[2] >= 1  # the consumer woke the producer
+
+
+def test_round_trips_in_order_without_lost_wake_ups(echo):
+    """Hundreds of small batches, each waited for before the next, so that
+    either side may be asleep or about to sleep at every post: a lost
+    wake-up would hang a batch (the wait's timeout fails the test)."""
+    channel, _ = echo
+    sent = 0
+    for batch in range(300):
+        size = batch % 5 + 1
+        for _ in range(size):
+            channel.post(R, pw.MSG_WORDS, [sent], call_id=sent, timeout=30)
+            sent += 1
+        channel.notify(R)
+        assert [m.call_id for m in replies(channel, size)] == list(range(sent - size, sent))
