@@ -44,9 +44,26 @@ def _on_exit():
     Registered at import, so it runs after the atexit hooks registered later
     (hooks run last-in, first-out): those may still use the bridge.
     """
-    if _begin_shutdown is not None:
+    begin_shutdown()
+
+
+_shutdown_begun = False
+
+
+def begin_shutdown():
+    """Refuses bridge calls on every thread but this one from now on (they
+    fail with CancelledError), and waits, up to 10 s and without the GIL,
+    for the calls under way.  What interpreter exit does; earlier, for a
+    program that must stop TF's threads while it holds the GIL (a tf.data
+    service worker's stop() holds it while it waits for the pipeline's
+    threads, which may be waiting for it in a bridge call)."""
+    global _shutdown_begun
+    if _begin_shutdown is None:
+        return
+    if not _shutdown_begun:
+        _shutdown_begun = True
         _quiet_cancelled_daemon_threads()
-        _begin_shutdown()
+    _begin_shutdown()
 
 
 def _quiet_cancelled_daemon_threads():
