@@ -1,5 +1,6 @@
 """Functions that travel: SavedModels in fresh processes, tf.data service
-workers in other processes, dropped source graphs (pyfunc_bridge/_portable.py).
+workers in other processes, dropped source graphs (pyfunc_bridge/_portable.py, _resolve.py), and the
+tf.data service launchers (pyfunc_bridge/service.py).
 
 Everything that needs a fresh interpreter runs in a subprocess with a
 timeout, and every process a test starts is killed by that test.  TF's
