@@ -67,6 +67,8 @@ def test_smoke_run_writes_every_scenario_and_the_plot(tmp_path):
     _check_gil_bound(results["gil_bound"])
     png = (tmp_path / "benchmark.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    assert "Warning" not in run.stderr.replace("WARNING: All log messages", ""), \
+        [line for line in run.stderr.splitlines() if "Warning" in line]
 
 
 def test_gil_bound_worker_functions_do_not_import_tensorflow():
