@@ -1,6 +1,9 @@
-"""The benchmark suite runs end to end (its fastest mode) and writes its report."""
+"""The benchmark suite runs end to end (its fastest mode) and writes its report,
+and the figures it prints can be right: none negative, no warning."""
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 
@@ -9,6 +12,39 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ["graph_overhead", "eager_overhead", "tf_data", "size_sweep", "memory",
              "gil_bound"]
+
+# A minus that is a sign: not between two figures of a range ("1.0-2.0"),
+# not in a word ("pass-through") or an exponent ("1e-05"), unless it follows
+# a range's separator ("1.0--2.0").
+_SIGN = re.compile(r"(?:(?<![\w.)\]-])|(?<=[\w.]-))-(?=\d|\.\d|inf)")
+
+
+def negative_figures(text):
+    """The lines of `text` that show a negative figure."""
+    return [line for line in text.splitlines() if _SIGN.search(line)]
+
+
+def negative_numbers(value, path="results"):
+    """Where the JSON value `value` holds a negative number."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in negative_numbers(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in negative_numbers(v, f"{path}[{i}]")]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [path] if value < 0 or (isinstance(value, float) and math.isnan(value)) else []
+    return []
+
+
+@pytest.mark.parametrize("text,negative", [
+    ("  numpy_function identity   -1.44   20.0  684.0x", True),
+    ("    64 MiB   10253.7  55028.1  5.4x  26134.7  -15880.9", True),
+    ("statistics on/off: 9.80 / -5.93 us = infx (range inf-inf)", True),
+    ("range -3.2-1.0", True), ("range 1.0--3.2", True), ("range 0.79--inf", True),
+    ("range 0.79-inf; 1.00-1.11 pass-through 1e-05 <0.12 >171.0x n/a ~0", False),
+    ("[1/6] graph_overhead done in 3.1 s", False),
+])
+def test_negative_figures_are_found(text, negative):
+    assert bool(negative_figures(text)) is negative
 
 
 def _cases(result):
@@ -133,3 +169,25 @@ def test_gil_bound_dataloader_workers_are_not_forked():
     loader = next(cell.cell_contents for cell in epoch.__closure__
                   if type(cell.cell_contents).__name__ == "DataLoader")
     assert loader.multiprocessing_context.get_start_method() == "spawn"
+
+
+# ----------------------------------------------------------- the summaries --
+# Fed measurements that noise or a baseline measured another way can give.
+
+def test_size_sweep_prints_no_negative_marshalling():
+    from benchmarks import size_sweep
+    sizes = [1 << 10, 64 << 20]
+    samples = {}
+    for s in sizes:
+        big = s > 1 << 20
+        samples[("pass-through", "ours", s)] = [5e-6, 6e-6]
+        samples[("pass-through", "tf", s)] = [20e-6, 21e-6]
+        # At 64 MiB ours ran faster than the NumPy work alone: once the
+        # baseline faulted where the bridge did not, now only through noise.
+        samples[("fresh a*2", "ours", s)] = [7e-3, 6e-3] if big else [7e-6, 7e-6]
+        samples[("fresh a*2", "tf", s)] = [9e-3, 9e-3] if big else [25e-6, 26e-6]
+        samples[("fresh a*2", "numpy", s)] = [8e-3, 8e-3] if big else [1e-6, 1e-6]
+    text = size_sweep.table(size_sweep.summarize(samples, sizes))
+    assert not negative_figures(text), text
+    fresh_64 = [line for line in text.splitlines() if line.strip().startswith("64 MiB")][-1]
+    assert "~0" in fresh_64
