@@ -91,10 +91,15 @@ def plot(results, path):
     labels, values, spans = [], [], []
     for name in ("graph_overhead", "eager_overhead"):
         for case, c in results.get(name, {}).get("cases", {}).items():
+            # An overhead below the resolution has a lower bound for a ratio.
+            value = c["ratio"] if c["ratio"] is not None else c["ratio_above"]
+            if value is None:
+                continue
             short = case.replace("numpy_function", "np_fn").replace("py_function", "py_fn")
-            labels.append(f"{name.split('_')[0]} {short}")
-            values.append(c["ratio"])
-            spans.append(c["ratio_range"])
+            bound = "" if c["ratio"] is not None else " (lower bound)"
+            labels.append(f"{name.split('_')[0]} {short}{bound}")
+            values.append(value)
+            spans.append(c["ratio_range"] or [value, value])
     for mode, c in results.get("tf_data", {}).get("cases", {}).items():
         labels.append(f"tf.data {mode}")
         values.append(c["ratio"])

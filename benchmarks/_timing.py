@@ -87,6 +87,55 @@ def alternate(runs, repeats, label=None):
     return samples
 
 
+# A variant's run bracketed by two runs of the bare op (bare, variant, bare):
+# `bare` is their mean, `drift` how far apart they were.
+Bracketed = collections.namedtuple("Bracketed", ["variant", "bare", "drift"])
+
+
+def interleaved(runs, bare, repeats, label=None, order=None, tolerance=0.05, attempts=5):
+    """name -> one Bracketed sample per repetition: each run of a variant is
+    measured between two runs of `bare`, so that the overhead (variant minus
+    bare) compares runs made under the same conditions.
+
+    A bracket was disturbed (the machine changed speed during it) when its
+    two bare runs differ by more than `tolerance` of their mean, or when the
+    variant ran faster than the bare op it adds work to; it is measured
+    again, up to `attempts` times in all, and the least disturbed attempt is
+    kept.  `order(r)`: the names measured in repetition r (a name may come
+    twice: its sample is then the mean of its brackets); default: all, in
+    the order of `runs`.  Every run is called once first (tracing, warm-up).
+    """
+    bare_run = runs[bare]
+    for run in runs.values():
+        run()
+    samples = {name: [] for name in runs if name != bare}
+
+    def bracket(run):
+        tried = []
+        for _ in range(attempts):
+            before, value, after = bare_run(), run(), bare_run()
+            mean = (before + after) / 2
+            taken = Bracketed(value, mean, abs(after - before))
+            if taken.drift <= tolerance * mean and value > mean:
+                return taken
+            tried.append(taken)
+        # None undisturbed: the one whose bare runs agreed best, preferring
+        # those where the variant was not faster than the bare op.
+        return min(tried, key=lambda t: (t.variant <= t.bare, t.drift))
+
+    for r in range(repeats):
+        names = order(r) if order else list(samples)
+        taken = {}
+        for name in names:
+            taken.setdefault(name, []).append(bracket(runs[name]))
+        for name, brackets in taken.items():
+            samples[name].append(Bracketed(*(sum(field) / len(brackets)
+                                             for field in zip(*brackets))))
+        if label:
+            progress(f"  {label}: repetition {r + 1}/{repeats}")
+    return samples
+
+
 def median(values):
     return statistics.median(values)
 
@@ -115,19 +164,6 @@ def compare(ours, theirs, higher_is_better=False):
             "ours_range": span(ours), "tf_range": span(theirs), "ratio_range": span(ratios)}
 
 
-def add_best(case, ours, theirs, bare):
-    """Adds the overheads of the best (fastest) runs: min(variant) - min(bare).
-
-    On a machine shared with other work the fastest run is the one least
-    disturbed, so this ratio is the steadier of the two; the medians stay the
-    headline figures.
-    """
-    case["ours_best"] = (min(ours) - min(bare)) * 1e6
-    case["tf_best"] = (min(theirs) - min(bare)) * 1e6
-    case["ratio_best"] = safe_ratio(case["tf_best"], case["ours_best"])
-    return case
-
-
 def fmt_range(values, digits=1):
     lo, hi = values
     return f"{lo:.{digits}f}-{hi:.{digits}f}"
@@ -146,17 +182,78 @@ def graph_loop(body):
     return run
 
 
-def overhead_us(samples, name, bare):
-    """Per-repetition overhead of `name` over the bare variant, in us."""
-    return [(t - b) * 1e6 for t, b in zip(samples[name], samples[bare])]
+def overhead_us(samples, name):
+    """Per-repetition overhead of `name` over its bracketing bare runs, in us."""
+    return [(s.variant - s.bare) * 1e6 for s in samples[name]]
 
 
-def overhead_cases(samples, pairs, bare):
-    """'family function' -> ours/TF overheads, ratio, ranges and best runs."""
-    return {f"{family} {fn}": add_best(
-                compare(overhead_us(samples, ours, bare), overhead_us(samples, theirs, bare)),
-                samples[ours], samples[theirs], samples[bare])
+def resolution_us(samples, name):
+    """What the bare op drifted between the two runs that bracket `name`
+    (median over repetitions, in us): overheads below it are not measured."""
+    return max(median([s.drift for s in samples[name]]) * 1e6, 0.01)
+
+
+def overhead(values, resolution):
+    """{value, below}: the median overhead, or (when the median is not above
+    0: the noise outweighed it) None and the resolution it is below."""
+    value = median(values)
+    return {"value": value, "below": None} if value > 0 else {"value": None,
+                                                             "below": resolution}
+
+
+def overhead_ratio(tf_over, ours_over):
+    """TF's overhead / ours, or a lower bound ({"above": ...}) where ours is
+    below the resolution; None where TF's is."""
+    if tf_over["value"] is None:
+        return {"value": None, "above": None}
+    if ours_over["value"] is None:
+        return {"value": None, "above": tf_over["value"] / ours_over["below"]}
+    return {"value": tf_over["value"] / ours_over["value"], "above": None}
+
+
+def overhead_case(samples, ours, theirs):
+    """ours/TF overheads (us), their ratio, its range over the repetitions
+    (those where both overheads are measured) and the same from the best
+    (fastest) runs: on a machine shared with other work the fastest run is
+    the least disturbed.  An overhead the noise outweighed is None, with
+    *_below: the resolution it is below; the ratio is then None, with
+    ratio_above: the bound it is above."""
+    ours_us, tf_us = overhead_us(samples, ours), overhead_us(samples, theirs)
+    resolution = {name: resolution_us(samples, name) for name in (ours, theirs)}
+    ours_over = overhead(ours_us, resolution[ours])
+    tf_over = overhead(tf_us, resolution[theirs])
+    ratio = overhead_ratio(tf_over, ours_over)
+    both = [t / o for o, t in zip(ours_us, tf_us) if o > 0 and t > 0]
+
+    def fastest(name, values):
+        i = min(range(len(values)), key=lambda i: samples[name][i].variant)
+        return overhead([values[i]], resolution[name])
+    ours_best, tf_best = fastest(ours, ours_us), fastest(theirs, tf_us)
+    ratio_best = overhead_ratio(tf_best, ours_best)
+    return {"ours": ours_over["value"], "ours_below": ours_over["below"],
+            "tf": tf_over["value"], "tf_below": tf_over["below"],
+            "ratio": ratio["value"], "ratio_above": ratio["above"],
+            "ratio_range": span(both) if both else None,
+            "ours_best": ours_best["value"], "ours_best_below": ours_best["below"],
+            "tf_best": tf_best["value"], "tf_best_below": tf_best["below"],
+            "ratio_best": ratio_best["value"], "ratio_best_above": ratio_best["above"]}
+
+
+def overhead_cases(samples, pairs):
+    """'family function' -> overhead_case of its (ours, TF's) variants."""
+    return {f"{family} {fn}": overhead_case(samples, ours, theirs)
             for (family, fn), (ours, theirs) in pairs.items()}
+
+
+def fmt_us(value, below, digits=2):
+    """An overhead in us, or "<resolution" where the noise outweighed it."""
+    return f"{value:.{digits}f}" if value is not None else f"<{below:.{digits}f}"
+
+
+def fmt_ratio(value, above, digits=1):
+    if value is not None:
+        return f"{value:.{digits}f}x"
+    return f">{above:.{digits}f}x" if above is not None else "n/a"
 
 
 def overhead_table(title, cases):
@@ -164,9 +261,16 @@ def overhead_table(title, cases):
              f"  {'case':<30}{'ours':>9}{'TF':>9}{'ratio':>8}{'range':>12}"
              f"{'best: ours':>12}{'TF':>9}{'ratio':>8}"]
     for name, c in cases.items():
-        lines.append(f"  {name:<30}{c['ours']:>9.2f}{c['tf']:>9.2f}{c['ratio']:>7.1f}x"
-                     f"{fmt_range(c['ratio_range']):>12}"
-                     f"{c['ours_best']:>12.2f}{c['tf_best']:>9.2f}{c['ratio_best']:>7.1f}x")
+        span_text = fmt_range(c["ratio_range"]) if c["ratio_range"] else "n/a"
+        lines.append(f"  {name:<30}{fmt_us(c['ours'], c['ours_below']):>9}"
+                     f"{fmt_us(c['tf'], c['tf_below']):>9}"
+                     f"{fmt_ratio(c['ratio'], c['ratio_above']):>8}{span_text:>12}"
+                     f"{fmt_us(c['ours_best'], c['ours_best_below']):>12}"
+                     f"{fmt_us(c['tf_best'], c['tf_best_below']):>9}"
+                     f"{fmt_ratio(c['ratio_best'], c['ratio_best_above']):>8}")
+    if any(c["ratio"] is None for c in cases.values()):
+        lines.append("  (<x: an overhead below the resolution x, how far the bare op drifted "
+                     "between the two runs around it; >y: the ratio's lower bound)")
     return lines
 
 

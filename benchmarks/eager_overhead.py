@@ -2,7 +2,8 @@
 
 Each variant calls the op N times in a Python loop on a small float32 tensor;
 its overhead is the per-call time minus that of a bare eager ``Identity`` op
-through TF's generated wrapper (one op dispatch, no Python operator overloads).
+through TF's generated wrapper (one op dispatch, no Python operator overloads),
+run just before and after it (T.interleaved: the same conditions for both).
 
     python -m benchmarks.eager_overhead [--mode smoke|quick|full]
 """
@@ -34,14 +35,16 @@ def measure(calls, repeats, label="eager_overhead"):
             return T.timed(lambda: [op() for _ in loop]) / calls
         return run
     runs = {name: per_call(op) for name, op in ops.items()}
-    return T.alternate(runs, repeats, label), pairs
+    return T.interleaved(runs, BARE, repeats, label), pairs
 
 
 def summarize(samples, pairs):
-    cases = T.overhead_cases(samples, pairs, BARE)
-    per_call = {name: T.median(s) * 1e6 for name, s in samples.items()}
-    return {"unit": "microseconds of overhead per eager call (per-call time minus a bare eager "
-                    "Identity op); ratio = TF's overhead / ours",
+    cases = T.overhead_cases(samples, pairs)
+    per_call = {name: T.median([s.variant for s in v]) * 1e6 for name, v in samples.items()}
+    per_call[BARE] = T.median([s.bare for v in samples.values() for s in v]) * 1e6
+    return {"unit": "microseconds of overhead per eager call (per-call time minus the mean of "
+                    "the two bare eager Identity ops run around it); ratio = TF's overhead / "
+                    "ours; None: below the resolution *_below",
             "bare_op_us": per_call[BARE], "per_call_us": per_call, "cases": cases}
 
 

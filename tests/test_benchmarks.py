@@ -103,6 +103,11 @@ def test_smoke_run_writes_every_scenario_and_the_plot(tmp_path):
     _check_gil_bound(results["gil_bound"])
     png = (tmp_path / "benchmark.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    # Figures that cannot be right: a negative cost, a negative overhead.
+    # Smoke mode is the noisiest (one short repetition): where the noise
+    # outweighs a figure, the tables print a bound instead.
+    assert not negative_figures(run.stdout), negative_figures(run.stdout)
+    assert not negative_numbers(results), negative_numbers(results)
     assert "Warning" not in run.stderr.replace("WARNING: All log messages", ""), \
         [line for line in run.stderr.splitlines() if "Warning" in line]
 
@@ -191,3 +196,41 @@ def test_size_sweep_prints_no_negative_marshalling():
     assert not negative_figures(text), text
     fresh_64 = [line for line in text.splitlines() if line.strip().startswith("64 MiB")][-1]
     assert "~0" in fresh_64
+
+
+def test_overhead_table_bounds_what_noise_outweighs():
+    from benchmarks import _timing as T
+    B = T.Bracketed
+    samples = {  # seconds per iteration: (variant, mean of its bare runs, their drift)
+        "ours": [B(4.0e-6, 4.5e-6, 0.2e-6), B(5.0e-6, 4.4e-6, 0.1e-6), B(4.1e-6, 4.6e-6, 0.3e-6)],
+        "tf": [B(25e-6, 4.5e-6, 0.2e-6), B(24e-6, 4.4e-6, 0.1e-6), B(26e-6, 4.6e-6, 0.3e-6)],
+    }
+    cases = T.overhead_cases(samples, {("numpy_function", "identity"): ("ours", "tf")})
+    case = cases["numpy_function identity"]
+    assert case["ours"] is None and case["ours_below"] == pytest.approx(0.2)
+    assert case["ratio"] is None and case["ratio_above"] == pytest.approx(
+        case["tf"] / 0.2)
+    assert case["ratio_range"] == [pytest.approx(19.6 / 0.6), pytest.approx(19.6 / 0.6)]
+    text = "\n".join(T.overhead_table("graph_overhead", cases))
+    assert not negative_figures(text), text
+    assert "<0.20" in text and ">" in text
+
+
+def test_interleaved_brackets_each_run_and_measures_a_disturbed_one_again():
+    from benchmarks import _timing as T
+    # Scripted run times (after one warm-up call each): the first bracket of
+    # "v" is disturbed (its bare runs 1.0 and 2.0 disagree), the second not.
+    script = {"bare": iter([0, 1.0, 2.0, 1.0, 1.0]), "v": iter([0, 1.5, 1.6])}
+    runs = {name: (lambda it=it: next(it)) for name, it in script.items()}
+    samples = T.interleaved(runs, "bare", repeats=1)
+    assert samples == {"v": [T.Bracketed(1.6, 1.0, 0.0)]}
+
+
+def test_interleaved_keeps_the_least_disturbed_attempt():
+    from benchmarks import _timing as T
+    bare = iter([0] + [1.0, 1.5] + [1.0, 1.1] + [1.0, 1.4])
+    variant = iter([0, 2.0, 0.9, 2.0])  # the 1.0/1.1 bracket ran faster than bare
+    samples = T.interleaved({"bare": lambda: next(bare), "v": lambda: next(variant)},
+                            "bare", repeats=1, attempts=3)
+    # Variants faster than the bare op are kept last; then the smallest drift.
+    assert samples["v"] == [T.Bracketed(2.0, 1.2, pytest.approx(0.4))]
