@@ -47,7 +47,7 @@ from numbers import Real
 
 import numpy as np
 
-from pyfunc_bridge import _worker
+from pyfunc_bridge import _autograph, _worker
 from pyfunc_bridge._errors import CallTimeoutError
 
 DEFAULT_ARENA_BYTES = 64 << 20
@@ -306,9 +306,10 @@ class _Functions:
 
 
 def _pickle_function(func):
-    import cloudpickle  # an importable function pickles as its reference
     try:
-        return cloudpickle.dumps(func, protocol=_worker._PICKLE_PROTOCOL)
+        # cloudpickle (an importable function pickles as its reference), the
+        # user's own function for one autograph converted.
+        return _autograph.dumps(func, protocol=_worker._PICKLE_PROTOCOL)
     except Exception as exc:
         raise TypeError(
             f"executor: the function {func!r} cannot be sent to a worker process "

@@ -299,3 +299,9 @@ def wait_for_file(path):
     while not os.path.exists(path):
         time.sleep(0.01)
     return np.int64(os.getpid())
+
+
+def tensorflow_imported(_):
+    """Whether this worker has imported TensorFlow."""
+    import sys
+    return np.bool_("tensorflow" in sys.modules)

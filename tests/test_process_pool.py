@@ -804,6 +804,45 @@ def test_exceptions_map_to_tf_errors_with_the_worker_traceback(pool, func, tf_er
     assert "process_functions.py" in message and f"in {func.__name__}" in message
 
 
+def _autograph_map(executor, offset):
+    """A map function whose functions are defined inside it: tf.data
+    converts them with autograph (a nested def with a default and a branch,
+    and lambdas, one closing over `offset`)."""
+    def map_fn(i):
+        def inner(a, k=3.0):
+            if a > 1:
+                return np.sqrt(a) + offset
+            return a * k
+        y = pfb.numpy_function(inner, [tf.cast(i, tf.float64)], tf.float64, executor=executor)
+        z = pfb.numpy_function(lambda b: np.abs(b) + offset, [y], tf.float64,
+                               executor=executor)
+        return pfb.numpy_function(lambda a: np.sqrt(a), [z], tf.float64, executor=executor)
+    return map_fn
+
+
+def test_functions_autograph_converted_run_in_a_worker_as_written():
+    """tf.data converts the map function, and every function defined inside
+    it, with autograph: the worker receives the functions as written (the
+    converted ones name TensorFlow's autograph, which a worker has not)."""
+    with pfb.ProcessPool(1, name="autograph pool") as one:
+        in_process = tf.data.Dataset.range(6).map(_autograph_map(None, 2.0))
+        in_worker = tf.data.Dataset.range(6).map(_autograph_map(one, 2.0))
+        np.testing.assert_array_equal(list(in_worker.as_numpy_iterator()),
+                                      list(in_process.as_numpy_iterator()))
+        # The issue's example: an inline lambda that calls something.
+        dataset = tf.data.Dataset.range(4).map(lambda i: pfb.numpy_function(
+            lambda a: np.sqrt(a), [tf.cast(i, tf.float64)], tf.float64, executor=one))
+        np.testing.assert_array_equal(list(dataset.as_numpy_iterator()), np.sqrt(np.arange(4)))
+        # An error's traceback names this file, not autograph's generated one.
+        failing = tf.data.Dataset.range(1).map(lambda i: pfb.numpy_function(
+            lambda a: np.asarray(int("not a number")), [i], tf.int64, executor=one))
+        with pytest.raises(tf.errors.InvalidArgumentError) as info:
+            list(failing)
+        assert "test_process_pool.py" in info.value.message
+        assert "__autograph_generated" not in info.value.message
+        assert not pfb.numpy_function(pf.tensorflow_imported, [0], tf.bool, executor=one)
+
+
 def test_py_function_refuses_an_executor(pool):
     for executor in (pool, "process"):
         with pytest.raises(ValueError, match="py_function takes no executor.*EagerTensors"):
