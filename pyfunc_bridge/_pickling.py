@@ -22,11 +22,14 @@ cloudpickle chooses by value per module (``register_pickle_by_value``, a
 process-wide registry): the modules the pickle meets are registered for the
 length of one ``dumps``, under a lock, and unregistered after.
 """
+import copy
 import importlib
 import io
 import sys
 import threading
 import types
+
+from pyfunc_bridge import _autograph
 
 _TENSORFLOW = "tensorflow"
 _lock = threading.Lock()  # one dumps at a time touches cloudpickle's registry
@@ -98,7 +101,7 @@ def dumps(func, protocol):
         with _lock:
             return _ByValuePickler.dumps(cloudpickle, func, protocol)
     except Exception:  # noqa: BLE001 - the by-name pickle below says what fails
-        return cloudpickle.dumps(func, protocol=protocol)
+        return _autograph.dumps(func, protocol=protocol)
 
 
 class _ByValuePickler:
@@ -129,6 +132,10 @@ class _ByValuePickler:
                 self._decided = {}     # module name -> by value?
 
             def reducer_override(self, obj):
+                if _autograph.converted(obj):
+                    # The user's function, not autograph's conversion of it
+                    # (copy.copy returns a function as it is).
+                    return copy.copy, (_autograph.user_function(obj),)
                 if isinstance(obj, types.ModuleType):
                     # A module by name, even one registered above (cloudpickle
                     # would send its whole namespace, TensorFlow and all).

@@ -186,12 +186,14 @@ def _largest_captures(func, dumps):
 
 def pickled(obj, func):
     """`obj` (what the kernel will run: `func` or a caller around it)
-    serialized by cloudpickle; raises when it cannot be or is too large."""
+    serialized by cloudpickle, the user's own function for one autograph
+    converted; raises when it cannot be or is too large."""
     import cloudpickle  # only ops built with portable=True need it
+    from pyfunc_bridge import _autograph
     names = _names(func)
     what = f"{names[0]}:{names[1]}" if names else repr(func)
     try:
-        data = cloudpickle.dumps(obj)
+        data = _autograph.dumps(obj)
     except Exception as exc:
         raise TypeError(
             f"portable=True: the function {what} cannot be pickled ({type(exc).__name__}: "

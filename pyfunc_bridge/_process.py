@@ -268,6 +268,7 @@ class _Worker:
             if result_fd is not None:
                 os.close(result_fd)
         self.sock = parent
+        self.sock_fd = parent.fileno()
         self.pid = self.proc.pid
         parent.sendall(_worker.frame(hello, pickle.dumps))
         self.reader = threading.Thread(target=pool._read, args=(self,), daemon=True,
@@ -323,7 +324,7 @@ class _Functions:
 
 
 def _pickle_function(func):
-    try:  # by value or by name: _pickling's rule
+    try:  # by value or by name (_pickling's rule), as written (not as autograph converted it)
         return _pickling.dumps(func, _worker._PICKLE_PROTOCOL)
     except Exception as exc:
         raise TypeError(
@@ -539,6 +540,8 @@ class ProcessPool:
         self.arena_bytes = arena_bytes
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()      # the process whose pool this is (see _forked)
+        self._forked_into = None     # this process's pid, in a fork of that process
         self._broken = None        # why no worker can start, once that is clear
         self._start_failures = 0
         self._ids = itertools.count()
@@ -580,6 +583,45 @@ class ProcessPool:
     @property
     def closed(self):
         return self._closed
+
+    def _why_closed(self):
+        if self._forked_into is None:
+            return "is closed"
+        return (f"belongs to process {self._pid}, and this process ({self._forked_into}) "
+                f"is a fork of it: a pool's workers serve only the process that started "
+                f"them. Start a ProcessPool in this process (executor=\"process\" starts "
+                f"a fresh default pool in a forked process)")
+
+    def _forked(self):
+        """In a forked child, at once: this pool is its parent's.  Its workers
+        and their sockets are the parent's (a write here would garble the
+        parent's stream, a shutdown or a kill would end its workers): it is
+        closed here without a word to them, and this process's copies of its
+        descriptors are closed.  Its locks may have been held by a thread
+        that the fork did not copy: they are made anew."""
+        self._lock = threading.Lock()
+        self._arena_free = threading.Condition()
+        self._closed = True
+        self._forked_into = os.getpid()
+        self._queue.clear()
+        for worker in self._workers:
+            worker.alive = False
+            worker.sock.detach()  # the socket object must not close the fd ...
+        for worker in self._workers:
+            for fd in (worker.sock_fd, worker.trace_fd):
+                if fd is not None:
+                    try:
+                        os.close(fd)  # ... this process's copy, closed here
+                    except OSError:
+                        pass
+        if self._input_fd is not None:
+            os.close(self._input_fd)
+            self._input_fd = None
+        if self._deadlines is not None:
+            self._deadlines.stop.set()
+            if self._deadlines.status_fd is not None:
+                os.close(self._deadlines.status_fd)
+                self._deadlines.status_fd = None
 
     def pids(self):
         """The process ids of the current workers."""
@@ -638,7 +680,7 @@ class ProcessPool:
         with self._arena_free:
             while True:
                 if self._closed:
-                    raise PoolClosedError(f"pyfunc_bridge: {self.name} is closed")
+                    raise PoolClosedError(f"pyfunc_bridge: {self.name} {self._why_closed()}")
                 with _Uninterrupted():  # from taking the blocks to writing them down
                     idle = not self._holding
                     blocks = [self._arena.alloc(n) if n <= self.arena_bytes else None
@@ -715,7 +757,7 @@ class ProcessPool:
         with _Uninterrupted():
             with self._lock:
                 if self._closed:
-                    raise PoolClosedError(f"pyfunc_bridge: {self.name} is closed")
+                    raise PoolClosedError(f"pyfunc_bridge: {self.name} {self._why_closed()}")
                 if self._broken:
                     raise WorkerError(self._broken)
                 call.holds = bool(call.blocks)
@@ -1090,6 +1132,21 @@ _default = None
 _default_lock = threading.Lock()
 
 
+def _after_fork_in_child():
+    """A forked child has none of the parent's pools (their workers serve
+    the parent): they are closed here without touching them, and
+    executor="process" starts a fresh default pool on first use."""
+    global _default, _default_lock
+    for pool in list(_live_pools):
+        pool._forked()
+    _live_pools.clear()  # this process's atexit hook must not close them
+    _default = None
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class _DefaultPool:
     """executor="process": the process's shared pool, started on first use."""
 
@@ -1139,7 +1196,8 @@ def executor(value, api):
         return value
     if isinstance(value, ProcessPool):
         if value.closed:
-            raise ValueError(f"{api}: executor {value!r} is closed; pass an open ProcessPool")
+            fix = "; pass an open ProcessPool" if value._forked_into is None else ""
+            raise ValueError(f"{api}: executor {value!r} {value._why_closed()}{fix}")
         return value
     if isinstance(value, str) and value == "process":
         return DEFAULT

@@ -338,3 +338,7 @@ class _NoArray:
 def fresh_then_failing(a):
     """A fresh large array, then an item that fails to convert in the worker."""
     return np.ones(a.size, np.float32), _NoArray()
+def tensorflow_imported(_):
+    """Whether this worker has imported TensorFlow."""
+    import sys
+    return np.bool_("tensorflow" in sys.modules)

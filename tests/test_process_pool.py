@@ -805,6 +805,45 @@ def test_exceptions_map_to_tf_errors_with_the_worker_traceback(pool, func, tf_er
     assert "process_functions.py" in message and f"in {func.__name__}" in message
 
 
+def _autograph_map(executor, offset):
+    """A map function whose functions are defined inside it: tf.data
+    converts them with autograph (a nested def with a default and a branch,
+    and lambdas, one closing over `offset`)."""
+    def map_fn(i):
+        def inner(a, k=3.0):
+            if a > 1:
+                return np.sqrt(a) + offset
+            return a * k
+        y = pfb.numpy_function(inner, [tf.cast(i, tf.float64)], tf.float64, executor=executor)
+        z = pfb.numpy_function(lambda b: np.abs(b) + offset, [y], tf.float64,
+                               executor=executor)
+        return pfb.numpy_function(lambda a: np.sqrt(a), [z], tf.float64, executor=executor)
+    return map_fn
+
+
+def test_functions_autograph_converted_run_in_a_worker_as_written():
+    """tf.data converts the map function, and every function defined inside
+    it, with autograph: the worker receives the functions as written (the
+    converted ones name TensorFlow's autograph, which a worker has not)."""
+    with pfb.ProcessPool(1, name="autograph pool") as one:
+        in_process = tf.data.Dataset.range(6).map(_autograph_map(None, 2.0))
+        in_worker = tf.data.Dataset.range(6).map(_autograph_map(one, 2.0))
+        np.testing.assert_array_equal(list(in_worker.as_numpy_iterator()),
+                                      list(in_process.as_numpy_iterator()))
+        # The issue's example: an inline lambda that calls something.
+        dataset = tf.data.Dataset.range(4).map(lambda i: pfb.numpy_function(
+            lambda a: np.sqrt(a), [tf.cast(i, tf.float64)], tf.float64, executor=one))
+        np.testing.assert_array_equal(list(dataset.as_numpy_iterator()), np.sqrt(np.arange(4)))
+        # An error's traceback names this file, not autograph's generated one.
+        failing = tf.data.Dataset.range(1).map(lambda i: pfb.numpy_function(
+            lambda a: np.asarray(int("not a number")), [i], tf.int64, executor=one))
+        with pytest.raises(tf.errors.InvalidArgumentError) as info:
+            list(failing)
+        assert "test_process_pool.py" in info.value.message
+        assert "__autograph_generated" not in info.value.message
+        assert not pfb.numpy_function(pf.tensorflow_imported, [0], tf.bool, executor=one)
+
+
 def test_py_function_refuses_an_executor(pool):
     for executor in (pool, "process"):
         with pytest.raises(ValueError, match="py_function takes no executor.*EagerTensors"):
@@ -1157,6 +1196,76 @@ def test_workers_outlive_the_thread_that_started_them():
         time.sleep(0.5)
         assert int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
                                       executor=pool)) == pool.pids()[0]
+
+
+# A fork of a process that has pools: the child gets a clear error for the
+# parent's pool and a fresh default pool, runs its exit hooks, and the
+# parent's pools go on with the same workers.
+_FORK_SCRIPT = r"""
+import json, os, signal, sys, time
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+from pyfunc_bridge import _process
+
+def run(executor):
+    return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=executor))
+
+pool = pfb.ProcessPool(1, name="forked pool", timeout=60)
+before = {"pool": pool.pids(), "default": _process.default_pool().pids(),
+          "calls": [run(pool), run("process")]}
+child = os.fork()
+if child == 0:
+    report = {}
+    for how in ("api", "run"):
+        try:
+            if how == "api":
+                run(pool)
+            else:  # a graph built before the fork reaches the pool itself
+                pool.run(pf.pid, None, pool.stage([0]), False)
+        except Exception as exc:  # noqa: BLE001 - reported
+            report[how] = f"{type(exc).__name__}: {exc}"
+    report["default"] = run("process")
+    report["default_pids"] = _process.default_pool().pids()
+    print("child " + json.dumps(report), flush=True)
+    # The exit hooks close this process's pools (and must not touch the
+    # parent's).  Then os._exit: TensorFlow's own finalization hangs in a
+    # fork of a process that ran an eager op (tf.numpy_function's too).
+    import atexit
+    atexit._run_exitfuncs()
+    os._exit(0)
+deadline = time.monotonic() + 60
+while os.waitpid(child, os.WNOHANG) == (0, 0):
+    if time.monotonic() > deadline:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        print("child hung", flush=True)
+        break
+    time.sleep(0.05)
+time.sleep(0.5)  # what the child's exit did to the parent's workers is done
+after = {"pool": pool.pids(), "default": _process.default_pool().pids(),
+         "calls": [run(pool), run("process")]}
+print("parent " + json.dumps({"before": before, "after": after}), flush=True)
+"""
+
+
+def test_a_forked_child_gets_a_clear_error_and_the_parent_pool_is_unaffected():
+    run = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], cwd=TESTS, capture_output=True,
+                         text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, TESTS])})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "child hung" not in run.stdout  # on the parent's pool
+    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    child = json.loads(lines["child"])
+    parent = json.loads(lines["parent"])
+    for how, error in (("api", child["api"]), ("run", child["run"])):
+        assert "'forked pool'" in error or "forked pool " in error, (how, error)
+        assert "is a fork of it" in error and "Start a ProcessPool in this process" in error
+    assert child["api"].startswith("ValueError") and child["run"].startswith("PoolClosedError")
+    # The child's default pool is its own; the parent's workers are the same ones.
+    assert child["default"] in child["default_pids"]
+    assert not set(child["default_pids"]) & set(parent["before"]["default"])
+    assert parent["after"] == parent["before"]
+    assert not [p for p in child["default_pids"] if _alive(p)]  # ended at the child's exit
 
 
 def test_workers_do_not_import_tensorflow(pool):

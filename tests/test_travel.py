@@ -11,6 +11,7 @@ import tests/travel_functions.py by name.
 import gc
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -244,6 +245,58 @@ def test_trusted_pickle_runs(loaded):
 
 def test_trust_from_the_environment(loaded_bare):
     assert loaded_bare["pickled"] == {"ok": (X + 1000).tolist()}
+
+
+# Saved from a file (autograph reads the source it converts, which a script
+# run with -c has not): tf.function converts the saved function, and the
+# lambda defined in it, with autograph.
+_SAVE_AUTOGRAPH = """
+import json, sys
+import numpy as np, tensorflow as tf
+import pyfunc_bridge as pfb
+
+seen = []
+
+def record(func):
+    seen.append(func)
+    return func
+
+root = 0.5
+module = tf.Module()
+module.f = tf.function(
+    lambda x: pfb.numpy_function(record(lambda a: np.sqrt(a) + root), [x], tf.float32,
+                                 portable=True),
+    input_signature=[tf.TensorSpec([None], tf.float32)])
+tf.saved_model.save(module, sys.argv[1])
+print(json.dumps({"converted": "autograph_info__" in seen[0].__dict__}))
+"""
+
+_LOAD_AUTOGRAPH = """
+import json, sys
+import tensorflow as tf
+import pyfunc_bridge as pfb
+pfb.trust_pickled(True)
+try:
+    value = tf.saved_model.load(sys.argv[1]).f(tf.constant([1.0, 4.0, 9.0]))
+    print(json.dumps({"ok": value.numpy().tolist()}))
+except tf.errors.OpError as e:
+    print(json.dumps({"error": e.message}))
+"""
+
+
+def test_an_autograph_converted_lambda_travels_as_written(tmp_path):
+    """The SavedModel embeds the lambda as written: the converted one names
+    autograph's internals (ag__.converted_call), which fail where it is
+    loaded, even with TensorFlow there."""
+    script = tmp_path / "save_autograph.py"
+    script.write_text(_SAVE_AUTOGRAPH)
+    saved = subprocess.run([sys.executable, str(script), str(tmp_path / "model")], env=_env(),
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    assert saved.returncode == 0, saved.stderr[-4000:]
+    assert json.loads(saved.stdout.strip().splitlines()[-1]) == {"converted": True}
+    loaded = run_python(_LOAD_AUTOGRAPH, tmp_path / "model")
+    assert "error" not in loaded, loaded["error"]
+    np.testing.assert_allclose(loaded["ok"], [1.5, 2.5, 3.5])
 
 
 # --------------------------------------------------------------------------
@@ -877,6 +930,29 @@ def test_every_api_pickles_on_request(api):
     (node,) = _pfb_nodes(build, tf.TensorSpec([None], tf.float32))
     assert node.attr["pickled"].s != b""
     assert node.attr["framework"].s == b""
+
+
+@pytest.mark.parametrize("api", ["numpy_function", "py_func", "py_function",
+                                 "array_function"])
+def test_every_api_pickles_an_autograph_converted_function_as_written(api):
+    """tf.function converts the lambda defined in the traced one; the op
+    embeds the lambda as written (py_function's, inside its caller)."""
+    build = {
+        "numpy_function": lambda x: pfb.numpy_function(lambda a: np.negative(a), [x],
+                                                       tf.float32, portable=True),
+        "py_func": lambda x: pfb.py_func(lambda a: np.negative(a), [x], tf.float32,
+                                         portable=True),
+        "py_function": lambda x: pfb.py_function(lambda a: tf.negative(a), [x],
+                                                 tf.float32, portable=True),
+        "array_function": lambda x: pfb.array_function(
+            lambda a: np.negative(a), [x], tf.float32, framework="numpy", portable=True),
+    }[api]
+    (node,) = _pfb_nodes(build, tf.TensorSpec([None], tf.float32))
+    data = node.attr["pickled"].s
+    assert b"converted_call" not in data and b"__autograph_generated" not in data
+    assert os.path.basename(__file__).encode() in data  # the lambda's own code
+    if api != "py_function":  # (its caller takes tensors)
+        np.testing.assert_array_equal(pickle.loads(data)(np.array([1.0, -2.0])), [-1.0, 2.0])
 
 
 def test_array_function_records_its_framework():
