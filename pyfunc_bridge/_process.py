@@ -239,7 +239,8 @@ class _Worker:
         self.timed_out = None  # the id of the call it was ended for
         self.kill_at = None    # when it gets SIGKILL if its stack has not ended it
         self.trace_fd = None
-        hello = {"path": list(sys.path), "result_bytes": pool.arena_bytes, "name": pool.name,
+        self.path = list(sys.path)  # the sys.path this worker has
+        hello = {"path": self.path, "result_bytes": pool.arena_bytes, "name": pool.name,
                  "input_bytes": pool.arena_bytes if pool._input_fd else 0}
         extra_fds = []
         if pool._deadlines is not None:
@@ -477,8 +478,9 @@ class ProcessPool:
         had not started run in another.
 
     Workers are fresh interpreters (``sys.executable``, never a fork of this
-    process) with this process's ``sys.path`` and working directory; they
-    import NumPy and the functions they run, not TensorFlow.  They share no
+    process) with this process's ``sys.path`` (as it is when a function is
+    first sent to a worker) and working directory; they import NumPy and the
+    functions they run, not TensorFlow.  They share no
     Python state with this process or with each other: a function that keeps
     state keeps one copy per worker.  A worker that dies fails the calls it
     held with :class:`WorkerError` and is replaced.  Use it as a context
@@ -735,10 +737,17 @@ class ProcessPool:
         not alive."""
         for call in calls:
             worker.pending[call.id] = call
-            known = call.token in worker.known
-            worker.known.add(call.token)
-            worker.outbox.append((call.id, call.token, None if known else call.pickled,
-                                  call.framework, call.args, call.writable))
+            function = None
+            if call.token not in worker.known:
+                worker.known.add(call.token)
+                # With this process's sys.path where it changed since the
+                # worker started (a folder added, a module made at run
+                # time): the worker imports the function's module by it.
+                path = list(sys.path)
+                function = (None if path == worker.path else path, call.pickled)
+                worker.path = path
+            worker.outbox.append((call.id, call.token, function, call.framework, call.args,
+                                  call.writable))
             worker.inputs.update(call.blocks)
 
     def _hand_queue(self, worker):
