@@ -248,7 +248,8 @@ class _Worker:
         self.timed_out = None  # the id of the call it was ended for
         self.kill_at = None    # when it gets SIGKILL if its stack has not ended it
         self.trace_fd = None
-        hello = {"path": list(sys.path), "result_bytes": pool.arena_bytes, "name": pool.name,
+        self.path = list(sys.path)  # the sys.path this worker has
+        hello = {"path": self.path, "result_bytes": pool.arena_bytes, "name": pool.name,
                  "input_bytes": pool.arena_bytes if pool._input_fd else 0}
         extra_fds = []
         if pool._deadlines is not None:
@@ -494,8 +495,9 @@ class ProcessPool:
         had not started run in another.
 
     Workers are fresh interpreters (``sys.executable``, never a fork of this
-    process) with this process's ``sys.path`` and working directory; they
-    import NumPy and the functions they run, not TensorFlow.  A function
+    process) with this process's ``sys.path`` (as it is when a function is
+    first sent to a worker) and working directory; they import NumPy and the
+    functions they run, not TensorFlow.  A function
     whose module imports TensorFlow (directly or through what its globals
     hold) travels by value, with the globals it uses, so that the worker does
     not import that module; the functions and classes it uses follow the same
@@ -781,10 +783,17 @@ class ProcessPool:
         not alive."""
         for call in calls:
             worker.pending[call.id] = call
-            known = call.token in worker.known
-            worker.known.add(call.token)
-            worker.outbox.append((call.id, call.token, None if known else call.pickled,
-                                  call.framework, call.args, call.writable))
+            function = None
+            if call.token not in worker.known:
+                worker.known.add(call.token)
+                # With this process's sys.path where it changed since the
+                # worker started (a folder added, a module made at run
+                # time): the worker imports the function's module by it.
+                path = list(sys.path)
+                function = (None if path == worker.path else path, call.pickled)
+                worker.path = path
+            worker.outbox.append((call.id, call.token, function, call.framework, call.args,
+                                  call.writable))
             worker.inputs.update(call.blocks)
 
     def _hand_queue(self, worker):

@@ -25,8 +25,10 @@ The protocol, one length-prefixed pickle per frame:
 * then parent -> worker: ``(freed, forget, requests)``, every request that was
   waiting when the parent wrote: ``freed`` are result blocks the parent's
   tensors no longer hold, ``forget`` function tokens the parent dropped, and
-  each request ``(call_id, token, pickled_function or None, framework,
-  args, writable)``;
+  each request ``(call_id, token, function, framework, args, writable)``,
+  where ``function`` is None once this worker has the token's function, and
+  is first ``(sys.path or None, pickled function)``: the parent's path where
+  it changed since the last one sent;
 * worker -> parent: ``("done", replies, freed_inputs)``, one reply
   ``(call_id, ok, payload, bytes_out, (started_ns, ended_ns))`` per request
   of the frame it answers (with a timeout: one message per call, sent as
@@ -468,13 +470,18 @@ class _Worker:
         return (foreign, arr.flags.c_contiguous, start % ALIGN == 0, lazy)
 
     def run(self, request):
-        call_id, token, pickled, framework, args, writable = request
+        call_id, token, function, framework, args, writable = request
         started = time.time_ns()
         items = []  # a list or tuple result's encoded items, so far
         try:
             func = self.functions.get(token)
             if func is None:
+                import importlib
                 import pickle
+                path, pickled = function
+                if path is not None:
+                    sys.path[:] = path  # the parent's, which changed since the hello
+                importlib.invalidate_caches()  # modules made since the last import
                 func = self.functions[token] = pickle.loads(pickled)
             values = [self.arg(a, writable, framework) for a in args]
             result = (self.arena.call(func, values) if self.arena is not None

@@ -214,6 +214,25 @@ def test_the_default_pool(monkeypatch):
         _process._default.close()
 
 
+def test_a_module_on_a_path_added_after_the_pool_started_imports_in_the_workers(
+        tmp_path, monkeypatch):
+    """Workers see this process's sys.path as it is when a function is first
+    sent to them, not as it was when they started."""
+    with pfb.ProcessPool(1, name="path pool") as later:
+        assert int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
+                                      executor=later)) in later.pids()  # started, and serving
+        folder = tmp_path / "made_later"
+        folder.mkdir()
+        (folder / "made_at_run_time.py").write_text(
+            "import numpy as np\n\ndef triple(a):\n    return a * 3\n")
+        monkeypatch.syspath_prepend(str(folder))
+        import made_at_run_time
+        for _ in range(2):
+            y = pfb.numpy_function(made_at_run_time.triple, [tf.constant([1, 2])], tf.int32,
+                                   executor=later)
+            assert y.numpy().tolist() == [3, 6]
+
+
 def test_a_default_pool_closed_between_stage_and_run_fails_the_call(monkeypatch):
     """The call fails; it does not run in a fresh default pool on whatever
     that pool's input arena holds at the staged offsets."""
