@@ -237,44 +237,61 @@ class _Worker:
         self.write_lock = threading.Lock()
         self.alive = True
         self.ready = False
-        result_fd, self.result_map = _shared_memory(pool.arena_bytes, f"{pool.name}-results")
-        # The address the conversion layer's views start from; the array keeps
-        # the mapping alive for as long as a result block (and so this object) is held.
-        self.results = (np.frombuffer(self.result_map, np.uint8)
-                        if self.result_map is not None else None)
-        self.results_base = self.results.ctypes.data if self.results is not None else 0
         # With a timeout: the call this worker runs, and where it writes its
         # stack when told to (_Deadlines).
         self.timed_out = None  # the id of the call it was ended for
         self.kill_at = None    # when it gets SIGKILL if its stack has not ended it
         self.trace_fd = None
         self.path = list(sys.path)  # the sys.path this worker has
-        hello = {"path": self.path, "result_bytes": pool.arena_bytes, "name": pool.name,
-                 "input_bytes": pool.arena_bytes if pool._input_fd else 0}
-        extra_fds = []
-        if pool._deadlines is not None:
-            self.trace_fd = pool._deadlines.prepare(self, hello)
-            extra_fds = [self.trace_fd, pool._deadlines.status_fd]
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        fds = [child.fileno(), pool._input_fd or -1, result_fd or -1]
+        self.proc = None
+        result_fd = parent = child = None
         try:
+            result_fd, self.result_map = _shared_memory(pool.arena_bytes,
+                                                        f"{pool.name}-results")
+            # The address the conversion layer's views start from; the array
+            # keeps the mapping alive for as long as a result block (and so
+            # this object) is held.
+            self.results = (np.frombuffer(self.result_map, np.uint8)
+                            if self.result_map is not None else None)
+            self.results_base = self.results.ctypes.data if self.results is not None else 0
+            hello = {"path": self.path, "result_bytes": pool.arena_bytes, "name": pool.name,
+                     "input_bytes": pool.arena_bytes if pool._input_fd else 0}
+            extra_fds = []
+            if pool._deadlines is not None:
+                self.trace_fd = pool._deadlines.prepare(self, hello)
+                extra_fds = [self.trace_fd, pool._deadlines.status_fd]
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            fds = [child.fileno(), pool._input_fd or -1, result_fd or -1]
             # This process's pid: the worker checks it after asking to die with
             # its parent (a parent that died before that has another pid).
             self.proc = _spawner.popen(
                 [sys.executable, _worker.__file__, str(os.getpid()), *map(str, fds)],
                 pass_fds=[fd for fd in fds + extra_fds if fd >= 0], cwd=os.getcwd(),
                 stdin=subprocess.DEVNULL)
+            child.close()  # the worker's now
+            child = None
+            self.sock = parent
+            self.sock_fd = parent.fileno()
+            self.pid = self.proc.pid
+            parent.sendall(_worker.frame(hello, pickle.dumps))
+            self.reader = threading.Thread(target=pool._read, args=(self,), daemon=True,
+                                           name=f"{pool.name} reader {index}")
+            self.reader.start()
+        except BaseException:
+            # No reader will see this worker end (the hello failed, or its
+            # start): it is ended here, and what it held closed.
+            if self.proc is not None:
+                self.proc.kill()
+                self.proc.wait()
+            for sock in (parent, child):
+                if sock is not None:
+                    sock.close()
+            if self.trace_fd is not None:
+                os.close(self.trace_fd)
+            raise
         finally:
-            child.close()
             if result_fd is not None:
-                os.close(result_fd)
-        self.sock = parent
-        self.sock_fd = parent.fileno()
-        self.pid = self.proc.pid
-        parent.sendall(_worker.frame(hello, pickle.dumps))
-        self.reader = threading.Thread(target=pool._read, args=(self,), daemon=True,
-                                       name=f"{pool.name} reader {index}")
-        self.reader.start()
+                os.close(result_fd)  # mapped here, and passed to the worker
 
     def ended(self):
         """Lets go of what the parent holds of this worker once it has ended:

@@ -967,6 +967,51 @@ def test_quick_calls_never_wait_behind_a_stuck_worker(tmp_path, monkeypatch):
     assert "stuck pool" in str(hung_box["error"]) and "closed" in str(hung_box["error"])
 
 
+def _sockets():
+    """This process's open socket descriptors."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                found.add(fd)
+        except OSError:
+            continue  # the descriptor listdir itself used
+    return found
+
+
+@pytest.mark.parametrize("timeout", [None, 30])
+def test_a_worker_whose_hello_fails_leaves_no_process_and_no_descriptor(monkeypatch,
+                                                                         timeout):
+    started = []
+    popen = _process._spawner.popen
+
+    def recording_popen(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+    real_frame = _process._worker.frame
+
+    def failing_frame(message, dumps):
+        if isinstance(message, dict) and "path" in message:  # the hello
+            raise OSError("the hello could not be sent")
+        return real_frame(message, dumps)
+    monkeypatch.setattr(_process._spawner, "popen", recording_popen)
+    monkeypatch.setattr(_process._worker, "frame", failing_frame)
+    sockets = _sockets()
+    try:
+        with pytest.raises(OSError, match="the hello could not be sent") as info:
+            pfb.ProcessPool(1, name="hello pool", timeout=timeout)
+        # (`info` holds the traceback, and with it the frames of the failed start.)
+        assert info.value is not None and len(started) == 1
+        assert started[0].poll() is not None  # ended and reaped
+        assert not _alive(started[0].pid)
+        assert _sockets() <= sockets  # (one of an earlier test may have closed since)
+    finally:
+        for proc in started:  # what the failed start left (the failure this tests)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
 def test_a_function_that_exits_its_process_fails_with_the_status():
     with pfb.ProcessPool(1, name="exit pool") as exiting:
         with pytest.raises(tf.errors.UnknownError, match="exited with status 3"):
