@@ -56,6 +56,8 @@ from pyfunc_bridge._errors import CallTimeoutError
 DEFAULT_ARENA_BYTES = 64 << 20
 _CLOSE_GRACE_SECONDS = 1.0   # then a worker still running a function is killed
 _START_FAILURES = 3          # workers in a row that die before they are ready
+_RETRY_SECONDS = 1.0         # then calls fail this long, before the pool tries again
+_RETRY_MAX_SECONDS = 60.0    # (the wait doubles while it keeps failing, up to this)
 _STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then SIGKILL
 _SLOT = struct.Struct("<qq")  # a worker's status slot: (running call id or -1, start ns)
 
@@ -562,7 +564,9 @@ class ProcessPool:
         self._pid = os.getpid()      # the process whose pool this is (see _forked)
         self._forked_into = None     # this process's pid, in a fork of that process
         self._broken = None        # why no worker can start, once that is clear
-        self._start_failures = 0
+        self._start_failures = 0   # workers in a row that ended before they were ready
+        self._retry_at = 0.0       # when a broken pool may try again (time.monotonic)
+        self._retry_delay = None   # the last back-off (None: none since a worker was ready)
         self._ids = itertools.count()
         self._queue = collections.deque()  # _Calls that wait for a free worker
         self.timeout = None if timeout is None else float(timeout)
@@ -769,6 +773,8 @@ class ProcessPool:
         is free: the request and its input blocks become the pool's (`descs`
         is emptied), all at once."""
         token, pickled = self._functions.get(func)
+        if self._broken:
+            self._revive()
         call.id = next(self._ids)
         call.token, call.pickled, call.framework, call.writable = (
             token, pickled, framework, writable)
@@ -936,6 +942,7 @@ class ProcessPool:
             if message[0] == "ready":  # ("ready", pid)
                 worker.ready = True
                 self._start_failures = 0
+                self._retry_delay = None
                 continue
             _, replies, freed = message
             calls = [(_timed(worker.pending.pop(call_id, None), times),
@@ -1010,51 +1017,58 @@ class ProcessPool:
         if not closing:
             self._replace(worker)
 
-    def _death(self, worker, unreadable=None):
+    def _how(self, worker, unreadable=None):
+        """How `worker` ended (it is reaped here, if it was not)."""
         try:
             code = worker.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # it closed its socket but lives on
             worker.proc.kill()
             code = worker.proc.wait()
         if unreadable:
-            how = unreadable
-        elif code < 0:
+            return unreadable
+        if code < 0:
             try:
-                how = f"was killed by signal {-code} ({signal.Signals(-code).name})"
+                return f"was killed by signal {-code} ({signal.Signals(-code).name})"
             except ValueError:
-                how = f"was killed by signal {-code}"
-        else:
-            how = f"exited with status {code}"
-        return (f"pyfunc_bridge: worker process {worker.pid} of {self.name} {how} while it "
-                f"held this call; the pool starts a new worker, so later calls run. (A "
-                f"function that ends its process (os._exit, a crash, running out of "
-                f"memory) fails every call that runs it.)")
+                return f"was killed by signal {-code}"
+        return f"exited with status {code}"
+
+    def _death(self, worker, unreadable=None):
+        return (f"pyfunc_bridge: worker process {worker.pid} of {self.name} "
+                f"{self._how(worker, unreadable)} while it held this call; the pool starts "
+                f"a new worker, so later calls run. (A function that ends its process "
+                f"(os._exit, a crash, running out of memory) fails every call that runs it.)")
 
     def _replace(self, dead):
+        how = None if dead.ready else self._how(dead)
         with self._lock:
             queued = []
-            if not dead.ready:
+            if how is not None:
                 self._start_failures += 1
                 if self._start_failures >= _START_FAILURES:
-                    self._broken = (
-                        f"pyfunc_bridge: {self.name} cannot start worker processes: "
+                    queued = self._break(
                         f"{_START_FAILURES} in a row ended before they were ready (the "
-                        f"last: {self._death(dead)}); see their stderr")
-                    queued = self._take_queue()
+                        f"last, worker process {dead.pid}, {how}: see its stderr)")
             broken = self._broken
         if broken:
             self._fail(queued, WorkerError(broken))
             return
+        self._start(dead.index)
+
+    def _start(self, index):
+        """Starts the worker of slot `index`, which takes its share of the
+        queue (as do the other free workers)."""
         try:
-            fresh = _Worker(self, dead.index)
+            fresh = _Worker(self, index)
         except BaseException as exc:  # noqa: BLE001 - recorded for the callers
             with self._lock:
-                self._broken = f"pyfunc_bridge: {self.name} cannot start a worker: {exc}"
-                queued = self._take_queue()
-            self._fail(queued, WorkerError(self._broken))
+                queued = self._break(f"a worker could not be started "
+                                     f"({type(exc).__name__}: {exc})")
+                broken = self._broken
+            self._fail(queued, WorkerError(broken))
             return
         with self._lock:
-            self._workers[dead.index] = fresh
+            self._workers[index] = fresh
             closed = self._closed
         self._counters.count_worker_replaced()
         if closed:
@@ -1062,6 +1076,32 @@ class ProcessPool:
         else:
             for worker in list(self._workers):  # the fresh one, and any other free one
                 self._hand_queue(worker)
+
+    def _break(self, why):
+        """Marks the pool broken (the pool's lock is held): calls fail, saying
+        `why`, until the first one after the back-off (doubled each time, to
+        _RETRY_MAX_SECONDS) starts workers again (_revive).  Returns the
+        queued calls, for the caller to fail."""
+        delay = _RETRY_SECONDS if self._retry_delay is None else min(
+            2 * self._retry_delay, _RETRY_MAX_SECONDS)
+        self._retry_delay = delay
+        self._retry_at = time.monotonic() + delay
+        self._broken = (f"pyfunc_bridge: {self.name} cannot start worker processes: {why}. "
+                        f"Calls fail until then: the pool tries again on the first call "
+                        f"{delay:g} s after this")
+        return self._take_queue()
+
+    def _revive(self):
+        """A broken pool past its back-off starts the workers it lost (the
+        caller's call then goes to one of them)."""
+        with self._lock:
+            if self._closed or not self._broken or time.monotonic() < self._retry_at:
+                return
+            self._broken = None
+            self._start_failures = 0
+            dead = [w.index for w in self._workers if not w.alive]
+        for index in dead:
+            self._start(index)
 
     # --------------------------------------------------------------- close --
 

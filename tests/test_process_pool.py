@@ -24,6 +24,7 @@ import pyfunc_bridge as pfb
 from pyfunc_bridge import _process
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
+_worker_file = _process._worker.__file__
 ROOT = os.path.dirname(TESTS)
 
 
@@ -1010,6 +1011,40 @@ def test_a_worker_whose_hello_fails_leaves_no_process_and_no_descriptor(monkeypa
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
+
+
+def test_a_pool_whose_workers_cannot_start_says_why_and_tries_again_later(tmp_path,
+                                                                           monkeypatch):
+    """Workers that die before they are ready break the pool, for a while:
+    calls fail at once saying why, and a call after the back-off starts
+    workers again."""
+    failing = tmp_path / "fails_at_start.py"
+    failing.write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.setattr(_process, "_RETRY_SECONDS", 1.0, raising=False)
+    monkeypatch.setattr(_process._worker, "__file__", str(failing))
+
+    def call():
+        return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=broken))
+    with pfb.ProcessPool(1, name="broken pool") as broken:
+        wait_for(lambda: broken._broken, seconds=60)
+        with pytest.raises(tf.errors.UnknownError) as info:
+            call()
+        message = info.value.message
+        assert "broken pool cannot start worker processes: 3 in a row ended before " \
+               "they were ready" in message
+        assert "exited with status 3" in message and "see its stderr" in message
+        assert "tries again on the first call 1 s after" in message
+        # After the back-off a call starts workers again; they fail again,
+        # and the pool waits twice as long.
+        wait_for(lambda: time.monotonic() >= broken._retry_at, seconds=10)
+        with pytest.raises(tf.errors.UnknownError, match="exited with status 3"):
+            call()
+        wait_for(lambda: broken._broken, seconds=60)
+        assert "tries again on the first call 2 s after" in broken._broken
+        monkeypatch.setattr(_process._worker, "__file__", _worker_file)  # they can start
+        wait_for(lambda: time.monotonic() >= broken._retry_at, seconds=10)
+        pid = call()
+        assert broken.pids() == [pid] and not broken._broken
 
 
 def test_a_function_that_exits_its_process_fails_with_the_status():
