@@ -1214,22 +1214,35 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _DefaultPool:
-    """executor="process": the process's shared pool, started on first use."""
+    """executor="process": the process's shared pool, started on first use.
+
+    release and run use the pool that staged the call's inputs, which stage
+    notes on its thread (the driver calls stage, then run and maybe
+    release, on one thread, with no other call in between): the default
+    pool may be replaced meanwhile by another thread (closed, then started
+    anew), and the new one would read other memory at the staged offsets.
+    A call whose pool closed so fails with PoolClosedError."""
+
+    def __init__(self):
+        self._staged = threading.local()  # .pool: a weak reference to the staging pool
 
     def stage(self, args):
-        return default_pool().stage(args)
+        pool = default_pool()
+        self._staged.pool = weakref.ref(pool)
+        return pool.stage(args)
 
-    # release and run find the pool that staged the inputs (stage made it):
-    # a pool started in between would read other memory at their offsets.
-    # Closed since, it fails the call with PoolClosedError.
+    def _staging(self):
+        ref = getattr(self._staged, "pool", None)
+        return ref() if ref is not None else None
 
     def release(self, descs):
-        if _default is not None:
-            _default.release(descs)
+        pool = self._staging()
+        if pool is not None:
+            pool.release(descs)
 
     def run(self, func, framework, descs, writable):
-        pool = _default
-        if pool is None:
+        pool = self._staging()
+        if pool is None:  # collected: it was closed, and its blocks went with it
             raise PoolClosedError(f"pyfunc_bridge: {self!r} was closed")
         return pool.run(func, framework, descs, writable)
 

@@ -249,6 +249,36 @@ def test_a_default_pool_closed_between_stage_and_run_fails_the_call(monkeypatch)
         _process._default.close()
 
 
+def test_a_default_pool_replaced_between_stage_and_run_runs_nothing_there(monkeypatch):
+    """Another thread closes the default pool and starts the next one between
+    a call's stage and its run: the call fails on the pool that staged it;
+    it does not run in the new pool, whose arena holds other data (or none)
+    at the staged offsets."""
+    monkeypatch.setattr(_process, "_default", None)
+    descs = _process.DEFAULT.stage([np.arange(4.0)])
+    first = _process._default
+
+    def replace():
+        first.close()
+        _process.default_pool()
+    other = threading.Thread(target=replace)
+    other.start()
+    other.join(timeout=60)
+    second = _process._default
+    try:
+        assert second is not first and not second.closed
+        with pytest.raises(_process.PoolClosedError, match="is closed"):
+            _process.DEFAULT.run(pf.double, None, descs, False)
+        _process.DEFAULT.release(descs)
+        with second._arena_free:
+            assert second._arena.free_bytes() == second.arena_bytes  # nothing freed there
+        # The next call stages and runs on the new pool.
+        y = pfb.numpy_function(pf.double, [tf.constant([3])], tf.int32, executor="process")
+        assert y.numpy().tolist() == [6]
+    finally:
+        second.close()
+
+
 def test_no_default_pool_starts_after_the_pools_closed_at_exit(monkeypatch):
     monkeypatch.setattr(_process, "_default", None)
     monkeypatch.setattr(_process, "_exiting", True)
