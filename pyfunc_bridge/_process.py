@@ -26,8 +26,13 @@ them in one frame; the pool's reader thread for that worker wakes the
 callers and, the worker being free again, hands it a share of the queue.
 So a worker stuck in a function holds only the calls it already had.  A
 function travels once per worker (pickled by _pickling's rule: by value when
-its module imports TensorFlow, else as cloudpickle does), then its token
-does.
+its module imports TensorFlow, else as cloudpickle does; the user's
+function for one autograph converted), then its token does.
+
+Lifetime: workers die with this process (PR_SET_PDEATHSIG, set in the
+worker; _Spawner starts them all from one thread); a pool with a timeout
+ends a worker whose call runs past it (_Deadlines); a fork of this process
+finds the pools closed (_after_fork_in_child).
 """
 import atexit
 import builtins
@@ -728,7 +733,8 @@ class ProcessPool:
         _worker._copy_facts).  Waits with the GIL released.
 
         A caller that stops waiting (KeyboardInterrupt) abandons the call: its
-        blocks go back when the worker is done with them, never before."""
+        blocks go back when the worker is done with them, never before (at
+        once for a call still in the queue, which leaves it)."""
         from pyfunc_bridge import _library
         conversion = _library.conversion()
         call = _Call()
@@ -916,8 +922,9 @@ class ProcessPool:
     # ------------------------------------------------------ reader threads --
 
     def _read(self, worker):
-        """The reader thread of one worker: wakes the callers of its replies;
-        at the end of the stream, fails the calls it still held."""
+        """The reader thread of one worker: wakes the callers of its replies
+        and gives the worker, once free, its share of the queue; at the end
+        of the stream, settles the calls it still held (_lost)."""
         frames = _worker.FrameReader(worker.sock)
         try:
             # No local keeps a reply while the next is awaited (a large
