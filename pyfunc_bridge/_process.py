@@ -952,9 +952,12 @@ class ProcessPool:
                 self._retry_delay = None
                 continue
             _, replies, freed = message
-            calls = [(_timed(worker.pending.pop(call_id, None), times),
-                      (ok, payload, moved, worker))
-                     for call_id, ok, payload, moved, times in replies]
+            calls = []  # (None: an unknown id)
+            for call_id, ok, payload, moved, times in replies:
+                call = worker.pending.pop(call_id, None)
+                if call is not None:
+                    call.times = times
+                calls.append((call, (ok, payload, moved, worker)))
             self._settle(worker, freed, [call for call, _ in calls])
             answered.extend((call, reply) for call, reply in calls if call is not None)
         # The worker's next calls first, then its callers: it works while
@@ -1154,13 +1157,6 @@ class ProcessPool:
             if w.reader is not threading.current_thread():
                 w.reader.join(timeout=5)
             w.ended()
-
-
-def _timed(call, times):
-    """`call` (None: an unknown id), with the worker's times of its reply."""
-    if call is not None:
-        call.times = times
-    return call
 
 
 def _discard(reply):
