@@ -1,6 +1,7 @@
 """Shared test setup: quiet TF logs, one import of TF and of the package."""
 import gc
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -115,6 +116,22 @@ def address(array_like):
 def collect():
     for _ in range(3):
         gc.collect()
+
+
+def in_arena(pool, tensor):
+    """Whether `tensor`'s memory is a block of one of `pool`'s result arenas."""
+    data = pfb.to_numpy(tensor).ctypes.data
+    return any(w.results_base <= data < w.results_base + pool.arena_bytes
+               for w in pool._workers)
+
+
+def wait_for(condition, seconds=10):
+    """Returns once `condition()` holds; fails the test after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.01)
 
 
 # Optional frameworks (the `test` extra installs them): imported once, by the

@@ -20,6 +20,7 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
+from conftest import in_arena, wait_for
 import pyfunc_bridge as pfb
 from pyfunc_bridge import _process
 
@@ -34,21 +35,6 @@ def pool():
     costs about half a second)."""
     with pfb.ProcessPool(2, name="test pool") as shared:
         yield shared
-
-
-def in_arena(pool, tensor):
-    """Whether `tensor`'s memory is a block of one of the pool's result arenas."""
-    address = pfb.to_numpy(tensor).ctypes.data
-    return any(w.results_base <= address < w.results_base + pool.arena_bytes
-               for w in pool._workers)
-
-
-def wait_for(condition, seconds=10):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.01)
 
 
 # ------------------------------------------------------------------ results --

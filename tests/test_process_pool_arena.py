@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
+from conftest import in_arena
 import pyfunc_bridge as pfb
 
 LARGE = 1 << 16  # float32 elements: 256 KiB, above the worker's 64 KiB threshold
@@ -16,12 +17,6 @@ LARGE = 1 << 16  # float32 elements: 256 KiB, above the worker's 64 KiB threshol
 def pool():
     with pfb.ProcessPool(1, name="arena test pool") as one:
         yield one
-
-
-def in_arena(pool, tensor):
-    address = pfb.to_numpy(tensor).ctypes.data
-    return any(w.results_base <= address < w.results_base + pool.arena_bytes
-               for w in pool._workers)
 
 
 def test_a_fresh_result_comes_back_without_a_copy(pool, stats_on):

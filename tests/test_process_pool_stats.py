@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
+from conftest import wait_for
 import pyfunc_bridge as pfb
 
 pytestmark = pytest.mark.usefixtures("stats_on")
@@ -27,14 +28,6 @@ def pool_stats(name="stats pool"):
 
 def call(func, inputs, tout, pool, **kwargs):
     return pfb.numpy_function(func, inputs, tout, executor=pool, **kwargs)
-
-
-def wait_for(condition, seconds=20):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.01)
 
 
 def test_calls_count_answered_calls_those_that_raise_included(pool):
@@ -98,7 +91,7 @@ def test_workers_replaced():
     with pfb.ProcessPool(1, name="replacing pool") as one:
         victim = one.pids()[0]
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: one.pids() and one.pids()[0] != victim)
+        wait_for(lambda: one.pids() and one.pids()[0] != victim, 20)
         assert int(call(pf.pid, [tf.constant(0)], tf.int64, one)) == one.pids()[0]
     s = pool_stats("replacing pool")
     assert (s.workers_replaced, s.calls) == (1, 1)
@@ -144,6 +137,6 @@ def test_an_unanswered_call_is_not_counted():
     with pfb.ProcessPool(1, name="dying stats pool") as dying:
         with pytest.raises(tf.errors.UnknownError, match="exited with status 3"):
             call(pf.exits, [tf.constant(3)], tf.int64, dying)
-        wait_for(lambda: pfb.stats().pools.get("dying stats pool") is not None)
+        wait_for(lambda: pfb.stats().pools.get("dying stats pool") is not None, 20)
     s = pool_stats("dying stats pool")
     assert (s.calls, s.workers_replaced) == (0, 1)
