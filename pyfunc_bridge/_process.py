@@ -754,7 +754,7 @@ class ProcessPool:
                     # No local holds the result: a KeyboardInterrupt raised on
                     # leaving keeps this frame alive with its traceback, and
                     # the result's blocks must go back when it is dropped.
-                    return self._decode(payload, worker, moved)
+                    return self._decode(payload, worker, moved, conversion.worker_result)
             raise payload if ok is None else _worker_exception(payload)
         except BaseException:
             self._abandon(call)
@@ -897,11 +897,9 @@ class ProcessPool:
             finally:
                 worker.write_lock.release()
 
-    def _decode(self, payload, worker, moved):
-        """run()'s answer: (the result, `moved`, its copy facts: one per value)."""
-        from pyfunc_bridge import _library
-        result_view = _library.conversion().worker_result
-
+    def _decode(self, payload, worker, moved, result_view):
+        """run()'s answer: (the result, `moved`, its copy facts: one per value);
+        `result_view`: the conversion layer's worker_result."""
         results = worker.results  # (None once the pool let go of the mapping)
 
         def value(item):
