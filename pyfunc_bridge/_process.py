@@ -45,7 +45,6 @@ import pickle
 import queue
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -64,7 +63,7 @@ _START_FAILURES = 3          # workers in a row that die before they are ready
 _RETRY_SECONDS = 1.0         # then calls fail this long, before the pool tries again
 _RETRY_MAX_SECONDS = 60.0    # (the wait doubles while it keeps failing, up to this)
 _STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then SIGKILL
-_SLOT = struct.Struct("<qq")  # a worker's status slot: (running call id or -1, start ns)
+_SLOT = _worker.STATUS_SLOT  # a worker's status slot: (running call id or -1, start ns)
 
 
 class WorkerError(RuntimeError):

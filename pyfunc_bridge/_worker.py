@@ -62,7 +62,12 @@ import weakref
 
 ALIGN = 64  # PFB_TENSOR_ALIGNMENT (src/bridge_abi.h): TF's Eigen kernels need it
 _HEADER = struct.Struct("<Q")
-_SLOT_TIME = struct.Struct("<q")  # a field of a status slot (pyfunc_bridge/_process.py)
+# A worker's status slot, with a pool timeout: (the id of the call it runs,
+# or -1; that call's start, CLOCK_MONOTONIC ns).  The parent's watchdog
+# (_Deadlines, pyfunc_bridge/_process.py) reads it whole; the worker writes
+# it field by field (_SLOT_FIELD), the start first.
+STATUS_SLOT = struct.Struct("<qq")
+_SLOT_FIELD = struct.Struct("<q")
 _PICKLE_PROTOCOL = 5
 
 
@@ -354,8 +359,8 @@ class _Worker:
         so that a reader that sees the id sees its time."""
         status, slot = self.status
         if call_id >= 0:
-            _SLOT_TIME.pack_into(status, slot + 8, time.monotonic_ns())
-        _SLOT_TIME.pack_into(status, slot, call_id)
+            _SLOT_FIELD.pack_into(status, slot + _SLOT_FIELD.size, time.monotonic_ns())
+        _SLOT_FIELD.pack_into(status, slot, call_id)
 
     def arg(self, item, writable, framework):
         if item[0] == "v":
