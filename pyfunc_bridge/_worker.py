@@ -496,10 +496,10 @@ class _Worker:
             # The copy facts, before any reference is taken to the results.
             outside = sys.getrefcount(result) - 2  # `result` and getrefcount's argument
             read_only = not writable and framework != "torch"
-            ranges = [(self.inputs_base + a[1],
-                       self.inputs_base + a[1] + math.prod(a[4]) * a[3].itemsize)
-                      for a in args if a[0] == "s"]
             dlpack = framework is not None
+            ranges = [(self.inputs_base + a[1],  # (only DLPack producers' facts read them)
+                       self.inputs_base + a[1] + math.prod(a[4]) * a[3].itemsize)
+                      for a in args if a[0] == "s"] if dlpack else ()
             if isinstance(result, (list, tuple)):
                 values = result if type(result) is tuple else tuple(result)
                 facts = []
