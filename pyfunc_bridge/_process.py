@@ -141,6 +141,17 @@ class _Uninterrupted:
         return False
 
 
+def _wait_timeout():
+    """The timeout of one wait for a worker or for room: a quarter second in
+    the main thread (its waits loop), None (no limit) elsewhere.  Python runs
+    a signal's handler between bytecodes, or when the wait it is in is
+    interrupted; a SIGINT that arrives after the wait's last look and before
+    it blocks interrupts nothing, and with no limit the KeyboardInterrupt
+    would come only once the wait ends, never for a call queued behind a
+    stuck one.  Only the main thread runs signal handlers."""
+    return 0.25 if threading.get_ident() == _MAIN_THREAD else None
+
+
 _CALLER, _READER = "caller", "reader"
 
 
@@ -723,7 +734,9 @@ class ProcessPool:
                     for block in blocks:
                         if block is not None:
                             self._arena.free(*block)
-                self._arena_free.wait()  # calls in flight free or keep their inputs
+                # Calls in flight free or keep their inputs (a wait that
+                # timed out looks again).
+                self._arena_free.wait(_wait_timeout())
 
     def run(self, func, framework, descs, writable):
         """Runs `func` on the staged inputs in a worker; returns (result,
@@ -741,7 +754,9 @@ class ProcessPool:
         try:
             queued = conversion.trace_now()  # 0 unless a profiler records (trace.pxi)
             self._submit(call, func, framework, descs, writable)
-            call.lock.acquire()  # releases the GIL while it waits
+            timeout = _wait_timeout() or -1
+            while not call.lock.acquire(timeout=timeout):  # releases the GIL while it waits
+                pass
             if call.times is not None and _pool_stats.counting():
                 self._count_call(call, inputs, writable)
             with _Uninterrupted():  # the reply's result blocks get their owners

@@ -293,6 +293,11 @@ def spin(seconds):
     return np.int64(os.getpid())
 
 
+def wait_for_file_after(path, data):
+    """wait_for_file, holding an input block (`data`) meanwhile."""
+    return wait_for_file(path)
+
+
 def wait_for_file(path):
     """Returns once the file `path` exists: holds a worker until the test says."""
     path = path.item() if isinstance(path, np.ndarray) else path  # eager: a 0-d array
