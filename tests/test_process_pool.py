@@ -928,8 +928,9 @@ def test_functions_autograph_converted_run_in_a_worker_as_written():
             lambda a: np.asarray(int("not a number")), [i], tf.int64, executor=one))
         with pytest.raises(tf.errors.InvalidArgumentError) as info:
             list(failing)
-        assert "test_process_pool.py" in info.value.message
-        assert "__autograph_generated" not in info.value.message
+        message = info.value.message  # whole, where an assertion fails (pytest would elide it)
+        assert "test_process_pool.py" in message, message
+        assert "__autograph_generated" not in message, message
         assert not pfb.numpy_function(pf.tensorflow_imported, [0], tf.bool, executor=one)
 
 
