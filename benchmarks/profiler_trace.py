@@ -37,7 +37,9 @@ POOL = ("pfb.queue", "pfb.worker", "pfb.reply")
 ELEMENTS = 6
 SIZE = 192
 
-Event = collections.namedtuple("Event", "thread name start end stats")
+# `line`: the trace's line (one per thread, by its id), `thread` its name
+# (threads of a pool share one); `start` and `end` in ps since the epoch, exact.
+Event = collections.namedtuple("Event", "line thread name start end stats")
 
 
 def decode(index):
@@ -65,9 +67,9 @@ def pipeline(pool, loops):
 
 
 def read_trace(logdir):
-    """The host events of the .xplane.pb under `logdir`: thread name, event
-    name, start and end (ns since the epoch) and stats."""
-    paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+    """Every event of the host plane of the one .xplane.pb under `logdir`
+    (tests/test_api_profiler.py reads traces with it too)."""
+    paths = glob.glob(os.path.join(str(logdir), "**", "*.xplane.pb"), recursive=True)
     if len(paths) != 1:
         raise RuntimeError(f"expected one .xplane.pb under {logdir}, found {paths}")
     space = xplane_pb2.XSpace()
@@ -85,9 +87,10 @@ def read_trace(logdir):
                     kind = s.WhichOneof("value")
                     value = getattr(s, kind)
                     stats[names[s.metadata_id]] = names[value] if kind == "ref_value" else value
-                start = line.timestamp_ns + ev.offset_ps / 1000
-                events.append(Event(line.name, plane.event_metadata[ev.metadata_id].name,
-                                    start, start + ev.duration_ps / 1000, stats))
+                start = line.timestamp_ns * 1000 + ev.offset_ps
+                events.append(Event(line.id, line.name,
+                                    plane.event_metadata[ev.metadata_id].name,
+                                    start, start + ev.duration_ps, stats))
     return events
 
 
@@ -101,13 +104,13 @@ def summary(events):
     rows = {}
     calls = [e for e in events if "api" in e.stats]
     for call in calls:
-        inside = [e for e in events if e.thread == call.thread and e is not call
+        inside = [e for e in events if e.line == call.line and e is not call
                   and call.start <= e.start and e.end <= call.end]
         row = rows.setdefault(call.name, collections.defaultdict(list))
         row["call"].append(call.end - call.start)
         for e in inside:
             row[e.name].append(e.end - e.start)
-    return {name: {step: np.mean(times) / 1e3 for step, times in row.items()}
+    return {name: {step: np.mean(times) / 1e6 for step, times in row.items()}
             | {"calls": len(row["call"])} for name, row in rows.items()}
 
 
@@ -123,7 +126,7 @@ def draw(events, path):
     import matplotlib.patches as mpatches
     import matplotlib.pyplot as plt
 
-    threads = sorted({e.thread for e in events})
+    threads = sorted({(e.thread, e.line) for e in events})
     calls = [e for e in events if "api" in e.stats]
     functions = sorted({e.name for e in calls})
     colors = {name: f"C{i}" for i, name in enumerate(functions)}
@@ -135,11 +138,11 @@ def draw(events, path):
     fig, (timeline, zoom) = plt.subplots(
         2, 1, figsize=(13, 2.6 + 0.9 * len(threads) + 0.45 * len(functions)),
         gridspec_kw={"height_ratios": [len(threads) * 1.2, len(functions) * 0.55 + 0.4]})
-    for row, thread in enumerate(threads):
+    for row, (_, line) in enumerate(threads):
         for e in events:
-            if e.thread != thread:
+            if e.line != line:
                 continue
-            x, width = (e.start - t0) / 1e6, (e.end - e.start) / 1e6
+            x, width = (e.start - t0) / 1e9, (e.end - e.start) / 1e9
             if "api" in e.stats:
                 timeline.broken_barh([(x, width)], (row - 0.45, 0.3), color=colors[e.name],
                                      edgecolor="white", linewidth=0.6)
@@ -153,7 +156,7 @@ def draw(events, path):
                                      edgecolor="white", linewidth=0.4)
     timeline.set_yticks(range(len(threads)))
     timeline.set_yticklabels([t.split("/")[0] + (f" #{i}" if "/" in t else "")
-                              for i, t in enumerate(threads)])
+                              for i, (t, _) in enumerate(threads)])
     timeline.invert_yaxis()
     timeline.set_xlabel("ms since the first call")
     timeline.set_title("pyfunc_bridge calls on TensorFlow's profiler trace "

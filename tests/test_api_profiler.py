@@ -1,6 +1,6 @@
 """Bridge calls on TF's profiler trace: a pipeline runs under
 tf.profiler.experimental.start/stop, and the .xplane.pb that TF writes is read
-with TF's own xplane_pb2.
+with TF's own xplane_pb2 (by the profiler benchmark's reader).
 
 Each call is one event named module.qualname on the thread that ran it, with
 pfb.inputs, pfb.function and pfb.outputs nested in it; its metadata carries
@@ -8,48 +8,17 @@ what pfb.stats() counts for the same calls.
 """
 import collections
 import gc
-import glob
-import os
 import tracemalloc
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 import pyfunc_bridge as pfb
+from benchmarks.profiler_trace import read_trace
 
 STEPS = ("pfb.inputs", "pfb.function", "pfb.outputs")
 GLOBAL = np.zeros(64, np.float32)
-
-Event = collections.namedtuple("Event", "line name start end stats")
-
-
-def read_events(logdir):
-    """Every event of the host plane of the one .xplane.pb under `logdir`:
-    its thread's line, name, start and end (ps since the epoch), and stats."""
-    paths = glob.glob(os.path.join(str(logdir), "**", "*.xplane.pb"), recursive=True)
-    assert len(paths) == 1, paths
-    space = xplane_pb2.XSpace()
-    with open(paths[0], "rb") as f:
-        space.ParseFromString(f.read())
-    events = []
-    for plane in space.planes:
-        if plane.name != "/host:CPU":
-            continue
-        names = {i: m.name for i, m in plane.stat_metadata.items()}
-        for line in plane.lines:
-            for ev in line.events:
-                stats = {}
-                for s in ev.stats:
-                    kind = s.WhichOneof("value")
-                    value = getattr(s, kind)
-                    stats[names[s.metadata_id]] = names[value] if kind == "ref_value" else value
-                start = line.timestamp_ns * 1000 + ev.offset_ps
-                events.append(Event(f"{line.id}:{line.name}",
-                                    plane.event_metadata[ev.metadata_id].name,
-                                    start, start + ev.duration_ps, stats))
-    return events
 
 
 def profile(logdir, run):
@@ -59,7 +28,7 @@ def profile(logdir, run):
         run()
     finally:
         tf.profiler.experimental.stop()
-    return read_events(logdir)
+    return read_trace(logdir)
 
 
 def traced_name(func):
@@ -269,7 +238,7 @@ def test_tf_data_calls_are_events_on_tf_threads(tmp_path, stats_on):
     events = profile(tmp_path, lambda: list(dataset))
     calls = calls_of(events, traced_name(add_one))
     assert len(calls) == 8
-    assert all(not c.line.endswith(":python") for c in calls)
+    assert all(c.thread != "python" for c in calls)
     check_against_stats(calls, events, pfb.stats().functions["add_one"])
 
 
