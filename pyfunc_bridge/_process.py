@@ -769,7 +769,16 @@ class ProcessPool:
                     # leaving keeps this frame alive with its traceback, and
                     # the result's blocks must go back when it is dropped.
                     return self._decode(payload, worker, moved, conversion.worker_result)
-            raise payload if ok is None else _worker_exception(payload)
+            error = payload if ok is None else _worker_exception(payload)
+            payload = None
+            try:
+                raise error
+            finally:
+                # The error's traceback holds this frame: a frame that held
+                # the error too would make a cycle, which kept the pool, the
+                # caller's frames and the results they hold (their workers'
+                # shared memory) until the next garbage collection.
+                error = None
         except BaseException:
             self._abandon(call)
             raise

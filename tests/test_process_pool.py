@@ -1124,6 +1124,33 @@ def test_a_function_that_exits_its_process_fails_with_the_status():
                                       executor=exiting)) in exiting.pids()
 
 
+
+def test_a_call_that_fails_in_the_pool_leaves_no_reference_cycle():
+    """The pool's error (a worker that died, a pool closed) must not sit in a
+    cycle with the frame that raised it: the cycle kept the pool and every
+    caller's frame, with the results they held (their workers' shared
+    memory), until the next garbage collection."""
+    def run_frames():
+        return [o for o in gc.garbage if inspect.isframe(o)
+                and o.f_code is _process.ProcessPool.run.__code__]
+
+    with pfb.ProcessPool(1, name="cycle pool") as cycling:
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(3):  # (the bridge keeps a thread's last error a while)
+                with pytest.raises(tf.errors.UnknownError, match="exited with status 3"):
+                    pfb.numpy_function(pf.exits, [tf.constant(3)], tf.int64,
+                                       executor=cycling)
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            found = run_frames()
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert found == []
+
 # ---------------------------------------------------------------- timeouts --
 
 def _lines_of(func, texts):
