@@ -431,6 +431,12 @@ class _Deadlines:
             # Under the lock, a worker marked alive has not been reaped, so
             # its pid is still its own.
             for worker in pool._workers:
+                if (worker.kill_at is not None and worker.alive
+                        and self.running(worker)[0] != worker.timed_out):
+                    # The call it was told off for answered after all (its
+                    # function handled SIGUSR1): the worker lives on, and its
+                    # later calls have deadlines of their own.
+                    worker.kill_at = worker.timed_out = None
                 if not worker.alive or not worker.pending:
                     continue
                 if worker.kill_at is not None:  # told to write its stack

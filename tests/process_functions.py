@@ -347,3 +347,15 @@ def tensorflow_imported(_):
     """Whether this worker has imported TensorFlow."""
     import sys
     return np.bool_("tensorflow" in sys.modules)
+
+
+def handles_sigusr1(seconds):
+    """Sleeps with a SIGUSR1 handler of its own, which raises: the function
+    answers the pool's timeout signal instead of being ended by it."""
+    import signal
+
+    def handler(signum, frame):
+        raise RuntimeError("SIGUSR1 handled by the function")
+    signal.signal(signal.SIGUSR1, handler)
+    time.sleep(float(seconds))
+    return np.int64(os.getpid())

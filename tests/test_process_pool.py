@@ -1225,6 +1225,22 @@ def test_calls_a_timed_out_worker_had_not_started_run_in_another(tmp_path):
             assert int(box["result"]) == pool.pids()[0] != timed_out
 
 
+def test_a_worker_that_outlives_its_timeout_signal_runs_later_calls_to_their_end():
+    """A function that handles SIGUSR1 answers the pool's timeout signal
+    with its own error instead of ending its worker.  The worker lives on;
+    its later calls, well within their deadlines, must not be ended by the
+    kill that was meant for the call that answered (it came a grace period
+    later, and failed whichever call ran then, as ended for another's
+    timeout)."""
+    with pfb.ProcessPool(1, timeout=0.5, name="usr1 pool") as pool:
+        (pid,) = pool.pids()
+        with pytest.raises(tf.errors.UnknownError, match="SIGUSR1 handled by the function"):
+            pfb.numpy_function(pf.handles_sigusr1, [tf.constant(5.0)], tf.int64,
+                               executor=pool)
+        for _ in range(6):  # 1.8 s: past the grace period of the kill
+            assert int(pfb.numpy_function(pf.slow_pid, [tf.constant(0.3)], tf.int64,
+                                          executor=pool)) == pid
+
 @pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), "1", True])
 def test_timeout_must_be_a_positive_number_of_seconds(timeout):
     with pytest.raises(ValueError, match=f"timeout must be a positive number of seconds, "
