@@ -364,7 +364,14 @@ class _Worker:
 
     def arg(self, item, writable, framework):
         if item[0] == "v":
-            return item[1]
+            value = item[1]
+            # An array unpickled from the frame is read-only (it views the
+            # pickle's bytes); copy=True promises a writable one, as an
+            # input block is (and torch has no read-only tensors).
+            if ((writable or framework == "torch") and isinstance(value, self.np.ndarray)
+                    and not value.flags.writeable):
+                value = value.copy()
+            return _wrap_input(self.np, value, framework)
         _, offset, size, dtype, shape = item
         arr = self.input_block(offset, size).view(dtype)[:math.prod(shape)].reshape(shape)
         # The block is this call's own copy: written only under copy=True,

@@ -171,6 +171,30 @@ print("done")
 """
 
 
+# Inputs that travel pickled rather than through the arena: empty, and
+# larger than the (1 MiB) arena.
+_PICKLED_INPUTS = [pytest.param([0, 3], id="empty"), pytest.param([512 << 10], id="2 MiB")]
+
+
+@pytest.mark.parametrize("shape", _PICKLED_INPUTS)
+def test_array_function_gives_torch_tensors_for_inputs_that_travel_pickled(shape):
+    with pfb.ProcessPool(1, arena_bytes=1 << 20, name="pickled torch pool") as pool:
+        for executor in (None, pool):
+            got = pfb.array_function(pf.type_name, [tf.ones(shape)], tf.string,
+                                     framework="torch", executor=executor)
+            assert got.numpy()[0] == b"torch.Tensor", executor
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+@pytest.mark.parametrize("shape", _PICKLED_INPUTS)
+def test_copy_true_gives_writable_inputs_that_travel_pickled(shape, framework):
+    """copy=True promises private writable inputs; an array unpickled from
+    the worker's frame is read-only."""
+    with pfb.ProcessPool(1, arena_bytes=1 << 20, name="pickled copy pool") as pool:
+        out = pfb.array_function(pf.briefly_double_in_place, [tf.fill(shape, 3.0)],
+                                 tf.float32, framework=framework, copy=True, executor=pool)
+        np.testing.assert_array_equal(out.numpy(), np.full(shape, 6.0, np.float32))
+
 def test_a_call_whose_inputs_do_not_fit_the_arena_together_runs():
     run_script(_INPUTS_TOGETHER_SCRIPT)
 
