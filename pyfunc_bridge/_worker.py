@@ -311,6 +311,11 @@ def _wrap_input(np, arr, framework):
     return arr
 
 
+# Results the parent converts itself (_export_output, outputs.pxi): by their
+# kind (scalars, lists: to the declared dtype; strings: to tf.string).
+_CONVERTED_BY_THE_PARENT = (bool, int, float, complex, list, tuple, str, bytes)
+
+
 # NumPy allocations of at least this many bytes that a function makes go to
 # the result arena: copying a smaller result costs less than a wake-up, and
 # small arrays a function keeps (caches, constants made on first use) would
@@ -384,6 +389,17 @@ class _Worker:
         """(encoded value, bytes written to the result arena)."""
         np = self.np
         value = _as_numpy(np, value, framework)
+        if not isinstance(value, (np.ndarray, np.generic, *_CONVERTED_BY_THE_PARENT,
+                                  type(None))):
+            # An object exporting an array (a memoryview, an mmap, one with
+            # __array__): the parent would take np.asarray of it, and it
+            # may not pickle.
+            try:
+                arr = np.asarray(value)
+            except Exception:  # noqa: BLE001 - the parent reports what it is
+                arr = None
+            if arr is not None and arr.dtype.kind != "O":
+                value = arr
         if (isinstance(value, np.ndarray) and value.size and self.arena is not None
                 and _shares_by_memory(np, value.dtype)):
             block = self.arena.take(value)

@@ -364,3 +364,32 @@ def handles_sigusr1(seconds):
 def type_name(a):
     """The qualified name of the type the function received."""
     return np.array([f"{type(a).__module__}.{type(a).__qualname__}".encode()])
+
+
+def returns_a_memoryview(a):
+    return memoryview(np.asarray(a) * 2)
+
+
+def returns_an_mmap(a):
+    import mmap
+    data = (np.asarray(a) * 2).tobytes()
+    region = mmap.mmap(-1, len(data))
+    region[:] = data
+    return region
+
+
+class ArrayHolder:
+    """An object that exports an array (__array__) and does not pickle (it
+    holds a lock)."""
+
+    def __init__(self, array):
+        import threading
+        self.lock = threading.Lock()
+        self.array = array
+
+    def __array__(self, dtype=None, copy=None):
+        return self.array
+
+
+def returns_an_array_holder(a):
+    return ArrayHolder(np.asarray(a) * 2)

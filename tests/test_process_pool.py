@@ -120,6 +120,20 @@ def test_array_function_numpy_and_torch(pool):
     assert in_arena(pool, got)
 
 
+@pytest.mark.parametrize("func, tout", [(pf.returns_a_memoryview, tf.float32),
+                                        (pf.returns_an_mmap, tf.uint8),
+                                        (pf.returns_an_array_holder, tf.float32)])
+def test_objects_that_export_an_array_come_back_as_in_process(pool, func, tout):
+    """A result that is not an ndarray but exports one (the bridge takes
+    np.asarray of it) and does not pickle."""
+    x = tf.range(100_000.0)
+    want = pfb.numpy_function(func, [x], tout)
+    got = pfb.numpy_function(func, [x], tout, executor=pool)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="still reachable from Python"):
+        pfb.numpy_function(func, [x], tout, copy=False, executor=pool)
+
 def test_payloads_larger_than_the_arena_travel_pickled():
     with pfb.ProcessPool(1, arena_bytes=4096, name="small pool") as small:
         x = tf.range(1 << 14, dtype=tf.float32)  # 64 KiB
