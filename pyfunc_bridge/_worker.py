@@ -293,7 +293,7 @@ def _as_numpy(np, value, framework):
     if framework == "torch" and type(value).__module__.startswith("torch"):
         import torch
         if isinstance(value, torch.Tensor):
-            return value.detach().cpu().resolve_conj().resolve_neg().numpy()
+            return _torch_numpy(np, value.detach().cpu().resolve_conj().resolve_neg())
     if framework == "jax" and hasattr(value, "__array__") and hasattr(value, "__dlpack__"):
         return np.asarray(value)
     if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
@@ -301,9 +301,21 @@ def _as_numpy(np, value, framework):
     return value
 
 
+def _torch_numpy(np, t):
+    """t.numpy(), for bfloat16 too (which torch has no NumPy type for: its
+    bits are viewed as ml_dtypes.bfloat16, TensorFlow's NumPy type)."""
+    import torch
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
 def _wrap_input(np, arr, framework):
     if framework == "torch" and isinstance(arr, np.ndarray) and arr.dtype.kind != "O":
         import torch
+        if arr.dtype.name == "bfloat16":  # (torch.from_numpy knows no ml_dtypes)
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(arr)
     if framework == "jax" and isinstance(arr, np.ndarray) and arr.dtype.kind != "O":
         import jax.numpy as jnp
@@ -487,7 +499,14 @@ class _Worker:
         foreign = not lazy and (adapter.writable_elsewhere(value, outside)
                                 if adapter is not None else True)
         try:
-            arr = self.np.from_dlpack(value.detach() if hasattr(value, "detach") else value)
+            source = value.detach() if hasattr(value, "detach") else value
+            if type(value).__module__.startswith("torch") and str(source.dtype) == "torch.bfloat16":
+                import torch
+                # NumPy's DLPack has no bfloat16; its bits are int16 (not
+                # .numpy(), which marks the storage not resizable, as
+                # writable_elsewhere would then judge the next result of it).
+                source = source.view(torch.int16)
+            arr = self.np.from_dlpack(source)
         except Exception:  # noqa: BLE001 - the parent reports what it is
             return None
         if not arr.size:

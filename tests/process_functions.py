@@ -393,3 +393,20 @@ class ArrayHolder:
 
 def returns_an_array_holder(a):
     return ArrayHolder(np.asarray(a) * 2)
+
+
+def torch_bfloat16_ones(n):
+    """A fresh torch bfloat16 tensor (torch has no NumPy type for it)."""
+    import torch
+    return torch.ones(int(n), dtype=torch.bfloat16)
+
+
+_SHARED_BFLOAT16 = []
+
+
+def shared_torch_bfloat16(_):
+    """A torch bfloat16 tensor that stays reachable (module state)."""
+    import torch
+    if not _SHARED_BFLOAT16:
+        _SHARED_BFLOAT16.append(torch.ones(1000, dtype=torch.bfloat16))
+    return _SHARED_BFLOAT16[0]

@@ -134,6 +134,22 @@ def test_objects_that_export_an_array_come_back_as_in_process(pool, func, tout):
     with pytest.raises(tf.errors.InvalidArgumentError, match="still reachable from Python"):
         pfb.numpy_function(func, [x], tout, copy=False, executor=pool)
 
+def test_torch_bfloat16_inputs_and_results(pool):
+    """torch has no NumPy type for bfloat16 (TensorFlow's is ml_dtypes'):
+    tensor.numpy() and torch.from_numpy refuse it."""
+    x = tf.cast(tf.range(100_000.0), tf.bfloat16)
+    for func, arg in [(pf.plus_one, x), (pf.identity, x),
+                      (pf.torch_bfloat16_ones, tf.constant(100_000))]:
+        want = pfb.array_function(func, [arg], tf.bfloat16, framework="torch")
+        got = pfb.array_function(func, [arg], tf.bfloat16, framework="torch", executor=pool)
+        assert got.dtype == tf.bfloat16
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    # copy=False judges a bfloat16 result as any other.
+    for executor in (None, pool):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="still reachable from Python"):
+            pfb.array_function(pf.shared_torch_bfloat16, [x], tf.bfloat16, framework="torch",
+                               copy=False, executor=executor)
+
 def test_payloads_larger_than_the_arena_travel_pickled():
     with pfb.ProcessPool(1, arena_bytes=4096, name="small pool") as small:
         x = tf.range(1 << 14, dtype=tf.float32)  # 64 KiB
