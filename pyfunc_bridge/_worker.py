@@ -227,10 +227,25 @@ _CLEAN = (False, True, True, False)  # facts that copy=False refuses nothing for
 _adapters = None                     # top-level module name -> framework adapter
 
 
+def _adapter_named(name):
+    """The loaded adapter of framework `name` (pyfunc_bridge/_frameworks.py)."""
+    _load_adapters()
+    adapter = _adapters[name]
+    adapter.load()
+    return adapter
+
+
 def _framework_adapter(value):
     """The adapter (pyfunc_bridge/_frameworks.py) that judges results of
-    `value`'s type, or None.  The file is loaded by its path: importing it
-    through the package would import TensorFlow."""
+    `value`'s type, or None."""
+    _load_adapters()
+    top = getattr(type(value), "__module__", None)
+    return _adapters.get(top.partition(".")[0]) if isinstance(top, str) else None
+
+
+def _load_adapters():
+    """Loads _frameworks.py by its path: importing it through the package
+    would import TensorFlow."""
     global _adapters
     if _adapters is None:
         import importlib.util
@@ -240,8 +255,6 @@ def _framework_adapter(value):
         spec.loader.exec_module(module)
         _adapters = {name: adapter for adapter in module.ADAPTERS.values()
                      for name in adapter.modules}
-    top = getattr(type(value), "__module__", None)
-    return _adapters.get(top.partition(".")[0]) if isinstance(top, str) else None
 
 
 def _address(arr):
@@ -533,6 +546,11 @@ class _Worker:
             values = [self.arg(a, writable, framework) for a in args]
             result = (self.arena.call(func, values) if self.arena is not None
                       else func(*values))
+            if framework == "torch" and not writable:
+                # In-process the tensors are TensorFlow's memory, and a write
+                # to one fails the call (the adapter sees it): here too,
+                # though the blocks are this call's own.
+                _adapter_named("torch").check_inputs(values)
             del values  # the inputs are no longer the worker's, as in-process
             moved = 0
             # The copy facts, before any reference is taken to the results.

@@ -150,6 +150,16 @@ def test_torch_bfloat16_inputs_and_results(pool):
             pfb.array_function(pf.shared_torch_bfloat16, [x], tf.bfloat16, framework="torch",
                                copy=False, executor=executor)
 
+@pytest.mark.parametrize("shape", [[1000], [0]])
+def test_a_torch_function_that_writes_its_input_fails_as_in_process(pool, shape):
+    """Without copy=True a torch input is TensorFlow's memory in-process, and
+    a write to it fails the call; in a worker the block is the call's own,
+    but the function is as wrong."""
+    for executor in (None, pool):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="wrote to input 0 in place"):
+            pfb.array_function(pf.briefly_double_in_place, [tf.ones(shape)], tf.float32,
+                               framework="torch", executor=executor)
+
 def test_payloads_larger_than_the_arena_travel_pickled():
     with pfb.ProcessPool(1, arena_bytes=4096, name="small pool") as small:
         x = tf.range(1 << 14, dtype=tf.float32)  # 64 KiB
