@@ -410,3 +410,8 @@ def shared_torch_bfloat16(_):
     if not _SHARED_BFLOAT16:
         _SHARED_BFLOAT16.append(torch.ones(1000, dtype=torch.bfloat16))
     return _SHARED_BFLOAT16[0]
+
+
+def quarter_mib_of(value):
+    """A fresh 1 MiB float32 array (in the result arena: sent without a copy)."""
+    return np.full(1 << 18, value, np.float32)
