@@ -306,6 +306,10 @@ def _as_numpy(np, value, framework):
     if framework == "torch" and type(value).__module__.startswith("torch"):
         import torch
         if isinstance(value, torch.Tensor):
+            if value.requires_grad:
+                # In-process the bridge exports it by DLPack, which refuses
+                # it (torch's BufferError, "use tensor.detach()"): so here.
+                value.__dlpack__()
             return _torch_numpy(np, value.detach().cpu().resolve_conj().resolve_neg())
     if framework == "jax" and hasattr(value, "__array__") and hasattr(value, "__dlpack__"):
         return np.asarray(value)

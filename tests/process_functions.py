@@ -415,3 +415,9 @@ def shared_torch_bfloat16(_):
 def quarter_mib_of(value):
     """A fresh 1 MiB float32 array (in the result arena: sent without a copy)."""
     return np.full(1 << 18, value, np.float32)
+
+
+def torch_requires_grad(n):
+    """A torch result that requires a gradient."""
+    import torch
+    return torch.ones(int(n), requires_grad=True) * 2

@@ -160,6 +160,12 @@ def test_a_torch_function_that_writes_its_input_fails_as_in_process(pool, shape)
             pfb.array_function(pf.briefly_double_in_place, [tf.ones(shape)], tf.float32,
                                framework="torch", executor=executor)
 
+def test_a_torch_result_that_requires_grad_fails_as_in_process(pool):
+    for executor in (None, pool):
+        with pytest.raises(tf.errors.UnknownError, match="require gradient"):
+            pfb.array_function(pf.torch_requires_grad, [tf.constant(1000)], tf.float32,
+                               framework="torch", executor=executor)
+
 def test_payloads_larger_than_the_arena_travel_pickled():
     with pfb.ProcessPool(1, arena_bytes=4096, name="small pool") as small:
         x = tf.range(1 << 14, dtype=tf.float32)  # 64 KiB
