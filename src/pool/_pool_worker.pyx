@@ -170,14 +170,18 @@ cdef class Channel:
     ``Channel(buffer, create=True, ring_slots=n)`` lays it out (the parent,
     before the worker starts); ``Channel(buffer)`` checks and attaches to one.
     Each ring has one producer and one consumer; posting and reading hold the
-    GIL, only waits release it.
+    GIL, only waits release it.  A message is built in one buffer and read
+    into another: a post waiting for room (the GIL released) while another
+    thread of this process reads the other ring must not find its message
+    overwritten by the one read.
     """
     cdef Py_buffer _view
     cdef bint _has_view
     cdef PfbPoolControl* _control
     cdef PfbRing _rings[2]
     cdef uint32_t _slots
-    cdef PfbPoolSlot* _scratch  # one message being built or read
+    cdef PfbPoolSlot* _scratch  # the message being built (post, post_tensors)
+    cdef PfbPoolSlot* _inbox    # the message being read (receive)
 
     def __cinit__(self, buffer, *, bint create=False, uint32_t ring_slots=0,
                   uint64_t input_bytes=0, uint64_t result_bytes=0, uint32_t worker_index=0):
@@ -221,11 +225,13 @@ cdef class Channel:
             # Last: a control segment with the magic is complete.
             self._control.magic = PFB_POOL_MAGIC
         self._scratch = <PfbPoolSlot*>calloc(PFB_POOL_MAX_MESSAGE_SLOTS, sizeof(PfbPoolSlot))
-        if self._scratch == NULL:
+        self._inbox = <PfbPoolSlot*>calloc(PFB_POOL_MAX_MESSAGE_SLOTS, sizeof(PfbPoolSlot))
+        if self._scratch == NULL or self._inbox == NULL:
             raise MemoryError()
 
     def __dealloc__(self):
         free(self._scratch)
+        free(self._inbox)
         if self._has_view:
             PyBuffer_Release(&self._view)
 
@@ -400,7 +406,7 @@ cdef class Channel:
         cdef list messages = []
         cdef int n
         while limit is None or len(messages) < limit:
-            n = pfb_ring_read(r, self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS)
+            n = pfb_ring_read(r, self._inbox, PFB_POOL_MAX_MESSAGE_SLOTS)
             if n == 0:
                 break
             if n < 0:
@@ -410,7 +416,7 @@ cdef class Channel:
         return messages
 
     cdef object _decode(self):
-        cdef PfbPoolMessage* m = &self._scratch[0].message
+        cdef PfbPoolMessage* m = &self._inbox[0].message
         cdef PfbPoolTensor record
         cdef int64_t dims[PFB_POOL_MAX_NDIM]
         cdef uint32_t cursor = 1
@@ -419,14 +425,14 @@ cdef class Channel:
         items = []
         if m.kind in _TENSOR_KINDS:
             for i in range(m.count):
-                if pfb_msg_read_tensor(self._scratch, &cursor, &record, dims):
+                if pfb_msg_read_tensor(self._inbox, &cursor, &record, dims):
                     raise OSError(EPROTO, "pyfunc_bridge: a malformed tensor record")
                 items.append((record.code, record.bits, record.lanes, record.flags,
                               record.offset, record.size,
                               tuple([dims[d] for d in range(record.ndim)])))
         else:
             for i in range(m.count):
-                if pfb_msg_read_word(self._scratch, i, &word):
+                if pfb_msg_read_word(self._inbox, i, &word):
                     raise OSError(EPROTO, "pyfunc_bridge: a malformed words message")
                 items.append(word)
         return Message(m.kind, m.call_id, m.token, m.flags, m.status, m.stamp,
