@@ -59,16 +59,27 @@ def user_function(func):
 def dumps(obj, protocol=None):
     """cloudpickle.dumps(obj, protocol), with every autograph-converted
     function in it (`obj` itself, or one it holds, as py_function's caller
-    holds the user's function) pickled as the user's function."""
+    holds the user's function) pickled as the user's function, and every
+    code object with its file name."""
     buffer = io.BytesIO()
-    _pickler_class()(buffer, protocol=protocol).dump(obj)
+    pickler_class()(buffer, protocol=protocol).dump(obj)
     return buffer.getvalue()
 
 
 _Pickler = None
 
+# The file name cloudpickle (3.1.3 on) gives every code object it pickles.
+_ANONYMOUS_FILE = "<dynamic-code>"
 
-def _pickler_class():
+
+def pickler_class():
+    """cloudpickle's Pickler, and the two things the bridge's pickles need
+    beyond it (the pool's by-value pickler, _pickling, builds on it):
+
+    - an autograph-converted function is pickled as the user's;
+    - a code object keeps its file name, so that a traceback raised where
+      the function is unpickled (a worker, a loaded SavedModel) names the
+      user's file; cloudpickle 3.1.3 replaced it by "<dynamic-code>"."""
     global _Pickler
     if _Pickler is None:
         import copy
@@ -80,6 +91,13 @@ def _pickler_class():
                     # copy.copy returns a function as it is: the unpickler
                     # gets the user's function, pickled as any other.
                     return copy.copy, (user_function(obj),)
+                if type(obj) is types.CodeType:
+                    reduce = self.dispatch_table.get(types.CodeType)
+                    if reduce is not None:
+                        constructor, args = reduce(obj)[:2]
+                        return constructor, tuple(
+                            obj.co_filename if type(a) is str and a == _ANONYMOUS_FILE else a
+                            for a in args)
                 return super().reducer_override(obj)
         _Pickler = Pickler
     return _Pickler

@@ -22,7 +22,6 @@ cloudpickle chooses by value per module (``register_pickle_by_value``, a
 process-wide registry): the modules the pickle meets are registered for the
 length of one ``dumps``, under a lock, and unregistered after.
 """
-import copy
 import importlib
 import io
 import sys
@@ -125,7 +124,7 @@ class _ByValuePickler:
 
     @staticmethod
     def _make(cloudpickle):
-        class Pickler(cloudpickle.Pickler):
+        class Pickler(_autograph.pickler_class()):
             def __init__(self, file, protocol):
                 super().__init__(file, protocol=protocol)
                 self.registered = []   # modules this pickler registered
@@ -133,10 +132,8 @@ class _ByValuePickler:
 
             def reducer_override(self, obj):
                 if _autograph.converted(obj):
-                    # The user's function, not autograph's conversion of it
-                    # (copy.copy returns a function as it is).
-                    return copy.copy, (_autograph.user_function(obj),)
-                if isinstance(obj, types.ModuleType):
+                    pass  # the user's function: the base class sends it instead
+                elif isinstance(obj, types.ModuleType):
                     # A module by name, even one registered above (cloudpickle
                     # would send its whole namespace, TensorFlow and all).
                     name = obj.__name__

@@ -460,6 +460,12 @@ class _Deadlines:
             # Under the lock, a worker marked alive has not been reaped, so
             # its pid is still its own.
             for worker in pool._workers:
+                if (worker.kill_at is not None and worker.alive
+                        and self.running(worker)[0] != worker.timed_out):
+                    # The call it was told off for answered after all (its
+                    # function handled SIGUSR1): the worker lives on, and its
+                    # later calls have deadlines of their own.
+                    worker.kill_at = worker.timed_out = None
                 if not worker.alive or not worker.pending:
                     continue
                 if worker.kill_at is not None:  # told to write its stack
@@ -801,7 +807,16 @@ class ProcessPool:
                     # leaving keeps this frame alive with its traceback, and
                     # the result's blocks must go back when it is dropped.
                     return self._decode(payload, worker, moved, conversion.worker_result)
-            raise payload if ok is None else _worker_exception(payload)
+            error = payload if ok is None else _worker_exception(payload)
+            payload = None
+            try:
+                raise error
+            finally:
+                # The error's traceback holds this frame: a frame that held
+                # the error too would make a cycle, which kept the pool, the
+                # caller's frames and the results they hold (their workers'
+                # shared memory) until the next garbage collection.
+                error = None
         except BaseException:
             self._abandon(call)
             raise

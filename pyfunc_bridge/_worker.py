@@ -233,10 +233,25 @@ _CLEAN = (False, True, True, False)  # facts that copy=False refuses nothing for
 _adapters = None                     # top-level module name -> framework adapter
 
 
+def _adapter_named(name):
+    """The loaded adapter of framework `name` (pyfunc_bridge/_frameworks.py)."""
+    _load_adapters()
+    adapter = _adapters[name]
+    adapter.load()
+    return adapter
+
+
 def _framework_adapter(value):
     """The adapter (pyfunc_bridge/_frameworks.py) that judges results of
-    `value`'s type, or None.  The file is loaded by its path: importing it
-    through the package would import TensorFlow."""
+    `value`'s type, or None."""
+    _load_adapters()
+    top = getattr(type(value), "__module__", None)
+    return _adapters.get(top.partition(".")[0]) if isinstance(top, str) else None
+
+
+def _load_adapters():
+    """Loads _frameworks.py by its path: importing it through the package
+    would import TensorFlow."""
     global _adapters
     if _adapters is None:
         import importlib.util
@@ -246,8 +261,6 @@ def _framework_adapter(value):
         spec.loader.exec_module(module)
         _adapters = {name: adapter for adapter in module.ADAPTERS.values()
                      for name in adapter.modules}
-    top = getattr(type(value), "__module__", None)
-    return _adapters.get(top.partition(".")[0]) if isinstance(top, str) else None
 
 
 def _address(arr):
@@ -299,7 +312,11 @@ def _as_numpy(np, value, framework):
     if framework == "torch" and type(value).__module__.startswith("torch"):
         import torch
         if isinstance(value, torch.Tensor):
-            return value.detach().cpu().resolve_conj().resolve_neg().numpy()
+            if value.requires_grad:
+                # In-process the bridge exports it by DLPack, which refuses
+                # it (torch's BufferError, "use tensor.detach()"): so here.
+                value.__dlpack__()
+            return _torch_numpy(np, value.detach().cpu().resolve_conj().resolve_neg())
     if framework == "jax" and hasattr(value, "__array__") and hasattr(value, "__dlpack__"):
         return np.asarray(value)
     if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
@@ -307,14 +324,31 @@ def _as_numpy(np, value, framework):
     return value
 
 
+def _torch_numpy(np, t):
+    """t.numpy(), for bfloat16 too (which torch has no NumPy type for: its
+    bits are viewed as ml_dtypes.bfloat16, TensorFlow's NumPy type)."""
+    import torch
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
 def _wrap_input(np, arr, framework):
     if framework == "torch" and isinstance(arr, np.ndarray) and arr.dtype.kind != "O":
         import torch
+        if arr.dtype.name == "bfloat16":  # (torch.from_numpy knows no ml_dtypes)
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(arr)
     if framework == "jax" and isinstance(arr, np.ndarray) and arr.dtype.kind != "O":
         import jax.numpy as jnp
         return jnp.asarray(arr)
     return arr
+
+
+# Results the parent converts itself (_export_output, outputs.pxi): by their
+# kind (scalars, lists: to the declared dtype; strings: to tf.string).
+_CONVERTED_BY_THE_PARENT = (bool, int, float, complex, list, tuple, str, bytes)
 
 
 # NumPy allocations of at least this many bytes that a function makes go to
@@ -376,7 +410,14 @@ class _Worker:
 
     def arg(self, item, writable, framework):
         if item[0] == "v":
-            return item[1]
+            value = item[1]
+            # An array unpickled from the frame is read-only (it views the
+            # pickle's bytes); copy=True promises a writable one, as an
+            # input block is (and torch has no read-only tensors).
+            if ((writable or framework == "torch") and isinstance(value, self.np.ndarray)
+                    and not value.flags.writeable):
+                value = value.copy()
+            return _wrap_input(self.np, value, framework)
         _, offset, size, dtype, shape = item
         arr = self.input_block(offset, size).view(dtype)[:math.prod(shape)].reshape(shape)
         # The block is this call's own copy: written only under copy=True,
@@ -389,6 +430,17 @@ class _Worker:
         """(encoded value, bytes written to the result arena)."""
         np = self.np
         value = _as_numpy(np, value, framework)
+        if not isinstance(value, (np.ndarray, np.generic, *_CONVERTED_BY_THE_PARENT,
+                                  type(None))):
+            # An object exporting an array (a memoryview, an mmap, one with
+            # __array__): the parent would take np.asarray of it, and it
+            # may not pickle.
+            try:
+                arr = np.asarray(value)
+            except Exception:  # noqa: BLE001 - the parent reports what it is
+                arr = None
+            if arr is not None and arr.dtype.kind != "O":
+                value = arr
         if (isinstance(value, np.ndarray) and value.size and self.arena is not None
                 and _shares_by_memory(np, value.dtype)):
             block = self.arena.take(value)
@@ -476,7 +528,14 @@ class _Worker:
         foreign = not lazy and (adapter.writable_elsewhere(value, outside)
                                 if adapter is not None else True)
         try:
-            arr = self.np.from_dlpack(value.detach() if hasattr(value, "detach") else value)
+            source = value.detach() if hasattr(value, "detach") else value
+            if type(value).__module__.startswith("torch") and str(source.dtype) == "torch.bfloat16":
+                import torch
+                # NumPy's DLPack has no bfloat16; its bits are int16 (not
+                # .numpy(), which marks the storage not resizable, as
+                # writable_elsewhere would then judge the next result of it).
+                source = source.view(torch.int16)
+            arr = self.np.from_dlpack(source)
         except Exception:  # noqa: BLE001 - the parent reports what it is
             return None
         if not arr.size:
@@ -503,6 +562,11 @@ class _Worker:
             values = [self.arg(a, writable, framework) for a in args]
             result = (self.arena.call(func, values) if self.arena is not None
                       else func(*values))
+            if framework == "torch" and not writable:
+                # In-process the tensors are TensorFlow's memory, and a write
+                # to one fails the call (the adapter sees it): here too,
+                # though the blocks are this call's own.
+                _adapter_named("torch").check_inputs(values)
             del values  # the inputs are no longer the worker's, as in-process
             moved = 0
             # The copy facts, before any reference is taken to the results.

@@ -347,3 +347,77 @@ def tensorflow_imported(_):
     """Whether this worker has imported TensorFlow."""
     import sys
     return np.bool_("tensorflow" in sys.modules)
+
+
+def handles_sigusr1(seconds):
+    """Sleeps with a SIGUSR1 handler of its own, which raises: the function
+    answers the pool's timeout signal instead of being ended by it."""
+    import signal
+
+    def handler(signum, frame):
+        raise RuntimeError("SIGUSR1 handled by the function")
+    signal.signal(signal.SIGUSR1, handler)
+    time.sleep(float(seconds))
+    return np.int64(os.getpid())
+
+
+def type_name(a):
+    """The qualified name of the type the function received."""
+    return np.array([f"{type(a).__module__}.{type(a).__qualname__}".encode()])
+
+
+def returns_a_memoryview(a):
+    return memoryview(np.asarray(a) * 2)
+
+
+def returns_an_mmap(a):
+    import mmap
+    data = (np.asarray(a) * 2).tobytes()
+    region = mmap.mmap(-1, len(data))
+    region[:] = data
+    return region
+
+
+class ArrayHolder:
+    """An object that exports an array (__array__) and does not pickle (it
+    holds a lock)."""
+
+    def __init__(self, array):
+        import threading
+        self.lock = threading.Lock()
+        self.array = array
+
+    def __array__(self, dtype=None, copy=None):
+        return self.array
+
+
+def returns_an_array_holder(a):
+    return ArrayHolder(np.asarray(a) * 2)
+
+
+def torch_bfloat16_ones(n):
+    """A fresh torch bfloat16 tensor (torch has no NumPy type for it)."""
+    import torch
+    return torch.ones(int(n), dtype=torch.bfloat16)
+
+
+_SHARED_BFLOAT16 = []
+
+
+def shared_torch_bfloat16(_):
+    """A torch bfloat16 tensor that stays reachable (module state)."""
+    import torch
+    if not _SHARED_BFLOAT16:
+        _SHARED_BFLOAT16.append(torch.ones(1000, dtype=torch.bfloat16))
+    return _SHARED_BFLOAT16[0]
+
+
+def quarter_mib_of(value):
+    """A fresh 1 MiB float32 array (in the result arena: sent without a copy)."""
+    return np.full(1 << 18, value, np.float32)
+
+
+def torch_requires_grad(n):
+    """A torch result that requires a gradient."""
+    import torch
+    return torch.ones(int(n), requires_grad=True) * 2

@@ -227,3 +227,27 @@ def test_the_pickle_leaves_no_module_registered_by_value(modules):
     assert cloudpickle.list_registry_pickle_by_value() == before
     _pickling.dumps(pipeline.locked_double, 5)  # by value fails: by name
     assert cloudpickle.list_registry_pickle_by_value() == before
+
+
+def _adder(k):
+    def add(a):
+        return a + k
+    return add
+
+
+@pytest.mark.parametrize("dumps", ["pool", "portable"])
+def test_functions_sent_by_value_keep_their_file_name_for_tracebacks(dumps):
+    """A function pickled by value (a lambda, a closure, a nested function's
+    code) names its file where it is unpickled, so that a worker's traceback
+    points at the user's line (cloudpickle 3.1.3 names it "<dynamic-code>")."""
+    import pickle
+
+    from pyfunc_bridge import _autograph
+    pickled = (_pickling.dumps if dumps == "pool" else _autograph.dumps)
+    lam = lambda a: a * 2  # noqa: E731
+    for func in (lam, _adder(3), _adder):
+        loaded = pickle.loads(pickled(func, 5))
+        assert loaded.__code__.co_filename == __file__, loaded.__code__.co_filename
+        assert loaded.__code__.co_firstlineno == func.__code__.co_firstlineno
+    inner = pickle.loads(pickled(_adder, 5))(1)
+    assert inner.__code__.co_filename == __file__ and inner(1) == 2
