@@ -64,6 +64,7 @@ _RETRY_SECONDS = 1.0         # then calls fail this long, before the pool tries 
 _RETRY_MAX_SECONDS = 60.0    # (the wait doubles while it keeps failing, up to this)
 _STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then SIGKILL
 _SLOT = _worker.STATUS_SLOT  # a worker's status slot: (running call id or -1, start ns)
+_RING_SLOTS = 256            # per ring of a worker's control segment (16 KiB each)
 
 
 class WorkerError(RuntimeError):
@@ -261,7 +262,12 @@ class _Worker:
         self.trace_fd = None
         self.path = list(sys.path)  # the sys.path this worker has
         self.proc = None
-        result_fd = parent = child = None
+        # The worker's control segment (src/pool/shm_layout.h: its request
+        # and reply rings; None without arenas) and its doorbell, an eventfd
+        # that this process owns and writes after posting requests when the
+        # worker sleeps (it polls it with its socket).  Kept until ended().
+        self.channel = self.doorbell = None
+        result_fd = control_fd = parent = child = None
         try:
             result_fd, self.result_map = _shared_memory(pool.arena_bytes,
                                                         f"{pool.name}-results")
@@ -277,6 +283,18 @@ class _Worker:
             if pool._deadlines is not None:
                 self.trace_fd = pool._deadlines.prepare(self, hello)
                 extra_fds = [self.trace_fd, pool._deadlines.status_fd]
+            if result_fd is not None and pool._input_fd is not None:
+                pw = _worker.pool_module()
+                control_fd, control = _shared_memory(pw.control_bytes(_RING_SLOTS),
+                                                     f"{pool.name}-control")
+                self.doorbell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                self.channel = pw.Channel(control, create=True, ring_slots=_RING_SLOTS,
+                                          input_bytes=pool.arena_bytes,
+                                          result_bytes=pool.arena_bytes,
+                                          worker_index=index, doorbell=self.doorbell)
+                hello["ring"] = {"control_fd": control_fd, "doorbell_fd": self.doorbell,
+                                 "ring_slots": _RING_SLOTS}
+                extra_fds += [control_fd, self.doorbell]
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             fds = [child.fileno(), pool._input_fd or -1, result_fd or -1]
             # This process's pid: the worker checks it after asking to die with
@@ -305,10 +323,12 @@ class _Worker:
                     sock.close()
             if self.trace_fd is not None:
                 os.close(self.trace_fd)
+            self._close_channel()
             raise
         finally:
-            if result_fd is not None:
-                os.close(result_fd)  # mapped here, and passed to the worker
+            for fd in (result_fd, control_fd):
+                if fd is not None:
+                    os.close(fd)  # mapped here, and passed to the worker
 
     def ended(self):
         """Lets go of what the parent holds of this worker once it has ended:
@@ -318,6 +338,15 @@ class _Worker:
         with self.write_lock:
             self.sock.close()
         self.results = self.result_map = None
+        self._close_channel()
+
+    def _close_channel(self):
+        if self.channel is not None:
+            self.channel.close()  # any wait on either ring returns
+            self.channel = None
+        if self.doorbell is not None:
+            os.close(self.doorbell)
+            self.doorbell = None
 
 
 class _Functions:
@@ -652,7 +681,10 @@ class ProcessPool:
             worker.alive = False
             worker.sock.detach()  # the socket object must not close the fd ...
         for worker in self._workers:
-            for fd in (worker.sock_fd, worker.trace_fd):
+            # The rings are the parent's too: dropped here, never closed
+            # (closing writes to the shared control segment).
+            worker.channel = None
+            for fd in (worker.sock_fd, worker.trace_fd, worker.doorbell):
                 if fd is not None:
                     try:
                         os.close(fd)  # ... this process's copy, closed here

@@ -44,6 +44,12 @@ Python values, and arrays that did not fit).  A result is the same with one
 more item, its copy facts (``_copy_facts``): ``("s", offset, size, dtype,
 shape, facts)`` (in this worker's result arena) or ``("v", value, facts)``.
 
+The request ring of the worker's control segment (src/pool/shm_layout.h,
+named in the hello's ``"ring"``: the segment's descriptor, its slots per ring
+and the eventfd the parent rings) carries calls too, served by _RingServer
+on the same thread, one call at a time: the worker polls its socket and that
+doorbell at once.  A function loaded either way serves calls of both.
+
 Who owns a block: an input block is the parent's until it writes the request
 that carries it, then this worker's until the worker reports it in
 ``freed_inputs``: when the last array (or torch tensor) that views it goes,
@@ -369,9 +375,12 @@ class _Worker:
         # the block to `inputs_freed`, which the next reply carries.
         self.input_blocks = {}
         self.inputs_freed = []
+        # The same for blocks that came in CALL or LOAD messages of the
+        # request ring: they go back in INPUTS_BACK, not on the socket.
+        self.ring_inputs_freed = []
         self.status = None   # with a pool timeout: (shared status array, this worker's slot)
 
-    def input_block(self, offset, size):
+    def input_block(self, offset, size, ring=False):
         """A uint8 ndarray over one input block, the base of every view of it.
 
         Its own base is not an ndarray (np.frombuffer makes a memoryview), so
@@ -380,12 +389,15 @@ class _Worker:
         callback runs when the last of them goes, whenever that is."""
         block = self.np.frombuffer(self.input_map, self.np.uint8, count=size, offset=offset)
         ref = weakref.ref(block, self._input_gone)
-        self.input_blocks[id(ref)] = (ref, offset, size)
+        self.input_blocks[id(ref)] = (ref, offset, size, ring)
         return block
 
     def _input_gone(self, ref):
-        _, offset, size = self.input_blocks.pop(id(ref))
-        self.inputs_freed.append((offset, size))
+        _, offset, size, ring = self.input_blocks.pop(id(ref))
+        if ring:  # INPUTS_BACK names a block by its offset
+            self.ring_inputs_freed.append(offset)
+        else:
+            self.inputs_freed.append((offset, size))
 
     def begin(self, call_id):
         """Writes the call this worker starts (-1: none) in its status slot,
@@ -591,12 +603,19 @@ class _Worker:
             if item[0] == "s":
                 self.arena.hand_back(item[1])
 
-    def serve(self, reader, frames):
-        """Runs requests until the end of the stream; `frames`: those read
-        with the hello."""
+    def serve(self, reader, frames, ring=None):
+        """Runs requests until the end of the stream (or a STOP on the
+        ring); `frames`: those read with the hello; `ring`: the _RingServer
+        of this worker's control segment, or None."""
         import pickle
         while True:
+            if ring is not None:
+                while ring.serve():
+                    if ring.stopped:
+                        return
             if not frames:
+                if ring is not None and not ring.wait():
+                    continue  # the doorbell: the ring has requests
                 frames = reader.read(pickle.loads)
                 if not frames:
                     return  # the parent closed the pool, or exited
@@ -666,6 +685,267 @@ class _Worker:
         freed = self.inputs_freed[:]
         del self.inputs_freed[:len(freed)]  # a callback may append meanwhile
         return freed
+
+
+# ------------------------------------------------------------ the rings --
+# A worker serves its request ring (src/pool/shm_layout.h: LOAD, CALL,
+# RESULTS_BACK, FORGET, STOP) besides its socket: CALLs name their inputs by
+# PfbPoolTensor records over the pool's input arena, and DONEs their results
+# by records over this worker's result arena, so a call needs no pickle and
+# no socket.  The worker polls its socket and its doorbell (an eventfd the
+# parent rings after posting, when the worker has said it sleeps) at once.
+
+_DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}  # DLPack's DLDataTypeCode
+_DL_KINDS = {code: kind for kind, code in _DL_CODES.items()}
+_DL_BFLOAT = 4
+
+
+def _dl_dtype(dtype):
+    """(code, bits, lanes) of a NumPy dtype that travels as memory, or None."""
+    code = _DL_CODES.get(dtype.kind)
+    if code is not None and (dtype.isnative or dtype.itemsize == 1):
+        return code, dtype.itemsize * 8, 1
+    if dtype.kind == "V" and dtype.name == "bfloat16" and dtype.names is None:
+        return _DL_BFLOAT, 16, 1
+    return None
+
+
+def _np_dtype(np, code, bits):
+    if code == _DL_BFLOAT and bits == 16:
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    kind = _DL_KINDS.get(code)
+    if kind is None or bits % 8:
+        raise ValueError(f"pyfunc_bridge: an input of DLPack dtype ({code}, {bits}) "
+                         f"cannot cross the ring")
+    return np.dtype(f"{kind}{bits // 8}")
+
+
+def _strings(np, data, shape):
+    """An object array of bytes from a strings block: per element a uint64
+    little-endian length, then its bytes (shm_layout.h)."""
+    count = math.prod(shape)
+    out = np.empty(count, dtype=object)
+    at = 0
+    for i in range(count):
+        (n,) = _HEADER.unpack_from(data, at)
+        at += _HEADER.size
+        if at + n > len(data):
+            raise ValueError("pyfunc_bridge: a strings block ends inside an element")
+        out[i] = bytes(data[at:at + n])
+        at += n
+    return out.reshape(shape)
+
+
+class _RingServer:
+    """A worker's side of its control segment: reads every request there
+    is, runs it, and answers on the reply ring.  One thread (the worker's
+    main thread) runs both this and the socket's requests, one call at a
+    time, as before."""
+
+    def __init__(self, worker, pw, channel, doorbell, sock_fd):
+        import select
+        self.worker = worker
+        self.pw = pw
+        self.channel = channel
+        self.doorbell = doorbell  # the eventfd the parent rings
+        self.sock_fd = sock_fd
+        self.poller = select.poll()
+        self.poller.register(sock_fd, select.POLLIN)
+        self.poller.register(doorbell, select.POLLIN)
+        self.load_errors = {}  # token -> the exception its LOAD raised
+        self.stopped = False
+        # Words per INPUTS_BACK: what fits a message in this ring.
+        self.words_per_message = _words_per_message(pw, channel.ring_slots)
+
+    def wait(self):
+        """Sleeps until the socket or the doorbell has something; whether
+        the socket has (the ring is read anyway, next)."""
+        pw = self.pw
+        if self.channel.sleeping(pw.REQUESTS, True):
+            self.channel.sleeping(pw.REQUESTS, False)
+            return False
+        try:
+            events = self.poller.poll()
+        finally:
+            self.channel.sleeping(pw.REQUESTS, False)
+        try:
+            os.eventfd_read(self.doorbell)  # rung: reset for the next sleep
+        except BlockingIOError:
+            pass
+        return any(fd == self.sock_fd for fd, _ in events)
+
+    def serve(self):
+        """Runs every request on the ring now; whether there was any."""
+        pw = self.pw
+        messages = self.channel.receive(pw.REQUESTS)
+        for message in messages:
+            kind = message.kind
+            if kind == pw.MSG_CALL:
+                self.call(message)
+                # A parent that sleeps for this reply wakes now; one that is
+                # awake costs this one load of its flag.
+                self.channel.notify(pw.REPLIES)
+            elif kind == pw.MSG_LOAD:
+                self.load(message)
+            elif kind == pw.MSG_RESULTS_BACK:
+                for offset in message.items:
+                    self.worker.arena.hand_back(offset)
+            elif kind == pw.MSG_FORGET:
+                for token in message.items:
+                    self.worker.functions.pop(token, None)
+                    self.load_errors.pop(token, None)
+            elif kind == pw.MSG_STOP:
+                self.stopped = True
+        if messages:
+            self.inputs_back()
+        return bool(messages)
+
+    def inputs_back(self):
+        """Posts the ring's input blocks that nothing here views any more."""
+        freed = self.worker.ring_inputs_freed
+        taken = freed[:]
+        del freed[:len(taken)]  # a callback may append meanwhile
+        pw = self.pw
+        for start in range(0, len(taken), self.words_per_message):
+            self.channel.post(pw.REPLIES, pw.MSG_INPUTS_BACK,
+                              taken[start:start + self.words_per_message])
+        if taken:
+            self.channel.notify(pw.REPLIES)
+
+    def load(self, message):
+        import importlib
+        import pickle
+        worker = self.worker
+        offset, size = message.block
+        try:
+            data = bytes(worker.input_map[offset:offset + size])
+        finally:
+            worker.ring_inputs_freed.append(offset)  # read: the parent's again
+        try:
+            path, pickled = pickle.loads(data)
+            if path is not None:
+                sys.path[:] = path
+            importlib.invalidate_caches()
+            worker.functions[message.token] = pickle.loads(pickled)
+            self.load_errors.pop(message.token, None)
+        except BaseException as exc:  # noqa: BLE001 - each CALL of it raises it
+            self.load_errors[message.token] = exc
+
+    def arg(self, tensor, flags):
+        pw, worker = self.pw, self.worker
+        np = worker.np
+        code, bits, lanes, tflags, offset, size, shape = tensor
+        if tflags & pw.TENSOR_STRINGS:
+            block = worker.input_block(offset, size, ring=True) if size else b""
+            arr = _strings(np, memoryview(block), shape)
+            del block  # decoded: the block goes back
+        else:
+            dtype = _np_dtype(np, code, bits)
+            count = math.prod(shape)
+            if not count or not size:
+                arr = np.zeros(shape, dtype)
+            else:
+                if count * dtype.itemsize > size:
+                    raise ValueError(f"pyfunc_bridge: an input of shape {shape} does not "
+                                     f"fit its {size}-byte block")
+                arr = (worker.input_block(offset, size, ring=True)
+                       .view(dtype)[:count].reshape(shape))
+            # Written only under copy=True, as the bridge's inputs are.
+            if not flags & pw.CALL_WRITABLE:
+                arr.flags.writeable = False
+        if flags & pw.CALL_SCALARS and arr.ndim == 0:
+            return arr[()]
+        return arr
+
+    def call(self, message):
+        pw, worker = self.pw, self.worker
+        started = time.time_ns()
+        self.channel.set_running(message.call_id, time.monotonic_ns())
+        tensors = []
+        shape_kind = pw.DONE_ONE
+        status, block = pw.STATUS_OK, (0, 0)
+        try:
+            func = worker.functions.get(message.token)
+            if func is None:
+                error = self.load_errors.get(message.token)
+                if error is not None:
+                    raise error
+                raise RuntimeError(f"pyfunc_bridge: worker {os.getpid()} has no function "
+                                   f"of token {message.token} (no LOAD came before the CALL)")
+            values = [self.arg(t, message.flags) for t in message.items]
+            result = worker.arena.call(func, values)
+            del values  # the inputs are no longer the worker's, as in-process
+            if type(result) is tuple:
+                shape_kind, items = pw.DONE_TUPLE, result
+            elif type(result) is list:
+                shape_kind, items = pw.DONE_LIST, tuple(result)
+            else:
+                items = (result,)
+            del result
+            for value in items:
+                tensors.append(self.encode(value))
+        except BaseException as exc:  # noqa: BLE001 - the parent raises it
+            for tensor in tensors:
+                if tensor[5]:
+                    worker.arena.hand_back(tensor[4])
+            tensors = []
+            status = pw.STATUS_ERROR
+            block = self.place(_pickled(_exception_payload(exc))) or (0, 0)
+        finally:
+            self.channel.set_running(0)
+        self.channel.post_tensors(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
+                                  flags=shape_kind, status=status, block=block,
+                                  stamp=started, ended=time.time_ns())
+
+    def encode(self, value):
+        """A result's tensor record: its block in the result arena (the
+        function's own memory when the arena can share it, else a copy), or
+        its pickle in a block (PFB_POOL_TENSOR_PICKLED)."""
+        pw, worker = self.pw, self.worker
+        np = worker.np
+        item, moved = worker.result(value, None, None)
+        if item[0] == "s":
+            _, offset, size, dtype, shape, _ = item
+            dl = _dl_dtype(dtype)
+            if dl is not None:
+                return (*dl, 0 if moved else pw.TENSOR_SHARED, offset, size, tuple(shape))
+            worker.arena.hand_back(offset)  # a dtype the records cannot name
+            value = worker.results[offset:offset + size].view(dtype)[:math.prod(shape)] \
+                .reshape(shape).copy()
+        else:
+            value = item[1]
+        try:
+            data = _pickled(value)
+        except Exception as exc:  # noqa: BLE001 - the call's error
+            raise TypeError(
+                f"pyfunc_bridge: a result of the function (a {type(value).__name__}) "
+                f"cannot be sent back from the worker process: {type(exc).__name__}: "
+                f"{exc}. Return NumPy arrays or values that pickle, or run the function "
+                f"in-process (executor=None)") from None
+        block = self.place(data)
+        if block is None:
+            raise MemoryError(f"pyfunc_bridge: a pickled result of {len(data)} bytes does "
+                              f"not fit the worker's result arena")
+        return (0, 0, 0, pw.TENSOR_PICKLED, block[0], len(data), ())
+
+    def place(self, data):
+        """(offset, size) of a fresh result block holding `data`, or None."""
+        worker = self.worker
+        block = worker.arena.reserve(max(len(data), 1))
+        if block is not None:
+            worker.results[block[0]:block[0] + len(data)] = worker.np.frombuffer(data,
+                                                                                 worker.np.uint8)
+        return block
+
+
+def _pickled(value):
+    import pickle
+    return pickle.dumps(value, protocol=_PICKLE_PROTOCOL)
+
+
+def _words_per_message(pw, ring_slots):
+    return 8 * (min(ring_slots, 64) - 1)
 
 
 def _pickles(pickle, value):
@@ -773,9 +1053,17 @@ def main(argv):
     deadlines = hello.get("deadlines")
     if deadlines is not None:
         _watched(worker, deadlines, mmap, signal)
+    ring = None
+    rings = hello.get("ring")
+    if rings is not None and worker.arena is not None:
+        pw = pool_module()
+        control = mmap.mmap(rings["control_fd"], pw.control_bytes(rings["ring_slots"]))
+        os.close(rings["control_fd"])
+        ring = _RingServer(worker, pw, pw.Channel(control), rings["doorbell_fd"], sock_fd)
+        ring.channel.announce(os.getpid())
     try:
         sock.sendall(frame(("ready", os.getpid()), pickle.dumps))
-        worker.serve(reader, frames)
+        worker.serve(reader, frames, ring)
     except ConnectionError:
         pass  # the pool closed (maybe before this worker was ready), or the parent is gone
     return 0

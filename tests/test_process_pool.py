@@ -1612,7 +1612,9 @@ def test_a_closed_pool_leaves_no_shared_memory_in_this_process():
     with pfb.ProcessPool(1, arena_bytes=1 << 20, name=name) as pool:
         out = pfb.numpy_function(pf.identity, [tf.range(1000.0)], tf.float32, executor=pool)
         fds, maps = _memfds(name)
-        assert fds and {"inputs", "results"} == {m.split("-")[-1].split()[0] for m in maps}
+        # (control: each worker's rings, src/pool/shm_layout.h)
+        assert fds and {"inputs", "results", "control"} == {m.split("-")[-1].split()[0]
+                                                            for m in maps}
         assert int(out[999]) == 999
     # The result tensor still holds its block: the results mapping outlives close().
     assert any("-results" in m for m in _memfds(name)[1])
@@ -1630,10 +1632,11 @@ def test_close_unmaps_the_shared_memory_of_a_pool_still_referenced():
     try:
         kept = pfb.numpy_function(pf.identity, [tf.range(1000.0)], tf.float32,
                                   executor=pool)
-        # The input arena and two result arenas (each mmap object holds a
-        # descriptor of its own, and the pool the input arena's).
+        # The input arena, two result arenas and two control segments (each
+        # mmap object holds a descriptor of its own, and the pool the input
+        # arena's).
         fds, maps = _memfds(name)
-        assert len(fds) == 4 and len(maps) == 3, (fds, maps)
+        assert len(fds) == 6 and len(maps) == 5, (fds, maps)
     finally:
         pool.close()
     fds, maps = _memfds(name)

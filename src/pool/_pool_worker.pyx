@@ -44,6 +44,19 @@ import os
 
 cnp.import_array()
 
+cdef extern from *:
+    """
+    /* The control segment's words that the other process reads: atomic. */
+    static inline uint64_t pfb_load64(uint64_t* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+    static inline uint32_t pfb_load32(uint32_t* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+    static inline void pfb_store64(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+    static inline void pfb_store32(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+    """
+    uint64_t pfb_load64(uint64_t* p) nogil
+    uint32_t pfb_load32(uint32_t* p) nogil
+    void pfb_store64(uint64_t* p, uint64_t v) nogil
+    void pfb_store32(uint32_t* p, uint32_t v) nogil
+
 cdef extern from "Python.h":
     Py_ssize_t Py_REFCNT(PyObject* obj)
     PyTypeObject* Py_TYPE(PyObject* obj)
@@ -79,13 +92,20 @@ MSG_WORDS = PFB_POOL_MSG_WORDS
 TENSOR_STRINGS = PFB_POOL_TENSOR_STRINGS
 TENSOR_PICKLED = PFB_POOL_TENSOR_PICKLED
 TENSOR_SHARED = PFB_POOL_TENSOR_SHARED
+CALL_WRITABLE = PFB_POOL_CALL_WRITABLE
+CALL_SCALARS = PFB_POOL_CALL_SCALARS
+DONE_ONE = PFB_POOL_DONE_ONE
+DONE_TUPLE = PFB_POOL_DONE_TUPLE
+DONE_LIST = PFB_POOL_DONE_LIST
+STATUS_OK = PFB_POOL_STATUS_OK
+STATUS_ERROR = PFB_POOL_STATUS_ERROR
 HANDLER_NAME = "pyfunc_bridge_result_arena"
 
 # A message read from a ring: `items` are its words (offsets, tokens), or for
 # a CALL or DONE its tensors, each (code, bits, lanes, flags, offset, size,
 # shape).
 Message = collections.namedtuple(
-    "Message", "kind call_id token flags status stamp block items")
+    "Message", "kind call_id token flags status stamp block items ended")
 
 cdef set _TENSOR_KINDS = {PFB_POOL_MSG_CALL, PFB_POOL_MSG_DONE}
 # Waits are cut into slices this long so that a signal (Ctrl-C) is handled.
@@ -170,17 +190,22 @@ cdef class Channel:
     ``Channel(buffer, create=True, ring_slots=n)`` lays it out (the parent,
     before the worker starts); ``Channel(buffer)`` checks and attaches to one.
     Each ring has one producer and one consumer; posting and reading hold the
-    GIL, only waits release it.
+    GIL, only waits release it.  A message is built in one buffer and read
+    into another: a post waiting for room (the GIL released) while another
+    thread of this process reads the other ring must not find its message
+    overwritten by the one read.
     """
     cdef Py_buffer _view
     cdef bint _has_view
     cdef PfbPoolControl* _control
     cdef PfbRing _rings[2]
     cdef uint32_t _slots
-    cdef PfbPoolSlot* _scratch  # one message being built or read
+    cdef PfbPoolSlot* _scratch  # the message being built (post, post_tensors)
+    cdef PfbPoolSlot* _inbox    # the message being read (receive)
 
     def __cinit__(self, buffer, *, bint create=False, uint32_t ring_slots=0,
-                  uint64_t input_bytes=0, uint64_t result_bytes=0, uint32_t worker_index=0):
+                  uint64_t input_bytes=0, uint64_t result_bytes=0, uint32_t worker_index=0,
+                  int doorbell=-1):
         PyObject_GetBuffer(buffer, &self._view, PyBUF_WRITABLE)
         self._has_view = True
         if <uintptr_t>self._view.buf % PFB_POOL_SLOT_BYTES:
@@ -215,17 +240,22 @@ cdef class Channel:
                         pfb_pool_request_slots(self._control), ring_slots)
         pfb_ring_attach(&self._rings[1], &self._control.replies,
                         pfb_pool_request_slots(self._control) + ring_slots, ring_slots)
+        # The request ring's producer (the parent) rings the worker's
+        # eventfd, on which the worker polls with its socket.
+        pfb_ring_set_doorbell(&self._rings[0], doorbell)
         if create:
             pfb_ring_reset(&self._rings[0])
             pfb_ring_reset(&self._rings[1])
             # Last: a control segment with the magic is complete.
             self._control.magic = PFB_POOL_MAGIC
         self._scratch = <PfbPoolSlot*>calloc(PFB_POOL_MAX_MESSAGE_SLOTS, sizeof(PfbPoolSlot))
-        if self._scratch == NULL:
+        self._inbox = <PfbPoolSlot*>calloc(PFB_POOL_MAX_MESSAGE_SLOTS, sizeof(PfbPoolSlot))
+        if self._scratch == NULL or self._inbox == NULL:
             raise MemoryError()
 
     def __dealloc__(self):
         free(self._scratch)
+        free(self._inbox)
         if self._has_view:
             PyBuffer_Release(&self._view)
 
@@ -241,6 +271,40 @@ cdef class Channel:
     @property
     def parent_pid(self):
         return self._control.parent_pid
+
+    @property
+    def worker_pid(self):
+        return pfb_load32(&self._control.worker_pid)
+
+    @property
+    def worker_ready(self):
+        """Whether the worker serves its request ring."""
+        return bool(pfb_load32(&self._control.worker_ready))
+
+    def announce(self, uint32_t pid):
+        """The worker's side: it serves its request ring from now on."""
+        pfb_store32(&self._control.worker_pid, pid)
+        pfb_store32(&self._control.worker_ready, 1)
+
+    def set_running(self, uint64_t call_id, uint64_t since_ns=0):
+        """The worker's side: the call it runs now (0: none), and since when
+        (CLOCK_MONOTONIC ns): the time first, so that a reader that sees the
+        call sees its time."""
+        pfb_store64(&self._control.running_since, since_ns)
+        pfb_store64(&self._control.running_call, call_id)
+
+    @property
+    def running_call(self):
+        return pfb_load64(&self._control.running_call)
+
+    def sleeping(self, int ring, bint flag):
+        """A consumer that sleeps elsewhere (poll on the doorbell and a
+        socket) announces it (True) or that it is awake (False).  With True:
+        whether a message came meanwhile, which the caller reads instead of
+        sleeping (the producer may have looked at the flag before it was set)."""
+        cdef PfbRing* r = self._ring(ring)
+        pfb_ring_set_consumer_sleeping(r, flag)
+        return flag and pfb_ring_available(r) != 0
 
     def room(self, int ring):
         """Slots free for the producer of `ring` now."""
@@ -307,7 +371,8 @@ cdef class Channel:
         return True
 
     cdef void _header(self, int kind, uint64_t call_id, uint64_t token, uint32_t flags,
-                      uint32_t status, uint64_t stamp, object block) except *:
+                      uint32_t status, uint64_t stamp, object block,
+                      uint64_t ended=0) except *:
         pfb_msg_init(self._scratch, <unsigned short>kind)
         cdef PfbPoolMessage* m = &self._scratch[0].message
         m.call_id = call_id
@@ -315,6 +380,7 @@ cdef class Channel:
         m.flags = flags
         m.status = status
         m.stamp = stamp
+        m.ended = ended
         m.block_offset = block[0]
         m.block_size = block[1]
 
@@ -333,13 +399,13 @@ cdef class Channel:
 
     def post_tensors(self, int ring, int kind, tensors, *, uint64_t call_id=0,
                      uint64_t token=0, uint32_t flags=0, uint32_t status=0,
-                     uint64_t stamp=0, block=(0, 0), timeout=None):
+                     uint64_t stamp=0, block=(0, 0), timeout=None, uint64_t ended=0):
         """Publishes a CALL or DONE: `tensors`, each (code, bits, lanes,
         flags, offset, size, shape); as ``post`` otherwise."""
         cdef PfbPoolTensor record
         cdef int64_t dims[PFB_POOL_MAX_NDIM]
         cdef int rc
-        self._header(kind, call_id, token, flags, status, stamp, block)
+        self._header(kind, call_id, token, flags, status, stamp, block, ended)
         for code, bits, lanes, tflags, offset, size, shape in tensors:
             memset(&record, 0, sizeof(record))
             record.code = code
@@ -400,7 +466,7 @@ cdef class Channel:
         cdef list messages = []
         cdef int n
         while limit is None or len(messages) < limit:
-            n = pfb_ring_read(r, self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS)
+            n = pfb_ring_read(r, self._inbox, PFB_POOL_MAX_MESSAGE_SLOTS)
             if n == 0:
                 break
             if n < 0:
@@ -410,7 +476,7 @@ cdef class Channel:
         return messages
 
     cdef object _decode(self):
-        cdef PfbPoolMessage* m = &self._scratch[0].message
+        cdef PfbPoolMessage* m = &self._inbox[0].message
         cdef PfbPoolTensor record
         cdef int64_t dims[PFB_POOL_MAX_NDIM]
         cdef uint32_t cursor = 1
@@ -419,18 +485,18 @@ cdef class Channel:
         items = []
         if m.kind in _TENSOR_KINDS:
             for i in range(m.count):
-                if pfb_msg_read_tensor(self._scratch, &cursor, &record, dims):
+                if pfb_msg_read_tensor(self._inbox, &cursor, &record, dims):
                     raise OSError(EPROTO, "pyfunc_bridge: a malformed tensor record")
                 items.append((record.code, record.bits, record.lanes, record.flags,
                               record.offset, record.size,
                               tuple([dims[d] for d in range(record.ndim)])))
         else:
             for i in range(m.count):
-                if pfb_msg_read_word(self._scratch, i, &word):
+                if pfb_msg_read_word(self._inbox, i, &word):
                     raise OSError(EPROTO, "pyfunc_bridge: a malformed words message")
                 items.append(word)
         return Message(m.kind, m.call_id, m.token, m.flags, m.status, m.stamp,
-                       (m.block_offset, m.block_size), items)
+                       (m.block_offset, m.block_size), items, m.ended)
 
 
 # ------------------------------------------------------------ ResultArena --

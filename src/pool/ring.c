@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include <stdint.h>
 
 #define LOAD(word, order) __atomic_load_n(&(word), order)
 #define STORE(word, value, order) __atomic_store_n(&(word), value, order)
@@ -60,6 +61,13 @@ void pfb_ring_attach(PfbRing* ring, PfbPoolRingWords* words, PfbPoolSlot* slots,
   ring->words = words;
   ring->slots = slots;
   ring->capacity = capacity;
+  ring->doorbell = -1;
+}
+
+void pfb_ring_set_doorbell(PfbRing* ring, int fd) { ring->doorbell = fd; }
+
+void pfb_ring_set_consumer_sleeping(PfbRing* ring, int sleeping) {
+  STORE(ring->words->consumer_sleeping, sleeping ? 1u : 0u, SC);
 }
 
 void pfb_ring_reset(PfbRing* ring) {
@@ -130,6 +138,16 @@ int pfb_ring_notify(PfbRing* ring) {
   PfbPoolRingWords* w = ring->words;
   __atomic_thread_fence(SC);
   if (!LOAD(w->consumer_sleeping, SC)) return 0;
+  if (ring->doorbell >= 0) {
+    /* An eventfd keeps its count until read: a ring that comes before the
+     * consumer's poll still wakes it.  EAGAIN (the count is full) means it
+     * is rung already. */
+    uint64_t one = 1;
+    ssize_t unused = write(ring->doorbell, &one, sizeof(one));
+    (void)unused;
+    ++ring->wakes;
+    return 1;
+  }
   __atomic_fetch_add(&w->items_wake, 1, SC);
   futex_wake(&w->items_wake, 1);
   ++ring->wakes;

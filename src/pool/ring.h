@@ -27,6 +27,11 @@ typedef struct PfbRing {
   /* Slots, a power of two: this process's own copy, so that a peer that
    * scribbles over the control segment cannot send an index out of bounds. */
   uint32_t capacity;
+  /* An eventfd this process writes to wake the consumer instead of the
+   * futex (-1: the futex): set on the request ring in the parent, whose
+   * worker waits on its socket and its ring at once (poll), which a futex
+   * cannot join.  Process-local, like the pointers. */
+  int doorbell;
   /* Counts of this process's side, for tests and statistics. */
   uint64_t wakes;   /* FUTEX_WAKE calls made */
   uint64_t sleeps;  /* FUTEX_WAIT calls made */
@@ -56,8 +61,12 @@ int pfb_ring_wait_room(PfbRing* ring, uint32_t slots, int64_t timeout_ns);
  * room (nothing written), EPIPE when closed, EINVAL for a malformed header. */
 int pfb_ring_write(PfbRing* ring, const PfbPoolSlot* message);
 /* Wakes the consumer if it sleeps, once for everything published since:
- * 1 when a FUTEX_WAKE was made, 0 when the consumer was awake. */
+ * 1 when a FUTEX_WAKE (or a doorbell write) was made, 0 when the consumer
+ * was awake. */
 int pfb_ring_notify(PfbRing* ring);
+/* Wakes the consumer by writing to the eventfd `fd` instead of the futex
+ * (-1: the futex again). */
+void pfb_ring_set_doorbell(PfbRing* ring, int fd);
 
 /* ---- the consumer ---- */
 
@@ -72,6 +81,13 @@ int pfb_ring_wait_items(PfbRing* ring, int64_t timeout_ns, uint32_t checks);
  * (left in the ring); -EPROTO when its header is malformed (the peer broke
  * the protocol: the caller ends the worker). */
 int pfb_ring_read(PfbRing* ring, PfbPoolSlot* out, uint32_t max_slots);
+
+/* Sets (1) or clears (0) the consumer's sleeper flag, for a consumer that
+ * sleeps elsewhere than in pfb_ring_wait_items (poll on a doorbell and a
+ * socket).  After setting it, the consumer checks pfb_ring_available once
+ * more before it sleeps (sequentially consistent, as in wait_items: either
+ * it sees the message or the producer sees the flag and rings). */
+void pfb_ring_set_consumer_sleeping(PfbRing* ring, int sleeping);
 
 /* ---- both ---- */
 

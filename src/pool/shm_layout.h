@@ -9,11 +9,15 @@
  * a ring.
  *
  * What runs on it today: the arenas' allocator (arena.h) and the result
- * arena's NumPy handler; the rings and records (ring.h, records.h) are built
- * and tested across processes, and the messages below are the protocol of
- * native dispatch, while ProcessPool (pyfunc_bridge/_process.py) still moves
- * its requests over a socket per worker.
- *
+ * arena's NumPy handler; every pool worker maps its control segment and
+ * serves its request ring (pyfunc_bridge/_worker.py, _RingServer: LOAD,
+ * CALL, RESULTS_BACK, FORGET, STOP, answered by DONE and INPUTS_BACK) beside
+ * its socket, one call at a time.  The parent's ProcessPool
+ * (pyfunc_bridge/_process.py) lays the segments out but still sends its
+ * calls over the socket: no producer of the parent posts on the rings yet
+ * (tests/test_pool_ring_worker.py plays that side), and the kernel does not
+ * dispatch natively (issue 19, point 1, is open).
+
  * THE SEGMENTS (each a memfd: anonymous, so no exit path leaves a name in
  * /dev/shm; freed when the last process that maps it goes)
  *
@@ -27,7 +31,9 @@
  *                   function itself); the parent only reads.
  *   control         one per worker: PfbPoolControl, then the request ring's
  *                   slots, then the reply ring's slots
- *                   (pfb_pool_control_bytes).
+ *                   (pfb_pool_control_bytes).  The parent lays it out
+ *                   before the worker starts; the worker sets worker_ready
+ *                   once it serves its request ring.
  *
  * Allocators keep their bookkeeping in their own process, never in shared
  * memory: a peer that crashes or scribbles cannot corrupt the other side's
@@ -89,7 +95,11 @@
  * which gives the slots back.
  *
  * Wake-ups (futexes on 32-bit words, FUTEX_WAIT without FUTEX_PRIVATE: the
- * waiter is in another process).  Nobody spins: a consumer checks the ring
+ * waiter is in another process; except the request ring's consumer, the
+ * worker, which waits on its socket too and so polls an eventfd, its
+ * "doorbell", that the parent owns and passes to it: the parent's
+ * pfb_ring_notify writes the eventfd instead of FUTEX_WAKE, under the same
+ * flag protocol, and an eventfd keeps a ring that came before the poll).  Nobody spins: a consumer checks the ring
  * a bounded few times, then sets `consumer_sleeping` and re-checks, and
  * sleeps on `items_wake` with the value it read before setting the flag.  A
  * producer publishes any number of messages, then, once per batch, reads
@@ -132,14 +142,18 @@
 
 /* PfbPoolMessage.kind.  Parent -> worker (the request ring): */
 enum {
-  /* A function: `token`; its cloudpickle in the input block (block_offset,
-   * block_size), handed back in INPUTS_BACK once loaded.  Posted before the
-   * first CALL of that token to this worker, in the same ring: it arrives
-   * first. */
+  /* A function: `token`; in the input block (block_offset, block_size),
+   * the pickle of (sys.path or None, the function's cloudpickle bytes): the
+   * parent's path where it changed since the last one this worker got, as
+   * on the socket.  Handed back in INPUTS_BACK once loaded.  Posted before
+   * the first CALL of that token to this worker, in the same ring: it
+   * arrives first.  (A token is a token of the pool: a function loaded
+   * either way, socket or ring, serves both.) */
   PFB_POOL_MSG_LOAD = 1,
   /* A call: `call_id`, `token`, `count` inputs as PfbPoolTensor records in
    * the input arena; flags PFB_POOL_CALL_*; `stamp` the parent's
-   * CLOCK_MONOTONIC ns when it was posted (time queued). */
+   * CLOCK_REALTIME ns (time.time_ns(), TF's profiler's clock, one for every
+   * process) when it was posted (time queued). */
   PFB_POOL_MSG_CALL = 2,
   /* `count` result-block offsets the parent no longer holds (PfbPoolWords). */
   PFB_POOL_MSG_RESULTS_BACK = 3,
@@ -151,7 +165,8 @@ enum {
   /* A call finished: `call_id`; status 0: `count` outputs as PfbPoolTensor
    * records in the result arena, flags PFB_POOL_DONE_* say how they were
    * returned; status PFB_POOL_STATUS_ERROR: the exception, pickled, in the
-   * result block (block_offset, block_size).  `stamp`: ns the function ran. */
+   * result block (block_offset, block_size).  `stamp` and `ended`: the
+   * worker's CLOCK_REALTIME ns when it started and finished the call. */
   PFB_POOL_MSG_DONE = 16,
   /* `count` input-block offsets whose last view in the worker died. */
   PFB_POOL_MSG_INPUTS_BACK = 17,
@@ -162,7 +177,10 @@ enum {
 /* PfbPoolMessage.flags of a CALL. */
 enum {
   /* copy=True: the worker may write its inputs (they are the call's own). */
-  PFB_POOL_CALL_WRITABLE = 1
+  PFB_POOL_CALL_WRITABLE = 1,
+  /* 0-d inputs reach the function as NumPy scalars (numpy_function's and
+   * py_func's graph calls), not as 0-d arrays. */
+  PFB_POOL_CALL_SCALARS = 2
 };
 
 /* PfbPoolMessage.flags of a DONE: how the function returned its outputs. */
@@ -203,8 +221,8 @@ typedef struct PfbPoolMessage {
   uint32_t status;        /* DONE: PFB_POOL_STATUS_* */
   uint64_t block_offset;  /* LOAD: the pickle; DONE with an error: the error */
   uint64_t block_size;    /*   (bytes used, not the block's rounded size) */
-  uint64_t stamp;         /* CALL: ns posted; DONE: ns the function ran */
-  uint64_t reserved;      /* zero */
+  uint64_t stamp;         /* CALL: ns posted; DONE: ns the call started */
+  uint64_t ended;         /* DONE: ns the call ended; otherwise zero */
 } PfbPoolMessage;
 
 /* One input or output: a slot after a CALL or DONE. */

@@ -20,6 +20,7 @@ cdef extern from "shm_layout.h" nogil:
         PFB_POOL_MSG_INPUTS_BACK
         PFB_POOL_MSG_WORDS
         PFB_POOL_CALL_WRITABLE
+        PFB_POOL_CALL_SCALARS
         PFB_POOL_DONE_ONE
         PFB_POOL_DONE_TUPLE
         PFB_POOL_DONE_LIST
@@ -40,7 +41,7 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t block_offset
         uint64_t block_size
         uint64_t stamp
-        uint64_t reserved
+        uint64_t ended
 
     ctypedef struct PfbPoolTensor:
         uint8_t code
