@@ -95,7 +95,8 @@ conversion = Extension(
 )
 
 # No TensorFlow flag, header or library: a worker loads this module.
-POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/records.c"]
+POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/records.c",
+                  "src/pool/dispatch.c"]
 pool_worker = Extension(
     "pyfunc_bridge._pool_worker",
     sources=["src/pool/_pool_worker.pyx"] + POOL_C_SOURCES,

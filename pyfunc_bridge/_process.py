@@ -237,6 +237,9 @@ class _Spawner:
         self._thread = None
 
 
+# Dispatchers of pools inherited by a fork (ProcessPool._forked): never freed.
+_forked_dispatchers = []
+
 _spawner = _Spawner()
 os.register_at_fork(after_in_child=_spawner.after_fork_in_child)
 
@@ -267,6 +270,7 @@ class _Worker:
         # that this process owns and writes after posting requests when the
         # worker sleeps (it polls it with its socket).  Kept until ended().
         self.channel = self.doorbell = None
+        self.generation = None  # its attachment to the pool's dispatcher (_attach)
         result_fd = control_fd = parent = child = None
         try:
             result_fd, self.result_map = _shared_memory(pool.arena_bytes,
@@ -347,6 +351,16 @@ class _Worker:
         if self.doorbell is not None:
             os.close(self.doorbell)
             self.doorbell = None
+
+
+class _SharedArena:
+    """The input arena's allocator as this Python path sees it: the
+    dispatcher's (one allocator for the arena, whichever path allocates)."""
+
+    def __init__(self, dispatch):
+        self.alloc = dispatch.alloc
+        self.free = dispatch.free
+        self.free_bytes = dispatch.free_bytes
 
 
 class _Functions:
@@ -626,8 +640,15 @@ class ProcessPool:
         self._input_fd, self._input_map = _shared_memory(arena_bytes, f"{self.name}-inputs")
         self._inputs = (np.frombuffer(self._input_map, np.uint8)
                         if self._input_map is not None else None)
-        self._arena = _worker.Arena(arena_bytes)
-        self._arena_free = threading.Condition()  # guards _arena, _holding, workers' inputs
+        # The native side of the workers' rings (src/pool/dispatch.h): it
+        # owns the input arena's allocator, which this Python path shares
+        # (its calls' blocks are allocated there too).  None without arenas.
+        self._dispatch = (_worker.pool_module().Dispatcher(self._input_map, workers)
+                          if self._input_map is not None else None)
+        self._generations = itertools.count(1)  # a worker slot's attachments
+        self._arena = (_SharedArena(self._dispatch) if self._dispatch is not None
+                       else _worker.Arena(0))
+        self._arena_free = threading.Condition()  # guards _holding, workers' inputs
         # Calls staged and not yet answered that hold input blocks: blocks
         # they will free or keep.  At 0, waiting for room would wait for ever
         # (functions keep the rest): a call takes the room that is free now.
@@ -677,6 +698,12 @@ class ProcessPool:
         self._closed = True
         self._forked_into = os.getpid()
         self._queue.clear()
+        # The dispatcher's reply threads are not in this process, and its
+        # rings are the parent's: deleting it would join threads that do not
+        # exist and close the parent's rings.  It is kept, unused, for good.
+        if self._dispatch is not None:
+            _forked_dispatchers.append(self._dispatch)
+            self._dispatch = None
         for worker in self._workers:
             worker.alive = False
             worker.sock.detach()  # the socket object must not close the fd ...
@@ -1006,6 +1033,7 @@ class ProcessPool:
         answered = []
         for message in received:
             if message[0] == "ready":  # ("ready", pid)
+                self._attach(worker)
                 worker.ready = True
                 self._start_failures = 0
                 self._retry_delay = None
@@ -1026,6 +1054,27 @@ class ProcessPool:
         for call, reply in answered:
             self._answer(call, reply)
         return bool(received)
+
+    def _attach(self, worker):
+        """A worker that serves its rings joins the native dispatcher."""
+        dispatch = self._dispatch
+        if dispatch is not None and worker.channel is not None:
+            worker.generation = next(self._generations)
+            dispatch.attach(worker.index, worker.channel, worker.doorbell, worker.result_map,
+                            worker.generation)
+
+    def _detach(self, worker, error):
+        """Its native calls fail with `error` (as the Python path's would:
+        TF's code and the exception's message); its rings end first, so that
+        no native producer waits on them."""
+        dispatch = self._dispatch
+        if dispatch is None or getattr(worker, "generation", None) is None:
+            return
+        if worker.channel is not None:
+            worker.channel.close()
+        text = f"{type(error).__module__}.{type(error).__qualname__}: {error}"
+        dispatch.lost(worker.index, 2 if not isinstance(error, CallTimeoutError) else 4, text)
+        worker.generation = None
 
     def _settle(self, worker, freed, answered):
         """The input blocks `worker` freed go back to the arena; the calls
@@ -1069,6 +1118,13 @@ class ProcessPool:
                 for offset in call.blocks:
                     worker.inputs.pop(offset, None)
         self._settle(worker, list(worker.inputs.items()), [call for call, _ in failed])
+        if closing:
+            native = PoolClosedError(f"pyfunc_bridge: {self.name} "
+                                     f"{_EXIT_TEXT if _exiting else 'was closed'} while the "
+                                     f"call ran in worker process {worker.pid}")
+        else:
+            native = WorkerError(death)
+        self._detach(worker, native)
         if not closing:  # (close() ends its workers itself)
             worker.ended()
         for call, error in failed:
@@ -1189,6 +1245,13 @@ class ProcessPool:
         with self._arena_free:
             self._arena_free.notify_all()
         self._stop(workers)
+        if self._dispatch is not None:
+            for w in workers:
+                self._detach(w, PoolClosedError(f"pyfunc_bridge: {self.name} {when} while "
+                                                f"the call ran in worker process {w.pid}"))
+            # Its reply threads have ended; it held the input mapping.
+            self._dispatch = None
+            self._arena = _worker.Arena(0)  # late frees of this path's blocks: nothing to do
         if self._deadlines is not None:
             self._deadlines.close()
         if self._input_fd is not None:

@@ -7,8 +7,8 @@ space), errors come back pickled.  The test plays the parent's native side
 with the pool's own Channel and input allocator; the worker is a real pool
 worker, which serves its socket at the same time.
 
-The parent's ProcessPool does not post on the rings yet (see
-docs/design.md): these tests are the rings' only traffic."""
+The pool's native dispatcher (src/pool/dispatch.c) is kept out of these
+tests' pools; tests/test_pool_dispatch.py runs it against real workers."""
 import gc
 import pickle
 import struct
@@ -121,7 +121,10 @@ class Client:
 
 
 @pytest.fixture
-def client():
+def client(monkeypatch):
+    # This test is the rings' parent side: the pool's own dispatcher, whose
+    # reply thread would be a second consumer of the reply ring, stays out.
+    monkeypatch.setattr(_process.ProcessPool, "_attach", lambda self, worker: None)
     with pfb.ProcessPool(1, arena_bytes=16 << 20, name="ring-worker") as pool:
         yield Client(pool)
 

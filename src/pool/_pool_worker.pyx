@@ -33,6 +33,7 @@ from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZ
 cimport numpy as cnp
 
 from includes.arena cimport *
+from includes.dispatch cimport *
 from includes.numpy_handler cimport PyDataMem_Handler, PyDataMem_SetHandler
 from includes.pthread cimport *
 from includes.records cimport *
@@ -476,27 +477,244 @@ cdef class Channel:
         return messages
 
     cdef object _decode(self):
-        cdef PfbPoolMessage* m = &self._inbox[0].message
+        return _decode_message(self._inbox)
+
+
+cdef object _decode_message(const PfbPoolSlot* slots):
+    """A Message of a read message's slots (validated: EPROTO, never a read
+    past its end)."""
+    cdef const PfbPoolMessage* m = &slots[0].message
+    cdef PfbPoolTensor record
+    cdef int64_t dims[PFB_POOL_MAX_NDIM]
+    cdef uint32_t cursor = 1
+    cdef uint32_t i
+    cdef uint64_t word
+    items = []
+    if m.kind in _TENSOR_KINDS:
+        for i in range(m.count):
+            if pfb_msg_read_tensor(slots, &cursor, &record, dims):
+                raise OSError(EPROTO, "pyfunc_bridge: a malformed tensor record")
+            items.append((record.code, record.bits, record.lanes, record.flags,
+                          record.offset, record.size,
+                          tuple([dims[d] for d in range(record.ndim)])))
+    else:
+        for i in range(m.count):
+            if pfb_msg_read_word(slots, i, &word):
+                raise OSError(EPROTO, "pyfunc_bridge: a malformed words message")
+            items.append(word)
+    return Message(m.kind, m.call_id, m.token, m.flags, m.status, m.stamp,
+                   (m.block_offset, m.block_size), items, m.ended)
+
+
+# ------------------------------------------------------------- Dispatcher --
+
+cdef class _Held:
+    """A writable buffer's view, kept (the mapping cannot close meanwhile)."""
+    cdef Py_buffer view
+    cdef bint has_view
+
+    def __cinit__(self, buffer):
+        PyObject_GetBuffer(buffer, &self.view, PyBUF_WRITABLE)
+        self.has_view = True
+
+    def __dealloc__(self):
+        if self.has_view:
+            PyBuffer_Release(&self.view)
+
+
+class DispatchFailed(RuntimeError):
+    """A dispatched call failed without a reply: (TF error code, message)."""
+
+
+cdef class Dispatcher:
+    """The parent's native side of a pool's rings (src/pool/dispatch.h): a
+    call's inputs are copied into the input arena, its CALL posted and its
+    DONE received by a reply thread per worker, all in C without the GIL.
+    This class is its Python face (tests, and the pool's lifetime calls:
+    attach, lost, register); the kernel calls dispatch.h itself.
+
+    ``call`` submits and waits with the GIL released and returns the DONE
+    as (Message, worker index, worker generation)."""
+    cdef PfbDispatch* _d
+    cdef _Held _inputs
+    cdef dict _held   # worker index -> (channel, _Held of its result arena)
+
+    def __cinit__(self, input_buffer, int workers):
+        self._inputs = _Held(input_buffer)
+        self._held = {}
+        self._d = pfb_dispatch_new(<char*>self._inputs.view.buf, self._inputs.view.len, workers)
+        if self._d == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        pfb_dispatch_delete(self._d)
+
+    @property
+    def address(self):
+        """The PfbDispatch*, for the kernel (alive as long as this object)."""
+        return <uintptr_t>self._d
+
+    def attach(self, int index, Channel channel not None, int doorbell, results,
+               uint64_t generation):
+        cdef _Held held = _Held(results)
+        cdef int rc = pfb_dispatch_attach(self._d, index, channel._control, doorbell,
+                                          <const char*>held.view.buf, held.view.len,
+                                          generation)
+        if rc:
+            raise OSError(rc, f"pyfunc_bridge: attaching worker {index} failed")
+        self._held[index] = (channel, held)
+
+    def lost(self, int index, int32_t code, str message):
+        cdef bytes text = message.encode("utf-8", "replace")
+        cdef const char* c_text = text
+        with nogil:
+            pfb_dispatch_lost(self._d, index, code, c_text)
+        self._held.pop(index, None)
+
+    def register(self, uint64_t token, const unsigned char[::1] payload):
+        if pfb_dispatch_register(self._d, token, &payload[0] if payload.shape[0] else NULL,
+                                 payload.shape[0]):
+            raise MemoryError()
+
+    def knows(self, uint64_t token):
+        return bool(pfb_dispatch_knows(self._d, token))
+
+    cdef PfbDispatchInput* _inputs_of(self, arrays, int64_t* dims, list keep) except NULL:
+        cdef Py_ssize_t n = len(arrays), i
+        cdef cnp.ndarray arr
+        cdef PfbDispatchInput* inputs = <PfbDispatchInput*>calloc(max(n, 1),
+                                                                  sizeof(PfbDispatchInput))
+        if inputs == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                arr = arrays[i]
+                if (not PyArray_IS_C_CONTIGUOUS(<PyArrayObject*>arr)
+                        or arr.ndim > PFB_POOL_MAX_NDIM or arr.dtype.kind not in "iufcb"):
+                    raise ValueError("pyfunc_bridge: dispatch takes C-contiguous arrays of "
+                                     "numbers")
+                keep.append(arr)
+                inputs[i].data = cnp.PyArray_DATA(arr)
+                inputs[i].nbytes = cnp.PyArray_NBYTES(arr)
+                inputs[i].code = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}[arr.dtype.kind]
+                inputs[i].bits = arr.dtype.itemsize * 8
+                inputs[i].lanes = 1
+                inputs[i].ndim = arr.ndim
+                inputs[i].dims = &dims[i * PFB_POOL_MAX_NDIM]
+                for d in range(arr.ndim):
+                    dims[i * PFB_POOL_MAX_NDIM + d] = arr.shape[d]
+        except BaseException:
+            free(inputs)
+            raise
+        return inputs
+
+    def call(self, uint64_t token, arrays, uint32_t flags=0, timeout=None):
+        cdef Py_ssize_t n = len(arrays)
+        cdef int64_t* dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
+        cdef PfbDispatchInput* inputs = NULL
+        cdef PfbDispatchCall call
+        cdef int rc
+        cdef int64_t limit = _timeout_ns(timeout)
+        keep = []
+        if dims == NULL:
+            raise MemoryError()
+        try:
+            inputs = self._inputs_of(arrays, dims, keep)
+            with nogil:
+                rc = pfb_dispatch_submit(self._d, token, flags, inputs, <uint32_t>n, limit,
+                                         &call)
+                if rc == 0:
+                    rc = pfb_dispatch_wait(&call, -1)
+            if rc:
+                raise OSError(rc, f"pyfunc_bridge: dispatching the call failed ({rc})")
+            try:
+                if call.state == PFB_DISPATCH_FAILED:
+                    raise DispatchFailed(call.error_code, call.error.decode("utf-8", "replace"))
+                return _decode_message(call.reply), call.worker, call.generation
+            finally:
+                pfb_dispatch_finish(self._d, &call)
+        finally:
+            free(inputs)
+            free(dims)
+
+    def call_many(self, uint64_t token, arrays, Py_ssize_t times, uint32_t flags=0):
+        """Runs the call `times` times, one after another, entirely in C
+        without the GIL (each DONE's result blocks handed back at once): the
+        (worker start, worker end) CLOCK_REALTIME ns of each, or None for a
+        call that failed.  For tests and measurements of the native path."""
+        cdef Py_ssize_t n = len(arrays), k
+        cdef int64_t* dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
+        cdef uint64_t* stamps = <uint64_t*>calloc(max(times, 1) * 2, sizeof(uint64_t))
+        cdef PfbDispatchInput* inputs = NULL
+        cdef PfbDispatchCall call
         cdef PfbPoolTensor record
-        cdef int64_t dims[PFB_POOL_MAX_NDIM]
-        cdef uint32_t cursor = 1
-        cdef uint32_t i
-        cdef uint64_t word
-        items = []
-        if m.kind in _TENSOR_KINDS:
-            for i in range(m.count):
-                if pfb_msg_read_tensor(self._inbox, &cursor, &record, dims):
-                    raise OSError(EPROTO, "pyfunc_bridge: a malformed tensor record")
-                items.append((record.code, record.bits, record.lanes, record.flags,
-                              record.offset, record.size,
-                              tuple([dims[d] for d in range(record.ndim)])))
-        else:
-            for i in range(m.count):
-                if pfb_msg_read_word(self._inbox, i, &word):
-                    raise OSError(EPROTO, "pyfunc_bridge: a malformed words message")
-                items.append(word)
-        return Message(m.kind, m.call_id, m.token, m.flags, m.status, m.stamp,
-                       (m.block_offset, m.block_size), items, m.ended)
+        cdef int64_t record_dims[PFB_POOL_MAX_NDIM]
+        cdef uint32_t cursor, i
+        cdef int rc = 0
+        keep = []
+        if dims == NULL or stamps == NULL:
+            free(dims)
+            free(stamps)
+            raise MemoryError()
+        try:
+            inputs = self._inputs_of(arrays, dims, keep)
+            with nogil:
+                for k in range(times):
+                    rc = pfb_dispatch_submit(self._d, token, flags, inputs, <uint32_t>n, -1,
+                                             &call)
+                    if rc:
+                        break
+                    pfb_dispatch_wait(&call, -1)
+                    if call.state == PFB_DISPATCH_DONE:
+                        stamps[2 * k] = call.reply[0].message.stamp
+                        stamps[2 * k + 1] = call.reply[0].message.ended
+                        if call.reply[0].message.status == PFB_POOL_STATUS_OK:
+                            cursor = 1
+                            for i in range(call.reply[0].message.count):
+                                if pfb_msg_read_tensor(call.reply, &cursor, &record,
+                                                       record_dims):
+                                    break
+                                if record.size:
+                                    pfb_dispatch_result_back(self._d, call.worker,
+                                                             call.generation, record.offset)
+                        elif call.reply[0].message.block_size:
+                            pfb_dispatch_result_back(self._d, call.worker, call.generation,
+                                                     call.reply[0].message.block_offset)
+                    pfb_dispatch_finish(self._d, &call)
+            if rc:
+                raise OSError(rc, f"pyfunc_bridge: dispatching call {k} failed ({rc})")
+            return [(stamps[2 * k], stamps[2 * k + 1]) if stamps[2 * k + 1] else None
+                    for k in range(times)]
+        finally:
+            free(inputs)
+            free(dims)
+            free(stamps)
+
+    def alloc(self, uint64_t nbytes):
+        """(offset, size) of an input-arena block for the pool's Python
+        path, or None: the arena is shared with the native calls."""
+        cdef uint64_t offset, size
+        if pfb_dispatch_alloc(self._d, nbytes, &offset, &size):
+            return None
+        return offset, size
+
+    def free(self, uint64_t offset, uint64_t size=0):
+        """Frees a block that alloc gave (`size`: unused, the allocator
+        knows it; the pool's old allocator took it)."""
+        if pfb_dispatch_free(self._d, offset):
+            raise ValueError(f"pyfunc_bridge: no live input block starts at offset {offset}")
+
+    def free_bytes(self):
+        return pfb_dispatch_free_bytes(self._d)
+
+    def result_back(self, int index, uint64_t generation, uint64_t offset):
+        pfb_dispatch_result_back(self._d, index, generation, offset)
+
+    def counts(self):
+        cdef PfbDispatchCounts c
+        pfb_dispatch_counts(self._d, &c)
+        return {"calls": c.calls, "loads": c.loads, "doorbells": c.doorbells,
+                "reply_sleeps": c.reply_sleeps, "input_blocks": c.input_blocks}
 
 
 # ------------------------------------------------------------ ResultArena --

@@ -1,0 +1,739 @@
+/* The parent's native side of the rings (dispatch.h). */
+#include "dispatch.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "records.h"
+#include "ring.h"
+
+#define SC __ATOMIC_SEQ_CST
+
+typedef struct Token {
+  uint64_t token;
+  void* payload;  /* the LOAD payload, owned */
+  uint64_t size;
+  struct Token* next;
+} Token;
+
+/* A growable array of words (offsets, tokens). */
+typedef struct Words {
+  uint64_t* items;
+  size_t count, capacity;
+} Words;
+
+static int words_push(Words* w, uint64_t value) {
+  if (w->count == w->capacity) {
+    size_t capacity = w->capacity ? 2 * w->capacity : 16;
+    uint64_t* grown = (uint64_t*)realloc(w->items, capacity * sizeof(uint64_t));
+    if (grown == NULL) return ENOMEM;
+    w->items = grown;
+    w->capacity = capacity;
+  }
+  w->items[w->count++] = value;
+  return 0;
+}
+
+static int words_remove(Words* w, uint64_t value) {
+  for (size_t i = 0; i < w->count; ++i) {
+    if (w->items[i] == value) {
+      w->items[i] = w->items[--w->count];
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static int words_has(const Words* w, uint64_t value) {
+  for (size_t i = 0; i < w->count; ++i)
+    if (w->items[i] == value) return 1;
+  return 0;
+}
+
+typedef struct Worker {
+  PfbDispatch* d;
+  int index;
+  /* Set under `post` (and read by submit's choice without it: a stale
+   * read only picks another worker, rechecked under the lock). */
+  int attached;
+  uint64_t generation;
+  PfbRing requests;       /* producer: whoever holds `post` */
+  PfbRing replies;        /* consumer: the reply thread only */
+  const char* results;
+  uint64_t result_bytes;
+  pthread_t thread;
+  int has_thread;
+  /* The request ring's producer lock; guards `known` and `scratch`.  The
+   * reply thread never takes it: a producer may sleep for room holding it,
+   * and the room comes from a worker that may itself wait for the reply
+   * thread to read. */
+  pthread_mutex_t post;
+  Words known;            /* tokens this worker has loaded */
+  PfbPoolSlot* scratch;   /* the message being built (PFB_POOL_MAX_MESSAGE_SLOTS) */
+  /* Guards `pending` and `in_flight`: taken by callers and the reply thread. */
+  pthread_mutex_t calls;
+  PfbDispatchCall* pending;
+  uint32_t in_flight;
+  /* Guards `back`: result blocks to hand back with the next message. */
+  pthread_mutex_t back_lock;
+  Words back;
+  /* Input blocks in this worker's hands (guarded by the dispatcher's arena
+   * lock): freed when it hands them back, or when it is lost. */
+  Words inputs;
+} Worker;
+
+struct PfbDispatch {
+  char* input_base;
+  uint64_t input_bytes;
+  /* The input arena's allocator and its waiters for room. */
+  pthread_mutex_t arena_lock;
+  pthread_cond_t room;
+  PfbArena* arena;
+  pthread_mutex_t tokens_lock;
+  Token* tokens;
+  int workers_count;
+  Worker* workers;
+  uint64_t next_id;  /* atomic */
+  int closed;        /* atomic */
+  PfbDispatchCounts counts;  /* atomic fields */
+};
+
+/* ------------------------------------------------------------- helpers -- */
+
+static int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static uint64_t wall_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static void bump(uint64_t* field, int64_t delta) { __atomic_add_fetch(field, delta, SC); }
+
+/* The caller and the reply thread are in this process: private futexes. */
+static void futex_wait_private(uint32_t* word, uint32_t expected, int64_t ns) {
+  struct timespec timeout;
+  struct timespec* limit = NULL;
+  if (ns >= 0) {
+    timeout.tv_sec = (time_t)(ns / 1000000000);
+    timeout.tv_nsec = (long)(ns % 1000000000);
+    limit = &timeout;
+  }
+  syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, expected, limit, NULL, 0);
+}
+
+static void futex_wake_private(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+static void complete(PfbDispatchCall* call, uint32_t state) {
+  __atomic_store_n(&call->state, state, SC);
+  futex_wake_private(&call->state);
+}
+
+/* Frees input blocks the worker handed back (or held when it was lost). */
+static void free_inputs(PfbDispatch* d, Worker* w, const uint64_t* offsets, size_t n,
+                        int all) {
+  pthread_mutex_lock(&d->arena_lock);
+  if (all) {
+    for (size_t i = 0; i < w->inputs.count; ++i) pfb_arena_free(d->arena, w->inputs.items[i]);
+    bump(&d->counts.input_blocks, -(int64_t)w->inputs.count);
+    w->inputs.count = 0;
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      /* Only a block this worker holds: a bogus hand-back changes nothing. */
+      if (words_remove(&w->inputs, offsets[i]) && pfb_arena_free(d->arena, offsets[i]) == 0)
+        bump(&d->counts.input_blocks, -1);
+    }
+  }
+  pthread_cond_broadcast(&d->room);
+  pthread_mutex_unlock(&d->arena_lock);
+}
+
+/* Notes the result blocks of a DONE nobody takes, to hand them back. */
+static void give_back_results(Worker* w, const PfbPoolSlot* message) {
+  const PfbPoolMessage* m = &message[0].message;
+  pthread_mutex_lock(&w->back_lock);
+  if (m->status != PFB_POOL_STATUS_OK) {
+    if (m->block_size) words_push(&w->back, m->block_offset);
+  } else {
+    uint32_t cursor = 1;
+    PfbPoolTensor record;
+    int64_t dims[PFB_POOL_MAX_NDIM];
+    for (uint32_t i = 0; i < m->count; ++i) {
+      if (pfb_msg_read_tensor(message, &cursor, &record, dims) != 0) break;
+      if (record.size) words_push(&w->back, record.offset);
+    }
+  }
+  pthread_mutex_unlock(&w->back_lock);
+}
+
+/* ------------------------------------------------------- reply threads -- */
+
+static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots) {
+  uint64_t id = message[0].message.call_id;
+  PfbDispatchCall* call = NULL;
+  pthread_mutex_lock(&w->calls);
+  for (PfbDispatchCall** link = &w->pending; *link != NULL; link = &(*link)->next) {
+    if ((*link)->id == id) {
+      call = *link;
+      *link = call->next;
+      __atomic_sub_fetch(&w->in_flight, 1, SC);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&w->calls);
+  PfbPoolSlot* copy = call ? (PfbPoolSlot*)malloc(slots * sizeof(PfbPoolSlot)) : NULL;
+  if (copy == NULL) {  /* abandoned (or no memory): its blocks go back */
+    give_back_results(w, message);
+    if (call != NULL) {
+      call->error = strdup("pyfunc_bridge: no memory for a pool call's reply");
+      call->error_code = 8; /* RESOURCE_EXHAUSTED */
+      complete(call, PFB_DISPATCH_FAILED);
+    }
+    return;
+  }
+  memcpy(copy, message, slots * sizeof(PfbPoolSlot));
+  call->reply = copy;
+  call->reply_slots = slots;
+  complete(call, PFB_DISPATCH_DONE);
+}
+
+static void* reply_thread(void* arg) {
+  Worker* w = (Worker*)arg;
+  PfbPoolSlot* buffer =
+      (PfbPoolSlot*)malloc(PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
+  if (buffer == NULL) return NULL;
+  for (;;) {
+    uint64_t slept = w->replies.sleeps;
+    int rc = pfb_ring_wait_items(&w->replies, -1, PFB_RING_CHECKS);
+    bump(&w->d->counts.reply_sleeps, (int64_t)(w->replies.sleeps - slept));
+    if (rc != 0) break;  /* EPIPE: closed and drained */
+    int n;
+    while ((n = pfb_ring_read(&w->replies, buffer, PFB_POOL_MAX_MESSAGE_SLOTS)) > 0) {
+      const PfbPoolMessage* m = &buffer[0].message;
+      if (m->kind == PFB_POOL_MSG_DONE) {
+        on_done(w, buffer, (uint32_t)n);
+      } else if (m->kind == PFB_POOL_MSG_INPUTS_BACK) {
+        uint64_t offsets[64];
+        size_t k = 0;
+        for (uint32_t i = 0; i < m->count; ++i) {
+          if (pfb_msg_read_word(buffer, i, &offsets[k]) != 0) break;  /* malformed: the rest */
+          if (++k == 64) {
+            free_inputs(w->d, w, offsets, k, 0);
+            k = 0;
+          }
+        }
+        if (k) free_inputs(w->d, w, offsets, k, 0);
+      }
+    }
+    if (n < 0) break;  /* a malformed message: Python ends the worker when its socket ends */
+  }
+  free(buffer);
+  return NULL;
+}
+
+/* ------------------------------------------------------------ lifetime -- */
+
+PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers) {
+  PfbDispatch* d = (PfbDispatch*)calloc(1, sizeof(PfbDispatch));
+  if (d == NULL) return NULL;
+  d->arena = pfb_arena_new(input_bytes);
+  d->workers = (Worker*)calloc((size_t)workers, sizeof(Worker));
+  if (d->arena == NULL || d->workers == NULL) {
+    pfb_arena_delete(d->arena);
+    free(d->workers);
+    free(d);
+    return NULL;
+  }
+  d->input_base = input_base;
+  d->input_bytes = input_bytes;
+  d->workers_count = workers;
+  pthread_mutex_init(&d->arena_lock, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&d->room, &attr);
+  pthread_condattr_destroy(&attr);
+  pthread_mutex_init(&d->tokens_lock, NULL);
+  for (int i = 0; i < workers; ++i) {
+    Worker* w = &d->workers[i];
+    w->d = d;
+    w->index = i;
+    pthread_mutex_init(&w->post, NULL);
+    pthread_mutex_init(&w->calls, NULL);
+    pthread_mutex_init(&w->back_lock, NULL);
+  }
+  return d;
+}
+
+int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int doorbell,
+                        const char* result_base, uint64_t result_bytes, uint64_t generation) {
+  if (index < 0 || index >= d->workers_count) return EINVAL;
+  Worker* w = &d->workers[index];
+  pthread_mutex_lock(&w->post);
+  if (w->attached || w->has_thread) {
+    pthread_mutex_unlock(&w->post);
+    return EBUSY;  /* lost() first */
+  }
+  if (w->scratch == NULL)
+    w->scratch = (PfbPoolSlot*)malloc(PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
+  if (w->scratch == NULL) {
+    pthread_mutex_unlock(&w->post);
+    return ENOMEM;
+  }
+  pfb_ring_attach(&w->requests, &control->requests, pfb_pool_request_slots(control),
+                  control->ring_slots);
+  pfb_ring_set_doorbell(&w->requests, doorbell);
+  pfb_ring_attach(&w->replies, &control->replies, pfb_pool_reply_slots(control),
+                  control->ring_slots);
+  w->results = result_base;
+  w->result_bytes = result_bytes;
+  w->generation = generation;
+  w->known.count = 0;
+  pthread_mutex_lock(&w->back_lock);
+  w->back.count = 0;
+  pthread_mutex_unlock(&w->back_lock);
+  int rc = pthread_create(&w->thread, NULL, reply_thread, w);
+  if (rc == 0) {
+    w->has_thread = 1;
+    __atomic_store_n(&w->attached, 1, SC);
+  }
+  pthread_mutex_unlock(&w->post);
+  return rc;
+}
+
+void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message) {
+  if (index < 0 || index >= d->workers_count) return;
+  Worker* w = &d->workers[index];
+  pthread_mutex_lock(&w->post);  /* no producer is under way */
+  __atomic_store_n(&w->attached, 0, SC);
+  int joined = w->has_thread;
+  pthread_t thread = w->thread;
+  w->has_thread = 0;
+  pthread_mutex_unlock(&w->post);
+  if (joined) {
+    pfb_ring_close(&w->replies);  /* (the caller closed it too: idempotent) */
+    pthread_join(thread, NULL);
+  }
+  pthread_mutex_lock(&w->calls);
+  PfbDispatchCall* failed = w->pending;
+  w->pending = NULL;
+  __atomic_store_n(&w->in_flight, 0, SC);
+  pthread_mutex_unlock(&w->calls);
+  while (failed != NULL) {
+    PfbDispatchCall* next = failed->next;
+    failed->error = strdup(message ? message : "pyfunc_bridge: the worker ended");
+    failed->error_code = code;
+    complete(failed, PFB_DISPATCH_FAILED);
+    failed = next;
+  }
+  free_inputs(d, w, NULL, 0, 1);  /* it holds nothing any more */
+  pthread_mutex_lock(&w->back_lock);
+  w->back.count = 0;  /* its arena goes with it */
+  pthread_mutex_unlock(&w->back_lock);
+}
+
+void pfb_dispatch_delete(PfbDispatch* d) {
+  if (d == NULL) return;
+  __atomic_store_n(&d->closed, 1, SC);
+  for (int i = 0; i < d->workers_count; ++i)
+    pfb_dispatch_lost(d, i, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed");
+  for (int i = 0; i < d->workers_count; ++i) {
+    Worker* w = &d->workers[i];
+    free(w->known.items);
+    free(w->back.items);
+    free(w->inputs.items);
+    free(w->scratch);
+    pthread_mutex_destroy(&w->post);
+    pthread_mutex_destroy(&w->calls);
+    pthread_mutex_destroy(&w->back_lock);
+  }
+  for (Token* t = d->tokens; t != NULL;) {
+    Token* next = t->next;
+    free(t->payload);
+    free(t);
+    t = next;
+  }
+  pfb_arena_delete(d->arena);
+  pthread_cond_destroy(&d->room);
+  pthread_mutex_destroy(&d->arena_lock);
+  pthread_mutex_destroy(&d->tokens_lock);
+  free(d->workers);
+  free(d);
+}
+
+/* -------------------------------------------------------------- tokens -- */
+
+static Token* find_token(PfbDispatch* d, uint64_t token) {
+  for (Token* t = d->tokens; t != NULL; t = t->next)
+    if (t->token == token) return t;
+  return NULL;
+}
+
+int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, uint64_t size) {
+  Token* t = (Token*)calloc(1, sizeof(Token));
+  void* copy = malloc(size ? size : 1);
+  if (t == NULL || copy == NULL) {
+    free(t);
+    free(copy);
+    return ENOMEM;
+  }
+  memcpy(copy, payload, size);
+  t->token = token;
+  t->payload = copy;
+  t->size = size;
+  pthread_mutex_lock(&d->tokens_lock);
+  if (find_token(d, token) != NULL) {  /* registered already: the first stays */
+    pthread_mutex_unlock(&d->tokens_lock);
+    free(copy);
+    free(t);
+    return 0;
+  }
+  t->next = d->tokens;
+  d->tokens = t;
+  pthread_mutex_unlock(&d->tokens_lock);
+  return 0;
+}
+
+int pfb_dispatch_knows(PfbDispatch* d, uint64_t token) {
+  pthread_mutex_lock(&d->tokens_lock);
+  int found = find_token(d, token) != NULL;
+  pthread_mutex_unlock(&d->tokens_lock);
+  return found;
+}
+
+/* -------------------------------------------------------------- submit -- */
+
+/* Blocks for `count` sizes, all or none, waiting for room until `deadline`
+ * (negative: none).  Sizes of 0 get no block (offset 0). */
+static int alloc_blocks(PfbDispatch* d, const uint64_t* sizes, uint32_t count,
+                        uint64_t* offsets, int64_t deadline) {
+  for (uint32_t i = 0; i < count; ++i)
+    if (sizes[i] > d->input_bytes) return E2BIG;
+  pthread_mutex_lock(&d->arena_lock);
+  for (;;) {
+    if (__atomic_load_n(&d->closed, SC)) {
+      pthread_mutex_unlock(&d->arena_lock);
+      return EPIPE;
+    }
+    uint32_t got = 0;
+    for (; got < count; ++got) {
+      uint64_t size;
+      offsets[got] = 0;
+      if (sizes[got] && pfb_arena_alloc(d->arena, sizes[got], &offsets[got], &size) != 0)
+        break;
+    }
+    if (got == count) {
+      for (uint32_t i = 0; i < count; ++i)
+        if (sizes[i]) bump(&d->counts.input_blocks, 1);
+      pthread_mutex_unlock(&d->arena_lock);
+      return 0;
+    }
+    for (uint32_t i = 0; i < got; ++i)
+      if (sizes[i]) pfb_arena_free(d->arena, offsets[i]);
+    /* Inputs come back as workers let go of them (INPUTS_BACK). */
+    if (deadline >= 0) {
+      int64_t at = deadline;
+      if (now_ns() >= at) {
+        pthread_mutex_unlock(&d->arena_lock);
+        return ETIMEDOUT;
+      }
+      struct timespec limit = {(time_t)(at / 1000000000), (long)(at % 1000000000)};
+      pthread_cond_timedwait(&d->room, &d->arena_lock, &limit);
+    } else {
+      pthread_cond_wait(&d->room, &d->arena_lock);
+    }
+  }
+}
+
+static void release_blocks(PfbDispatch* d, const uint64_t* sizes, const uint64_t* offsets,
+                           uint32_t count) {
+  pthread_mutex_lock(&d->arena_lock);
+  for (uint32_t i = 0; i < count; ++i) {
+    if (sizes[i] && pfb_arena_free(d->arena, offsets[i]) == 0)
+      bump(&d->counts.input_blocks, -1);
+  }
+  pthread_cond_broadcast(&d->room);
+  pthread_mutex_unlock(&d->arena_lock);
+}
+
+/* Hands the blocks to worker `w` (they are its own until INPUTS_BACK). */
+static void hand_blocks(PfbDispatch* d, Worker* w, const uint64_t* sizes,
+                        const uint64_t* offsets, uint32_t count) {
+  pthread_mutex_lock(&d->arena_lock);
+  for (uint32_t i = 0; i < count; ++i)
+    if (sizes[i]) words_push(&w->inputs, offsets[i]);
+  pthread_mutex_unlock(&d->arena_lock);
+}
+
+/* Posts one built message (w->scratch) on w's request ring; `post` held. */
+static int post_scratch(Worker* w, int64_t deadline) {
+  uint32_t slots = w->scratch[0].message.slots;
+  int64_t left = deadline < 0 ? -1 : deadline - now_ns();
+  if (deadline >= 0 && left < 0) left = 0;
+  int rc = pfb_ring_wait_room(&w->requests, slots, left);
+  if (rc != 0) return rc;
+  return pfb_ring_write(&w->requests, w->scratch);
+}
+
+/* Posts the result blocks waiting to go back to `w`; `post` held. */
+static void post_back(Worker* w) {
+  pthread_mutex_lock(&w->back_lock);
+  size_t n = w->back.count;
+  uint64_t* items = w->back.items;
+  uint32_t per = PFB_POOL_WORDS_PER_SLOT * (w->requests.capacity > 64 ? 63 : w->requests.capacity - 1);
+  size_t start = 0;
+  while (start < n) {
+    pfb_msg_init(w->scratch, PFB_POOL_MSG_RESULTS_BACK);
+    size_t k = 0;
+    for (; k < per && start + k < n; ++k)
+      pfb_msg_add_word(w->scratch, PFB_POOL_MAX_MESSAGE_SLOTS, items[start + k]);
+    if (pfb_ring_write(&w->requests, w->scratch) != 0) break;  /* no room now: next time */
+    start += k;
+  }
+  memmove(items, items + start, (n - start) * sizeof(uint64_t));
+  w->back.count = n - start;
+  pthread_mutex_unlock(&w->back_lock);
+}
+
+static Worker* choose(PfbDispatch* d) {
+  Worker* best = NULL;
+  uint32_t fewest = UINT32_MAX;
+  for (int i = 0; i < d->workers_count; ++i) {
+    Worker* w = &d->workers[i];
+    if (!__atomic_load_n(&w->attached, SC)) continue;
+    uint32_t n = __atomic_load_n(&w->in_flight, __ATOMIC_RELAXED);
+    if (n < fewest) {
+      fewest = n;
+      best = w;
+    }
+  }
+  return best;
+}
+
+int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
+                        const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
+                        PfbDispatchCall* call) {
+  int64_t deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+  memset(call, 0, sizeof(*call));
+  call->worker = -1;
+  if (__atomic_load_n(&d->closed, SC)) return EPIPE;
+  pthread_mutex_lock(&d->tokens_lock);
+  Token* fn = find_token(d, token);
+  pthread_mutex_unlock(&d->tokens_lock);  /* tokens live until delete */
+  if (fn == NULL) return ENOENT;
+  if (count > PFB_POOL_MAX_MESSAGE_SLOTS) return E2BIG;
+  uint64_t sizes_small[16], offsets_small[16];
+  uint64_t* sizes = count <= 16 ? sizes_small : (uint64_t*)malloc(count * sizeof(uint64_t));
+  uint64_t* offsets = count <= 16 ? offsets_small : (uint64_t*)malloc(count * sizeof(uint64_t));
+  int rc = 0;
+  if (sizes == NULL || offsets == NULL) {
+    rc = ENOMEM;
+    goto out;
+  }
+  for (uint32_t i = 0; i < count; ++i) sizes[i] = inputs[i].nbytes;
+  rc = alloc_blocks(d, sizes, count, offsets, deadline);
+  if (rc != 0) goto out;
+  /* The copy in: the one copy of a call's inputs, outside every lock. */
+  for (uint32_t i = 0; i < count; ++i)
+    if (sizes[i]) memcpy(d->input_base + offsets[i], inputs[i].data, sizes[i]);
+
+  for (;;) {
+    Worker* w = choose(d);
+    if (w == NULL) {
+      release_blocks(d, sizes, offsets, count);
+      rc = EAGAIN;
+      goto out;
+    }
+    pthread_mutex_lock(&w->post);
+    if (!w->attached) {  /* lost meanwhile: another one */
+      pthread_mutex_unlock(&w->post);
+      continue;
+    }
+    post_back(w);
+    if (!words_has(&w->known, token)) {
+      uint64_t load_size = fn->size, load_offset;
+      rc = alloc_blocks(d, &load_size, 1, &load_offset, deadline);
+      if (rc == 0) {
+        memcpy(d->input_base + load_offset, fn->payload, load_size);
+        pfb_msg_init(w->scratch, PFB_POOL_MSG_LOAD);
+        w->scratch[0].message.token = token;
+        w->scratch[0].message.block_offset = load_offset;
+        w->scratch[0].message.block_size = load_size;
+        rc = post_scratch(w, deadline);
+        if (rc == 0) {
+          hand_blocks(d, w, &load_size, &load_offset, 1);
+          words_push(&w->known, token);
+          bump(&d->counts.loads, 1);
+        } else {
+          release_blocks(d, &load_size, &load_offset, 1);
+        }
+      }
+      if (rc != 0) {
+        pthread_mutex_unlock(&w->post);
+        release_blocks(d, sizes, offsets, count);
+        goto out;
+      }
+    }
+    pfb_msg_init(w->scratch, PFB_POOL_MSG_CALL);
+    PfbPoolMessage* m = &w->scratch[0].message;
+    call->id = __atomic_add_fetch(&d->next_id, 1, SC);
+    m->call_id = call->id;
+    m->token = token;
+    m->flags = flags;
+    m->stamp = wall_ns();
+    for (uint32_t i = 0; i < count && rc == 0; ++i) {
+      PfbPoolTensor record;
+      memset(&record, 0, sizeof(record));
+      record.code = inputs[i].code;
+      record.bits = inputs[i].bits;
+      record.lanes = inputs[i].lanes;
+      record.flags = inputs[i].flags;
+      record.ndim = inputs[i].ndim;
+      record.offset = offsets[i];
+      record.size = sizes[i];
+      rc = pfb_msg_add_tensor(w->scratch, PFB_POOL_MAX_MESSAGE_SLOTS, &record, inputs[i].dims);
+    }
+    if (rc == 0 && m->slots > w->requests.capacity) rc = E2BIG;
+    if (rc == 0) {
+      call->worker = w->index;
+      call->generation = w->generation;
+      call->state = PFB_DISPATCH_WAITING;
+      /* Listed before it is posted: its DONE may come at once. */
+      pthread_mutex_lock(&w->calls);
+      call->next = w->pending;
+      w->pending = call;
+      __atomic_add_fetch(&w->in_flight, 1, SC);
+      pthread_mutex_unlock(&w->calls);
+      rc = post_scratch(w, deadline);
+      if (rc == 0) {
+        hand_blocks(d, w, sizes, offsets, count);
+      } else {
+        pthread_mutex_lock(&w->calls);
+        for (PfbDispatchCall** link = &w->pending; *link != NULL; link = &(*link)->next) {
+          if (*link == call) {
+            *link = call->next;
+            __atomic_sub_fetch(&w->in_flight, 1, SC);
+            break;
+          }
+        }
+        pthread_mutex_unlock(&w->calls);
+      }
+    }
+    if (rc == 0) {
+      uint64_t rung = w->requests.wakes;
+      pfb_ring_notify(&w->requests);  /* rings only a worker that sleeps */
+      bump(&d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
+      bump(&d->counts.calls, 1);
+    }
+    pthread_mutex_unlock(&w->post);
+    if (rc != 0) release_blocks(d, sizes, offsets, count);
+    break;
+  }
+out:
+  if (sizes != sizes_small) free(sizes);
+  if (offsets != offsets_small) free(offsets);
+  return rc;
+}
+
+int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns) {
+  int64_t deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+  for (;;) {
+    uint32_t state = __atomic_load_n(&call->state, SC);
+    if (state != PFB_DISPATCH_WAITING) return 0;
+    int64_t left = -1;
+    if (deadline >= 0) {
+      left = deadline - now_ns();
+      if (left <= 0) return ETIMEDOUT;
+    }
+    futex_wait_private(&call->state, PFB_DISPATCH_WAITING, left);
+  }
+}
+
+void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call) {
+  if (call->worker >= 0 && __atomic_load_n(&call->state, SC) == PFB_DISPATCH_WAITING) {
+    Worker* w = &d->workers[call->worker];
+    int found = 0;
+    pthread_mutex_lock(&w->calls);
+    for (PfbDispatchCall** link = &w->pending; *link != NULL; link = &(*link)->next) {
+      if (*link == call) {
+        *link = call->next;
+        __atomic_sub_fetch(&w->in_flight, 1, SC);
+        found = 1;
+        break;
+      }
+    }
+    pthread_mutex_unlock(&w->calls);
+    /* Not found: completed meanwhile (the reply thread unlinks first, then
+     * publishes the state): wait for the state, then free as done. */
+    if (!found) pfb_dispatch_wait(call, -1);
+  }
+  free(call->reply);
+  free(call->error);
+  call->reply = NULL;
+  call->error = NULL;
+}
+
+/* ------------------------------------------------------------- results -- */
+
+const char* pfb_dispatch_results(PfbDispatch* d, int index, uint64_t generation,
+                                 uint64_t* bytes) {
+  if (index < 0 || index >= d->workers_count) return NULL;
+  Worker* w = &d->workers[index];
+  if (!__atomic_load_n(&w->attached, SC) || w->generation != generation) return NULL;
+  if (bytes != NULL) *bytes = w->result_bytes;
+  return w->results;
+}
+
+void pfb_dispatch_result_back(PfbDispatch* d, int index, uint64_t generation,
+                              uint64_t offset) {
+  if (index < 0 || index >= d->workers_count) return;
+  Worker* w = &d->workers[index];
+  pthread_mutex_lock(&w->back_lock);
+  if (__atomic_load_n(&w->attached, SC) && w->generation == generation)
+    words_push(&w->back, offset);  /* (no memory: the block stays the parent's) */
+  pthread_mutex_unlock(&w->back_lock);
+}
+
+int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size) {
+  pthread_mutex_lock(&d->arena_lock);
+  int rc = pfb_arena_alloc(d->arena, nbytes, offset, size);
+  pthread_mutex_unlock(&d->arena_lock);
+  return rc;
+}
+
+int pfb_dispatch_free(PfbDispatch* d, uint64_t offset) {
+  pthread_mutex_lock(&d->arena_lock);
+  int rc = pfb_arena_free(d->arena, offset);
+  pthread_cond_broadcast(&d->room);
+  pthread_mutex_unlock(&d->arena_lock);
+  return rc;
+}
+
+uint64_t pfb_dispatch_free_bytes(PfbDispatch* d) {
+  pthread_mutex_lock(&d->arena_lock);
+  uint64_t n = pfb_arena_free_bytes(d->arena);
+  pthread_mutex_unlock(&d->arena_lock);
+  return n;
+}
+
+void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out) {
+  out->calls = __atomic_load_n(&d->counts.calls, SC);
+  out->loads = __atomic_load_n(&d->counts.loads, SC);
+  out->doorbells = __atomic_load_n(&d->counts.doorbells, SC);
+  out->reply_sleeps = __atomic_load_n(&d->counts.reply_sleeps, SC);
+  out->input_blocks = __atomic_load_n(&d->counts.input_blocks, SC);
+}

@@ -1,0 +1,60 @@
+# The one declaration of dispatch.h, the parent's native side of the rings.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+
+from includes.shm_layout cimport PfbPoolControl, PfbPoolSlot
+
+cdef extern from "dispatch.h" nogil:
+    ctypedef struct PfbDispatch
+
+    ctypedef struct PfbDispatchInput:
+        const void* data
+        uint64_t nbytes
+        uint8_t code
+        uint8_t bits
+        uint16_t lanes
+        uint32_t flags
+        int32_t ndim
+        const int64_t* dims
+
+    enum:
+        PFB_DISPATCH_WAITING
+        PFB_DISPATCH_DONE
+        PFB_DISPATCH_FAILED
+
+    ctypedef struct PfbDispatchCall:
+        uint32_t state
+        uint64_t id
+        int worker
+        uint64_t generation
+        PfbPoolSlot* reply
+        uint32_t reply_slots
+        char* error
+        int32_t error_code
+
+    ctypedef struct PfbDispatchCounts:
+        uint64_t calls
+        uint64_t loads
+        uint64_t doorbells
+        uint64_t reply_sleeps
+        uint64_t input_blocks
+
+    PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers)
+    void pfb_dispatch_delete(PfbDispatch* d)
+    int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int doorbell,
+                            const char* result_base, uint64_t result_bytes, uint64_t generation)
+    void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message)
+    int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, uint64_t size)
+    int pfb_dispatch_knows(PfbDispatch* d, uint64_t token)
+    int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
+                            const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
+                            PfbDispatchCall* call)
+    int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns)
+    void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call)
+    const char* pfb_dispatch_results(PfbDispatch* d, int index, uint64_t generation,
+                                     uint64_t* nbytes)
+    void pfb_dispatch_result_back(PfbDispatch* d, int index, uint64_t generation,
+                                  uint64_t offset)
+    void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out)
+    int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size)
+    int pfb_dispatch_free(PfbDispatch* d, uint64_t offset)
+    uint64_t pfb_dispatch_free_bytes(PfbDispatch* d)
