@@ -763,17 +763,25 @@ class _RingServer:
         the socket has (the ring is read anyway, next)."""
         pw = self.pw
         if self.channel.sleeping(pw.REQUESTS, True):
+            # Requests came while the flag was up: a parent that saw it may
+            # have rung already.  Reset the doorbell so that the next sleep
+            # does not wake at once for a ring already served (a ring that
+            # comes after this read wakes one sleep early: harmless).
             self.channel.sleeping(pw.REQUESTS, False)
+            self._reset_doorbell()
             return False
         try:
             events = self.poller.poll()
         finally:
             self.channel.sleeping(pw.REQUESTS, False)
-        try:
-            os.eventfd_read(self.doorbell)  # rung: reset for the next sleep
-        except BlockingIOError:
-            pass
+        self._reset_doorbell()  # rung: reset for the next sleep
         return any(fd == self.sock_fd for fd, _ in events)
+
+    def _reset_doorbell(self):
+        try:
+            os.eventfd_read(self.doorbell)
+        except BlockingIOError:
+            pass  # not rung
 
     def serve(self):
         """Runs every request on the ring now; whether there was any."""

@@ -250,18 +250,36 @@ def test_a_kept_input_comes_back_only_when_the_function_lets_go(client):
 
 
 def test_one_doorbell_wakes_the_worker_for_a_batch_and_replies_come_in_order(client):
+    """A batch posted while the worker sleeps costs one doorbell ring.  The
+    worker can be seen asleep a moment before it wakes for something else
+    (its socket, a ring rung while its flag was up), and then it serves the
+    batch unrung: such a round only checks the replies, and the test tries
+    again until one round found the worker asleep (a worker that never
+    sleeps, or a batch that rings more than once, fails it)."""
     token = client.load(double)
     client.values(client.result(_call_and_notify(client, token, np.ones(2))))
-    deadline = time.monotonic() + 30
-    while not client.channel.consumer_sleeping(R):  # back asleep in its poll
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    rung = client.channel.wakes(R)
-    ids = [client.call(token, np.full(4, i)) for i in range(20)]
-    assert client.notify() is True and client.channel.wakes(R) == rung + 1
-    for i, call_id in enumerate(ids):
-        [y] = client.values(client.result(call_id))
-        np.testing.assert_array_equal(y, np.full(4, 2 * i))
+    rung_once = 0
+    for round_ in range(10):
+        deadline = time.monotonic() + 30
+        while not client.channel.consumer_sleeping(R):  # back asleep in its poll
+            assert time.monotonic() < deadline, "the worker never went to sleep"
+            time.sleep(0.01)
+        time.sleep(0.05)  # let a wake-up already under way run out
+        if not client.channel.consumer_sleeping(R):
+            continue
+        rung = client.channel.wakes(R)
+        ids = [client.call(token, np.full(4, i)) for i in range(20)]
+        if client.notify():
+            assert client.channel.wakes(R) == rung + 1
+            rung_once += 1
+        else:
+            assert client.channel.wakes(R) == rung
+        for i, call_id in enumerate(ids):
+            [y] = client.values(client.result(call_id))
+            np.testing.assert_array_equal(y, np.full(4, 2 * i))
+        if rung_once >= 2:
+            break
+    assert rung_once >= 2, f"the worker was asleep for {rung_once} of {round_ + 1} batches"
 
 
 def test_the_socket_path_runs_beside_the_ring(client):
