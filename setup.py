@@ -74,6 +74,7 @@ kernels = Extension(
         "src/kernel/bridge.cc",
         "src/kernel/eager_tensors.cc",
         "src/kernel/numpy_function.cc",
+        "src/kernel/pool_route.cc",
         "src/kernel/py_function.cc",
         "src/kernel/python_gil.cc",
         "src/kernel/trace.cc",

@@ -2,7 +2,9 @@
 went through, by pool name (``pfb.stats().pools``).
 
 The pool (pyfunc_bridge/_process.py) counts into its name's record from the
-callers' and its reader threads; each record has a lock of its own.  Records
+callers' and its reader threads; each record has a lock of its own.  Calls
+that kernels run natively count in their routes (dispatch.h), without
+Python: a record adds up its pools' routes when it is read.  Records
 are cleared in place, never dropped, so that a pool may keep its record; a
 pool closed since still shows until ``pfb.reset_stats()``.  Counting follows
 ``pfb.enable_stats`` (the conversion layer's switch).
@@ -51,11 +53,26 @@ class PoolCounters:
 
     def __init__(self):
         self._lock = threading.Lock()
+        self._routes = []  # the pools' native routes (the worker module's Route)
         self.clear()
 
     def clear(self):
         with self._lock:
             self._counts = dict.fromkeys(_FIELDS, 0)
+            for route in self._routes:
+                route.clear()
+
+    def add_route(self, route):
+        """A route whose native calls count here."""
+        with self._lock:
+            self._routes.append(route)
+
+    def drop_route(self, route):
+        """A route that goes: what it counted stays."""
+        with self._lock:
+            if route in self._routes:
+                self._routes.remove(route)
+                _add_route_counts(self._counts, route)
 
     def add_call(self, seconds_queued, seconds_in_worker, bytes_in, bytes_out, copies_saved):
         """One answered call (the pool checked that counting is on)."""
@@ -84,7 +101,20 @@ class PoolCounters:
 
     def snapshot(self):
         with self._lock:
-            return PoolStats(**self._counts)
+            counts = dict(self._counts)
+            for route in self._routes:
+                _add_route_counts(counts, route)
+            return PoolStats(**counts)
+
+
+def _add_route_counts(counts, route):
+    c = route.counts()
+    counts["calls"] += c["calls"]
+    counts["seconds_queued"] += c["queued_ns"] / 1e9
+    counts["seconds_in_workers"] += c["worker_ns"] / 1e9
+    counts["bytes_in"] += c["bytes_in"]
+    counts["bytes_out"] += c["bytes_out"]
+    counts["copies_saved"] += c["copies_saved"]
 
 
 _records = {}  # pool name -> PoolCounters

@@ -395,6 +395,7 @@ class _Functions:
         self._by_id.pop(key, None)
         pool = self._pool()
         if pool is not None:
+            pool._forget_native(token)
             for worker in list(pool._workers):
                 if token in worker.known:
                     worker.known.discard(token)
@@ -646,6 +647,9 @@ class ProcessPool:
         self._dispatch = (_worker.pool_module().Dispatcher(self._input_map, workers)
                           if self._input_map is not None else None)
         self._generations = itertools.count(1)  # a worker slot's attachments
+        # (token, CALL flags) -> the dispatcher's Route for kernels'
+        # native calls (native_route); Python's references, for statistics.
+        self._routes = {}
         self._arena = (_SharedArena(self._dispatch) if self._dispatch is not None
                        else _worker.Arena(0))
         self._arena_free = threading.Condition()  # guards _holding, workers' inputs
@@ -702,8 +706,10 @@ class ProcessPool:
         # rings are the parent's: deleting it would join threads that do not
         # exist and close the parent's rings.  It is kept, unused, for good.
         if self._dispatch is not None:
+            self._dispatch.disown()  # a kernel's route to it now falls back to Python
             _forked_dispatchers.append(self._dispatch)
             self._dispatch = None
+        self._routes = {}
         for worker in self._workers:
             worker.alive = False
             worker.sock.detach()  # the socket object must not close the fd ...
@@ -800,8 +806,11 @@ class ProcessPool:
                         if block is not None:
                             self._arena.free(*block)
                 # Calls in flight free or keep their inputs (a wait that
-                # timed out looks again).
-                self._arena_free.wait(_wait_timeout())
+                # timed out looks again).  Kernels' native calls free theirs
+                # in the dispatcher's reply threads, which do not notify
+                # this condition: with routes, look again every 50 ms.
+                self._arena_free.wait(_wait_timeout() or (_NATIVE_ROOM_LOOK if self._routes
+                                                          else None))
 
     def run(self, func, framework, descs, writable):
         """Runs `func` on the staged inputs in a worker; returns (result,
@@ -849,6 +858,45 @@ class ProcessPool:
             raise
         finally:
             self.release(descs)  # the blocks of a call that did not reach the pool
+
+    def native_route(self, func, framework, writable, scalars):
+        """A Route that lets a kernel run `func`'s later calls without
+        Python (dispatch.h), or None where they must take this Python path:
+        a pool without arenas or with a timeout (the dispatcher keeps no
+        deadline), a closed one, and array_function's frameworks (their
+        conversions run in the worker's Python path).  Registered with the
+        dispatcher once per function: the LOAD carries this process's
+        sys.path, as the socket's first function does."""
+        dispatch = self._dispatch
+        if (dispatch is None or self._deadlines is not None or framework is not None
+                or self._closed):
+            return None
+        pw = _worker.pool_module()
+        flags = (pw.CALL_WRITABLE if writable else 0) | (pw.CALL_SCALARS if scalars else 0)
+        token, data = self._functions.get(func)
+        with self._lock:
+            route = self._routes.get((token, flags))
+            if route is None:
+                if not dispatch.knows(token):
+                    dispatch.register(token, pickle.dumps((list(sys.path), data),
+                                                          protocol=_worker._PICKLE_PROTOCOL))
+                pw.set_counting(_pool_stats.counting())
+                route = self._routes[(token, flags)] = dispatch.route(token, flags)
+                self._counters.add_route(route)
+        return route
+
+    def _forget_native(self, token):
+        """`token`'s function was dropped: its routes go, and the
+        dispatcher forgets it (its workers get a FORGET)."""
+        dispatch = self._dispatch
+        with self._lock:
+            for key in [k for k in self._routes if k[0] == token]:
+                self._counters.drop_route(self._routes.pop(key))
+        if dispatch is not None:
+            dispatch.forget(token)
+
+    def native_reply(self, address):
+        return native_reply(self.name, address)
 
     def _count_call(self, call, inputs, writable):
         """Adds an answered call (its reply not yet taken) to the pool's
@@ -1032,6 +1080,9 @@ class ProcessPool:
         """Hands out the messages of one read; False at the end of the stream."""
         answered = []
         for message in received:
+            if message[0] == "ring":  # ("ring", call_id, ok, payload): native_reply takes it
+                _ring_answers.put(message[1], (message[2], message[3]))
+                continue
             if message[0] == "ready":  # ("ready", pid)
                 self._attach(worker)
                 worker.ready = True
@@ -1300,6 +1351,92 @@ def _desc_bytes(desc):
     return _pool_stats.data_bytes(desc[1])
 
 
+class _RingAnswers:
+    """Answers of native calls that went by a worker's socket (no room in
+    its result arena: shm_layout.h, PFB_POOL_STATUS_SOCKET), by call id (ids
+    are unique in the process), from the reader threads to native_reply."""
+
+    def __init__(self):
+        self._answers = {}
+        self._arrived = threading.Condition()
+
+    def put(self, call_id, answer):
+        with self._arrived:
+            self._answers[call_id] = answer
+            self._arrived.notify_all()
+
+    def take(self, call_id, pool_name):
+        # The worker wrote it before the DONE: its reader has it or reads it
+        # next (a dead worker's stream is read to its end first).
+        deadline = time.monotonic() + _RING_ANSWER_SECONDS
+        with self._arrived:
+            while call_id not in self._answers:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WorkerError(f"pyfunc_bridge: a worker of {pool_name} sent a call's "
+                                      f"answer by its socket, and it never arrived")
+                self._arrived.wait(min(left, _wait_timeout() or left))
+            return self._answers.pop(call_id)
+
+
+_ring_answers = _RingAnswers()
+_NATIVE_ROOM_LOOK = 0.05  # seconds: see _alloc
+_RING_ANSWER_SECONDS = 60.0
+
+
+def native_reply(pool_name, address):
+    """run()'s answer (result, bytes moved, copy facts) for a call the kernel
+    ran natively (`address`: its PfbDispatchCall, DONE) whose reply the
+    kernel does not turn into outputs itself: the function raised, a value
+    came back pickled, or a result is not what the op declares (the
+    conversion layer's checks then raise as for any result).  Takes its
+    result blocks: arrays over them hand them back when they go, a pickled
+    value's and an error's go back once read."""
+    pw = _worker.pool_module()
+    message, arena = pw.native_reply(address)
+    from pyfunc_bridge import _library
+    result_view = _library.conversion().worker_result
+    results = arena.array() if arena is not None else None
+
+    def read_block(offset, size):
+        try:
+            return bytes(results[offset:offset + size])
+        finally:
+            arena.back(offset)
+
+    if message.status == pw.STATUS_SOCKET:
+        ok, data = _ring_answers.take(message.call_id, pool_name)
+        if ok:
+            value = pickle.loads(data)
+            return value, 0, [None] * (len(value) if type(value) in (list, tuple) else 1)
+        error = _worker_exception(pickle.loads(data))
+        try:
+            raise error
+        finally:
+            error = None
+    if message.status != pw.STATUS_OK:
+        offset, size = message.block
+        error = (_worker_exception(pickle.loads(read_block(offset, size))) if size
+                 else RuntimeError(f"pyfunc_bridge: a worker of {pool_name} failed a call "
+                                   f"and could not send its error (no room in its arena)"))
+        try:
+            raise error
+        finally:
+            error = None  # (the traceback holds this frame: no cycle)
+    values, facts = [], []
+    for code, bits, lanes, flags, offset, size, shape in message.items:
+        if flags & pw.TENSOR_PICKLED:
+            values.append(pickle.loads(read_block(offset, size)))
+        else:  # numbers: a view of the block (strings come back pickled)
+            dtype = _worker._np_dtype(np, code, bits)
+            values.append(result_view(arena, results, offset, size, dtype, tuple(shape)) if size
+                          else np.zeros(shape, dtype))
+        facts.append(None)
+    if message.flags == pw.DONE_ONE and len(values) == 1:
+        return values[0], 0, facts
+    return (values if message.flags == pw.DONE_LIST else tuple(values)), 0, facts
+
+
 def _worker_exception(payload):
     """The exception a worker raised, rebuilt here (or as its builtin base
     class with the same message), with the worker's traceback as its cause."""
@@ -1370,6 +1507,14 @@ class _DefaultPool:
         if pool is None:  # collected: it was closed, and its blocks went with it
             raise PoolClosedError(f"pyfunc_bridge: {self!r} was closed")
         return pool.run(func, framework, descs, writable)
+
+    def native_route(self, func, framework, writable, scalars):
+        """The current default pool's (a route to a pool closed since
+        fails natively, and the kernel's next call comes here again)."""
+        return default_pool().native_route(func, framework, writable, scalars)
+
+    def native_reply(self, address):
+        return native_reply(repr(self), address)
 
     def __repr__(self):
         return "'process' (the shared default ProcessPool)"

@@ -28,6 +28,7 @@ pool (``snapshot.pools``, by the pool's name):
 (1, 2048, 1024, 1)
 """
 import dataclasses
+import sys
 
 from pyfunc_bridge import _library, _pool_stats
 from pyfunc_bridge._pool_stats import PoolStats  # noqa: F401 - a snapshot's type
@@ -196,4 +197,10 @@ def enable_stats(flag=True):
     False
     >>> _ = pfb.enable_stats(previous)
     """
-    return _library.conversion().enable_stats(bool(flag))
+    previous = _library.conversion().enable_stats(bool(flag))
+    # Kernels' native pool calls count in the worker module (dispatch.h);
+    # a pool's first route sets it too (_process.ProcessPool.native_route).
+    pool_module = sys.modules.get("pyfunc_bridge._pool_worker")
+    if pool_module is not None:
+        pool_module.set_counting(bool(flag))
+    return previous

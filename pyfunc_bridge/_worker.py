@@ -622,14 +622,20 @@ class _Worker:
             # Nothing of these requests or their replies (large pickled
             # inputs or results among them) stays referenced while the next
             # frame is awaited.
-            replies = self.answer(frames, pickle)
+            replies = self.answer(frames, pickle, ring)
+            if ring is not None:
+                # Ring blocks these requests let go of (a FORGET on the
+                # socket drops a function that kept ring inputs).
+                ring.inputs_back()
             if self.status is None:
                 send(self.sock, self.sendable(replies, pickle))
             replies = frames = None
 
-    def answer(self, frames, pickle):
+    def answer(self, frames, pickle, ring=None):
         """Runs the requests of `frames` (emptied); returns their replies
-        (none with a timeout: each has gone already)."""
+        (none with a timeout: each has gone already).  Each call shows in
+        `ring`'s control segment while it runs, so that the parent's native
+        dispatch does not queue behind it (src/pool/dispatch.c, choose)."""
         replies = []
         while frames:
             freed, forget, requests = frames.pop(0)
@@ -639,14 +645,25 @@ class _Worker:
                 self.functions.pop(token, None)
             while requests:
                 request = requests.pop(0)
+                if ring is not None:
+                    ring.channel.set_running(_SOCKET_CALL, time.monotonic_ns())
                 if self.status is None:
-                    replies.append(self.run(request))
+                    try:
+                        replies.append(self.run(request))
+                    finally:
+                        if ring is not None:
+                            ring.channel.set_running(0)
                     continue
                 # With a timeout, each reply goes at once: a call that
                 # times out must not take the results of the calls run
                 # before it with it.
                 self.begin(request[0])
-                send(self.sock, self.sendable([self.run(request)], pickle))
+                try:
+                    reply = self.run(request)
+                finally:
+                    if ring is not None:
+                        ring.channel.set_running(0)
+                send(self.sock, self.sendable([reply], pickle))
                 self.begin(-1)
         return replies
 
@@ -835,7 +852,10 @@ class _RingServer:
             if path is not None:
                 sys.path[:] = path
             importlib.invalidate_caches()
-            worker.functions[message.token] = pickle.loads(pickled)
+            # Loaded over the socket already (a kernel's first call takes
+            # the Python path): that object stays, with any state it keeps.
+            if message.token not in worker.functions:
+                worker.functions[message.token] = pickle.loads(pickled)
             self.load_errors.pop(message.token, None)
         except BaseException as exc:  # noqa: BLE001 - each CALL of it raises it
             self.load_errors[message.token] = exc
@@ -873,6 +893,7 @@ class _RingServer:
         tensors = []
         shape_kind = pw.DONE_ONE
         status, block = pw.STATUS_OK, (0, 0)
+        result = None
         try:
             func = worker.functions.get(message.token)
             if func is None:
@@ -890,21 +911,40 @@ class _RingServer:
                 shape_kind, items = pw.DONE_LIST, tuple(result)
             else:
                 items = (result,)
-            del result
             for value in items:
                 tensors.append(self.encode(value))
+        except _NoRoom:
+            self.give_back_tensors(tensors)
+            tensors = []
+            status = self.by_socket(message.call_id, True, _pickled(result))
         except BaseException as exc:  # noqa: BLE001 - the parent raises it
-            for tensor in tensors:
-                if tensor[5]:
-                    worker.arena.hand_back(tensor[4])
+            self.give_back_tensors(tensors)
             tensors = []
             status = pw.STATUS_ERROR
-            block = self.place(_pickled(_exception_payload(exc))) or (0, 0)
+            payload = _pickled(_exception_payload(exc))
+            block = self.place(payload)
+            if block is None:
+                status, block = self.by_socket(message.call_id, False, payload), (0, 0)
         finally:
             self.channel.set_running(0)
+            result = items = None
         self.channel.post_tensors(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
                                   flags=shape_kind, status=status, block=block,
                                   stamp=started, ended=time.time_ns())
+
+    def give_back_tensors(self, tensors):
+        """Frees the result blocks of records that will not be sent."""
+        for tensor in tensors:
+            if tensor[5]:
+                self.worker.arena.hand_back(tensor[4])
+
+    def by_socket(self, call_id, ok, data):
+        """An answer the result arena has no room for goes pickled on the
+        socket, before its DONE (shm_layout.h, PFB_POOL_STATUS_SOCKET)."""
+        import pickle
+        send(self.worker.sock, pickle.dumps(("ring", call_id, ok, data),
+                                            protocol=_PICKLE_PROTOCOL))
+        return self.pw.STATUS_SOCKET
 
     def encode(self, value):
         """A result's tensor record: its block in the result arena (the
@@ -923,6 +963,16 @@ class _RingServer:
                 .reshape(shape).copy()
         else:
             value = item[1]
+            # A NumPy scalar (numpy_function's usual 0-d result) is memory
+            # too: its bytes in a block, so that the parent's kernel takes it
+            # without Python.  (A Python number stays a value: the parent's
+            # checks convert it, as in-process.)
+            dl = _dl_dtype(value.dtype) if isinstance(value, np.generic) else None
+            if dl is not None:
+                data = value.tobytes()
+                block = self.place(data)
+                if block is not None:
+                    return (*dl, 0, block[0], len(data), ())
         try:
             data = _pickled(value)
         except Exception as exc:  # noqa: BLE001 - the call's error
@@ -933,8 +983,7 @@ class _RingServer:
                 f"in-process (executor=None)") from None
         block = self.place(data)
         if block is None:
-            raise MemoryError(f"pyfunc_bridge: a pickled result of {len(data)} bytes does "
-                              f"not fit the worker's result arena")
+            raise _NoRoom  # the whole answer goes by the socket
         return (0, 0, 0, pw.TENSOR_PICKLED, block[0], len(data), ())
 
     def place(self, data):
@@ -945,6 +994,15 @@ class _RingServer:
             worker.results[block[0]:block[0] + len(data)] = worker.np.frombuffer(data,
                                                                                  worker.np.uint8)
         return block
+
+
+class _NoRoom(Exception):
+    """A ring call's result does not fit the result arena."""
+
+
+# The running call a socket request shows in the control segment (ring calls
+# show their own id; the parent's ids never reach this bit).
+_SOCKET_CALL = 1 << 63
 
 
 def _pickled(value):

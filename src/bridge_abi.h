@@ -12,7 +12,7 @@
 /* dlpack.h declares only the struct tag in C. */
 typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
 
-#define PFB_BRIDGE_ABI_VERSION 5
+#define PFB_BRIDGE_ABI_VERSION 6
 /* PyCapsule_Import name of the PfbBridgeApi table exported by the conversion layer. */
 #define PFB_BRIDGE_CAPSULE "pyfunc_bridge._conversion._bridge_api"
 
@@ -128,6 +128,20 @@ typedef struct PfbCall {
    * NULL for a call that ran no graph node (an eager op, call_eagerly). */
   const char* node_name;
   size_t node_name_len;
+  /* Process-pool calls without Python (src/pool/dispatch.h, which the
+   * kernel includes; the conversion layer sees only addresses).
+   * `route`: a PfbDispatchRoute** where a kernel that can dispatch natively
+   * (a CPU kernel on a thread of TF's) takes a route, NULL otherwise: after
+   * a call that ran in a pool, the callee may set it to a new reference
+   * (the kernel's from then on; the kernel then runs the function's calls
+   * over it, in C, and this entry point only for what they cannot do).
+   * `reply`: a PfbDispatchCall* (DONE) of a call the kernel ran natively
+   * and hands over, NULL otherwise: the callee turns its worker's reply
+   * into the outputs (or the error) instead of running the function, and
+   * sets `reply` to NULL once it has taken the reply's result blocks (the
+   * kernel hands back those of a reply still set after the call). */
+  void** route;
+  void* reply;
 } PfbCall;
 
 typedef struct PfbStatus {

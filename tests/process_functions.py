@@ -421,3 +421,25 @@ def torch_requires_grad(n):
     """A torch result that requires a gradient."""
     import torch
     return torch.ones(int(n), requires_grad=True) * 2
+
+
+def double_in_place(a):
+    a *= 2  # copy=True: the call's own inputs, writable
+    return a
+
+
+def as_python_float(a):
+    return float(a)
+
+
+def fail_from_five(a):
+    if int(a) >= 5:
+        raise ValueError(f"input {int(a)} is too large")
+    return a
+
+
+def sleep_at_four(a):
+    if int(a) == 4:
+        import time
+        time.sleep(30)
+    return a

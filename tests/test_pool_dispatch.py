@@ -66,14 +66,14 @@ def test_calls_round_trip_and_blocks_come_back(pool):
     x = np.arange(1 << 14, dtype=np.float64)  # 128 KiB: a fresh result in the arena
     offsets = set()
     for _ in range(20):
-        message, index, generation = dispatch.call(7, [x])
+        message, arena = dispatch.call(7, [x])
         assert message.kind == pw.MSG_DONE and message.status == pw.STATUS_OK
         [(code, bits, _, flags, offset, size, shape)] = message.items
         assert (code, bits, shape) == (2, 64, x.shape) and flags & pw.TENSOR_SHARED
-        results = pool._workers[index].results
+        results = arena.array()
         np.testing.assert_array_equal(results[offset:offset + size].view(np.float64), x * 2)
-        dispatch.result_back(index, generation, offset)
-        offsets.add((index, offset))
+        arena.back(offset)
+        offsets.add((arena.index, offset))
     # Handed back, each block serves the next call (first fit): one per worker at most.
     assert len(offsets) <= 2
     counts = dispatch.counts()
@@ -101,7 +101,8 @@ def test_concurrent_callers_use_both_workers(pool):
     def caller(i):
         try:
             for _ in range(3):
-                message, index, _ = dispatch.call(9, [np.array([0.2, i])])
+                message, arena = dispatch.call(9, [np.array([0.2, i])])
+                index = arena.index
                 pids.add(pool._workers[index].pid)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -123,7 +124,7 @@ def test_a_dead_worker_fails_its_native_call_and_its_replacement_serves(pool):
     code, message = failed.value.args
     assert code == 2 and "WorkerError" in message and "exited with status 3" in message
     wait_for(lambda: all(w.alive and w.ready and w.generation for w in pool._workers))
-    message, _, _ = dispatch.call(11, [np.ones(2)])
+    message, _ = dispatch.call(11, [np.ones(2)])
     assert message.status == pw.STATUS_OK
 
 

@@ -98,6 +98,8 @@ def call_eagerly(list inputs, list dtypes, list shapes, int copy_mode):
         call.site = NULL  # the eager key names the slot's entry, not one function
         call.node_name = NULL  # no op runs it
         call.node_name_len = 0
+        call.route = NULL  # no kernel keeps a route
+        call.reply = NULL
         try:
             _run(&call)  # consumes the inputs; frees its outputs on error
         except BaseException as exc:

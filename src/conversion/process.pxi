@@ -92,21 +92,31 @@ cdef class _ProcessConverter(_NumpyConverter):
         _input_arrays(args, PFB_COPY_NONE, self.scalars, NULL)
         if counts != NULL:
             _count_inputs(counts, args, &counts.copied[_WORKER])  # numbers: to shared memory
+        if call.reply != NULL:
+            return None  # the kernel ran the call natively: its inputs went already
         descs = self.pool.stage(args)
         for i in range(len(args)):
             _swap(args, i, descs[i])
         return None
 
     cdef object call(self, PfbCall* call, object entry, tuple args, _CallCounts* counts):
-        descs = list(args)
-        try:
-            result, moved, facts = self.pool.run(entry.func, self.framework, descs,
-                                                 call.copy_mode == PFB_COPY_TRUE)
-        except BaseException:
-            # A KeyboardInterrupt can come before run() holds the blocks;
-            # release frees only those that no worker received (run empties descs).
-            self.pool.release(descs)
-            raise
+        if call.reply != NULL:
+            # The kernel ran it natively; its reply's result blocks are ours.
+            address = <uintptr_t>call.reply
+            call.reply = NULL
+            result, moved, facts = self.pool.native_reply(address)
+        else:
+            result, moved, facts = self._run_in_pool(call, entry, args)
+            if (call.route != NULL and call.route[0] == NULL
+                    and call.copy_mode != PFB_COPY_FALSE):
+                # Later calls of this kernel go without Python (copy=False's
+                # refusals need the worker's copy facts, which only this
+                # path carries).
+                route = self.pool.native_route(entry.func, self.framework,
+                                               call.copy_mode == PFB_COPY_TRUE, self.scalars)
+                if route is not None:
+                    _count_route(entry, route)
+                    call.route[0] = <void*><uintptr_t>route.share()
         if counts != NULL:
             counts.copied[_WORKER] += moved
         cdef _PoolResult made = _PoolResult.__new__(_PoolResult)
@@ -118,6 +128,18 @@ cdef class _ProcessConverter(_NumpyConverter):
         else:
             made.refused = [None] * len(facts)
         return made
+
+    cdef tuple _run_in_pool(self, PfbCall* call, object entry, tuple args):
+        descs = list(args)
+        try:
+            result, moved, facts = self.pool.run(entry.func, self.framework, descs,
+                                                 call.copy_mode == PFB_COPY_TRUE)
+        except BaseException:
+            # A KeyboardInterrupt can come before run() holds the blocks;
+            # release frees only those that no worker received (run empties descs).
+            self.pool.release(descs)
+            raise
+        return result, moved, facts
 
     cdef int outputs(self, PfbCall* call, object result, Py_ssize_t outside_refs,
                      list ranges, _CallCounts* counts) except -1:

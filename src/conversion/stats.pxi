@@ -80,23 +80,49 @@ cdef double _seconds_per_tick():
 
 
 cdef class _FunctionStats:
-    """Counters of one function name (GIL held on every update)."""
+    """Counters of one function name (GIL held on every update), and the
+    process-pool routes whose native calls (counted by kernels, without
+    Python: src/pool/dispatch.h) add to them when they are read."""
     cdef int64_t calls
     cdef int64_t errors
     cdef int64_t zero_copy
     cdef int64_t copied[_NUM_REASONS]
     cdef uint64_t in_function   # ticks
     cdef uint64_t marshalling   # ticks
+    cdef dict routes            # id -> the worker module's Route
 
     cdef clear(self):
         memset(self.copied, 0, sizeof(self.copied))
         self.calls = self.errors = self.zero_copy = 0
         self.in_function = self.marshalling = 0
+        if self.routes:
+            for route in self.routes.values():
+                route.clear()
+
+    cdef int64_t all_calls(self):
+        cdef int64_t n = self.calls
+        if self.routes:
+            for route in self.routes.values():
+                c = route.counts()
+                n += c["calls"] - c["replied"]
+        return n
 
     cdef tuple snapshot(self, double seconds_per_tick):
-        return (self.calls, self.errors, self.zero_copy,
-                tuple([self.copied[i] for i in range(_NUM_REASONS)]),
-                self.in_function * seconds_per_tick, self.marshalling * seconds_per_tick)
+        cdef int64_t calls = self.calls, errors = self.errors, zero_copy = self.zero_copy
+        copied = [self.copied[i] for i in range(_NUM_REASONS)]
+        cdef double in_function = self.in_function * seconds_per_tick
+        cdef double marshalling = self.marshalling * seconds_per_tick
+        if self.routes:
+            for route in self.routes.values():
+                c = route.counts()
+                calls += c["calls"] - c["replied"]  # (the replied ones count here)
+                errors += c["errors"]
+                zero_copy += c["shared_out"]
+                copied[_WORKER] += c["bytes_in"]
+                copied[_COPY_REQUESTED] += c["copied_out"]
+                in_function += c["worker_ns"] * 1e-9
+                marshalling += max(0, c["total_ns"] - c["worker_ns"]) * 1e-9
+        return (calls, errors, zero_copy, tuple(copied), in_function, marshalling)
 
 
 # On by default: counting costs a few percent of the per-call overhead (the
@@ -255,7 +281,18 @@ def stats_snapshot():
     seconds_in_function, seconds_marshalling), for functions with calls."""
     cdef double seconds_per_tick = _seconds_per_tick()
     return {name: (<_FunctionStats>record).snapshot(seconds_per_tick)
-            for name, record in _stats_records.items() if (<_FunctionStats>record).calls}
+            for name, record in _stats_records.items()
+            if (<_FunctionStats>record).all_calls()}
+
+
+cdef int _count_route(object entry, object route) except -1:
+    """`entry`'s kernels run its calls natively over `route` from now on:
+    they count into its record through the route."""
+    cdef _FunctionStats record = _record_of(entry)
+    if record.routes is None:
+        record.routes = {}
+    record.routes[id(route)] = route
+    return 0
 
 
 def reset_stats():

@@ -10,6 +10,7 @@
 #include "absl/container/inlined_vector.h"
 #include "bridge_abi.h"
 #include "eager_tensors.h"
+#include "pool_route.h"
 #include "python_gil.h"
 #include "tensorflow/core/common_runtime/dma_helper.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
@@ -17,6 +18,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.h"
+#include "tsl/profiler/lib/traceme.h"
 #include "xla/stream_executor/stream.h"
 
 namespace pyfunc_bridge {
@@ -28,8 +30,6 @@ using ::tensorflow::PartialTensorShape;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 using ::tensorflow::tstring;
-
-namespace {
 
 // TF DataType -> DLPack dtype: the kernel's one dtype table.
 absl::Status ToDLDataType(DataType dtype, DLDataType* out) {
@@ -61,6 +61,8 @@ absl::Status ToDLDataType(DataType dtype, DLDataType* out) {
           tensorflow::DataTypeString(dtype));
   }
 }
+
+namespace {
 
 bool SameDLDataType(const DLDataType& a, const DLDataType& b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
@@ -354,6 +356,27 @@ BridgeKernel::BridgeKernel(OpKernelConstruction* ctx, int num_bridge_outputs)
 
 bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
                              int32_t flags, void** state) {
+  // A process-pool call without Python (pool_route.h): numpy_function's
+  // kernels on the CPU, on TF's own threads (a call on a Python thread, an
+  // eager one, keeps the Python path: its waits see Ctrl-C), while no
+  // profiler records (the Python path puts the call's events on the trace).
+  const bool may_route = !on_gpu_ && flags == 0 && state == nullptr &&
+                         GilScope::OnWorkerThread() &&
+                         !tsl::profiler::TraceMe::Active(PFB_TRACE_FUNCTION);
+  RouteRef route = may_route ? route_.Get() : RouteRef();  // outlives `native`
+  NativeCall native;  // finished after the Python path below, which may read its reply
+  if (route) {
+    switch (RunNative(ctx, route.get(), first_input, specs_, copy_mode_, &native)) {
+      case NativeOutcome::kDone:
+        return ctx->status().ok();
+      case NativeOutcome::kGone:
+        route_.Clear(route.get());
+        break;
+      case NativeOutcome::kDeclined:
+      case NativeOutcome::kReply:  // the conversion layer turns the reply into outputs
+        break;
+    }
+  }
   const int num_inputs = ctx->num_inputs() - first_input;
   const int num_outputs = static_cast<int>(specs_.size());
   absl::InlinedVector<DLManagedTensorVersioned*, 8> inputs;
@@ -421,8 +444,13 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
   const bool has_node = name() != type_string();
   call.node_name = has_node ? name().data() : nullptr;
   call.node_name_len = has_node ? name().size() : 0;
+  void* offered = nullptr;
+  call.route = may_route && native.reply() == nullptr && route_.Empty() ? &offered : nullptr;
+  call.reply = native.reply();
   PfbStatus status{0, nullptr};
   api->call(&call, &status);  // consumes the inputs, on every path
+  route_.Set(static_cast<PfbDispatchRoute*>(offered));
+  if (call.reply == nullptr) native.ReplyTaken();  // else handed back when `native` goes
   // A recorded state is the caller's on error too (bridge_abi.h).
   if (state != nullptr) *state = call.state;
   if (status.code != 0) {

@@ -9,9 +9,14 @@
 
 #include "absl/status/status.h"
 #include "bridge_abi.h"
+#include "pool_route.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace pyfunc_bridge {
+
+// TF DataType -> DLPack dtype (strings: PFB_STRING_DTYPE_*); InvalidArgument
+// for a dtype the bridge does not hand over.
+absl::Status ToDLDataType(tensorflow::DataType dtype, DLDataType* out);
 
 // `tensor` as a DLPack tensor (READ_ONLY; strings as PfbStringRef records)
 // that holds a reference on its TF buffer until its deleter runs (no GIL
@@ -58,6 +63,9 @@ class BridgeKernel : public tensorflow::OpKernel {
   // owned; NULL until the first call).  Only the conversion layer touches it,
   // with the GIL held, so concurrent Compute() calls need no lock.
   void* site_ = nullptr;
+  // The native route of a kernel whose calls run in a process pool
+  // (pool_route.h), once the conversion layer offered one.
+  RouteSlot route_;
 };
 
 }  // namespace pyfunc_bridge

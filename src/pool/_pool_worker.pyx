@@ -100,6 +100,7 @@ DONE_TUPLE = PFB_POOL_DONE_TUPLE
 DONE_LIST = PFB_POOL_DONE_LIST
 STATUS_OK = PFB_POOL_STATUS_OK
 STATUS_ERROR = PFB_POOL_STATUS_ERROR
+STATUS_SOCKET = PFB_POOL_STATUS_SOCKET
 HANDLER_NAME = "pyfunc_bridge_result_arena"
 
 # A message read from a ring: `items` are its words (offsets, tokens), or for
@@ -526,6 +527,104 @@ class DispatchFailed(RuntimeError):
     """A dispatched call failed without a reply: (TF error code, message)."""
 
 
+cdef class NativeArena:
+    """A reference on a worker's result arena as the dispatcher maps it
+    (PfbDispatchArena): while this object lives, the mapping does.  Result
+    blocks go back to their worker by ``back(offset)``; ``freed.append((offset,
+    size))`` does the same, so that the conversion layer's result views
+    (worker_result) take this object where the Python path passes its
+    worker."""
+    cdef PfbDispatchArena* _a
+
+    def __dealloc__(self):
+        pfb_dispatch_arena_drop(self._a)
+
+    @property
+    def index(self):
+        return self._a.index
+
+    @property
+    def generation(self):
+        return self._a.generation
+
+    @property
+    def freed(self):
+        return self
+
+    def append(self, pair):
+        pfb_dispatch_arena_back(self._a, pair[0])
+
+    def back(self, uint64_t offset):
+        pfb_dispatch_arena_back(self._a, offset)
+
+    def array(self):
+        """A read-only uint8 array over the whole mapping; it keeps this
+        object, and so the mapping."""
+        cdef cnp.npy_intp length = <cnp.npy_intp>self._a.bytes
+        arr = cnp.PyArray_SimpleNewFromData(1, &length, cnp.NPY_UINT8, self._a.base)
+        cnp.PyArray_CLEARFLAGS(arr, cnp.NPY_ARRAY_WRITEABLE)
+        cnp.set_array_base(arr, self)
+        return arr
+
+
+cdef NativeArena _native_arena(PfbDispatchArena* a):
+    """A NativeArena holding a reference of its own on `a`."""
+    cdef NativeArena made = NativeArena.__new__(NativeArena)
+    pfb_dispatch_arena_keep(a)
+    made._a = a
+    return made
+
+
+cdef class Route:
+    """A kernel's native way to one function of a pool (PfbDispatchRoute):
+    ``share()`` hands the kernel a reference of its own (an address, for
+    PfbCall.route); this object's reference is Python's, for ``counts()``
+    (pfb.stats())."""
+    cdef PfbDispatchRoute* _r
+
+    def __dealloc__(self):
+        pfb_dispatch_route_drop(self._r)
+
+    @property
+    def token(self):
+        return self._r.token
+
+    def share(self):
+        pfb_dispatch_route_keep(self._r)
+        return <uintptr_t>self._r
+
+    def counts(self):
+        """What the route's native calls added up (dispatch.h,
+        PfbDispatchRouteCounts)."""
+        cdef PfbDispatchRouteCounts c = self._r.counts
+        return {"calls": c.calls, "replied": c.replied, "errors": c.errors,
+                "bytes_in": c.bytes_in,
+                "bytes_out": c.bytes_out, "shared_out": c.shared_out,
+                "copied_out": c.copied_out, "copies_saved": c.copies_saved,
+                "queued_ns": c.queued_ns, "worker_ns": c.worker_ns, "total_ns": c.total_ns}
+
+    def clear(self):
+        """Zeroes the counts (pfb.reset_stats); a call counting meanwhile may
+        keep a part of its figures."""
+        memset(&self._r.counts, 0, sizeof(PfbDispatchRouteCounts))
+
+
+def native_reply(uintptr_t address):
+    """(Message, NativeArena or None) of the DONE of a finished native call
+    (a PfbDispatchCall* whose state is DONE, still its caller's: the kernel
+    hands it to the pool's Python path to decode)."""
+    cdef PfbDispatchCall* call = <PfbDispatchCall*>address
+    if call == NULL or call.state != PFB_DISPATCH_DONE or call.reply == NULL:
+        raise ValueError("pyfunc_bridge: not a completed native call")
+    arena = _native_arena(call.arena) if call.arena != NULL else None
+    return _decode_message(call.reply), arena
+
+
+def set_counting(bint on):
+    """Whether routes count their calls (pfb.enable_stats)."""
+    pfb_dispatch_set_counting(on)
+
+
 cdef class Dispatcher:
     """The parent's native side of a pool's rings (src/pool/dispatch.h): a
     call's inputs are copied into the input arena, its CALL posted and its
@@ -534,8 +633,9 @@ cdef class Dispatcher:
     attach, lost, register); the kernel calls dispatch.h itself.
 
     ``call`` submits and waits with the GIL released and returns the DONE
-    as (Message, worker index, worker generation)."""
+    as (Message, NativeArena of its result blocks)."""
     cdef PfbDispatch* _d
+    cdef bint _disowned  # a forked child's copy: never deleted (disown)
     cdef _Held _inputs
     cdef dict _held   # worker index -> (channel, _Held of its result arena)
 
@@ -547,12 +647,32 @@ cdef class Dispatcher:
             raise MemoryError()
 
     def __dealloc__(self):
-        pfb_dispatch_delete(self._d)
+        if self._d != NULL and not self._disowned:
+            pfb_dispatch_delete(self._d)
 
     @property
     def address(self):
         """The PfbDispatch*, for the kernel (alive as long as this object)."""
         return <uintptr_t>self._d
+
+    def disown(self):
+        """In a forked child: refuses every call from now on, touching
+        nothing of the parent's (dispatch.h); never freed."""
+        if not self._disowned:
+            pfb_dispatch_disown(self._d)
+            self._disowned = True
+
+    def route(self, uint64_t token, uint32_t flags):
+        """A Route to the function of `token` (registered) for CALLs with
+        `flags` (PFB_POOL_CALL_*)."""
+        cdef Route made = Route.__new__(Route)
+        made._r = pfb_dispatch_route_new(self._d, token, flags)
+        if made._r == NULL:
+            raise MemoryError()
+        return made
+
+    def forget(self, uint64_t token):
+        pfb_dispatch_forget(self._d, token)
 
     def attach(self, int index, Channel channel not None, int doorbell, results,
                uint64_t generation):
@@ -630,7 +750,7 @@ cdef class Dispatcher:
             try:
                 if call.state == PFB_DISPATCH_FAILED:
                     raise DispatchFailed(call.error_code, call.error.decode("utf-8", "replace"))
-                return _decode_message(call.reply), call.worker, call.generation
+                return _decode_message(call.reply), _native_arena(call.arena)
             finally:
                 pfb_dispatch_finish(self._d, &call)
         finally:
@@ -675,11 +795,10 @@ cdef class Dispatcher:
                                                        record_dims):
                                     break
                                 if record.size:
-                                    pfb_dispatch_result_back(self._d, call.worker,
-                                                             call.generation, record.offset)
+                                    pfb_dispatch_arena_back(call.arena, record.offset)
                         elif call.reply[0].message.block_size:
-                            pfb_dispatch_result_back(self._d, call.worker, call.generation,
-                                                     call.reply[0].message.block_offset)
+                            pfb_dispatch_arena_back(call.arena,
+                                                    call.reply[0].message.block_offset)
                     pfb_dispatch_finish(self._d, &call)
             if rc:
                 raise OSError(rc, f"pyfunc_bridge: dispatching call {k} failed ({rc})")
@@ -706,9 +825,6 @@ cdef class Dispatcher:
 
     def free_bytes(self):
         return pfb_dispatch_free_bytes(self._d)
-
-    def result_back(self, int index, uint64_t generation, uint64_t offset):
-        pfb_dispatch_result_back(self._d, index, generation, offset)
 
     def counts(self):
         cdef PfbDispatchCounts c

@@ -1,4 +1,5 @@
 /* The parent's native side of the rings (dispatch.h). */
+#define _GNU_SOURCE /* mremap, MREMAP_MAYMOVE */
 #include "dispatch.h"
 
 #include <errno.h>
@@ -7,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -17,7 +19,10 @@
 
 #define SC __ATOMIC_SEQ_CST
 
+/* A registered function.  References (`refs`, atomic): the registry's
+ * (until forget or destroy) and each submit that may LOAD it. */
 typedef struct Token {
+  uint32_t refs;
   uint64_t token;
   void* payload;  /* the LOAD payload, owned */
   uint64_t size;
@@ -58,6 +63,13 @@ static int words_has(const Words* w, uint64_t value) {
   return 0;
 }
 
+static void token_drop(Token* t) {
+  if (__atomic_sub_fetch(&t->refs, 1, SC) == 0) {
+    free(t->payload);
+    free(t);
+  }
+}
+
 typedef struct Worker {
   PfbDispatch* d;
   int index;
@@ -65,10 +77,12 @@ typedef struct Worker {
    * read only picks another worker, rechecked under the lock). */
   int attached;
   uint64_t generation;
+  PfbPoolControl* control; /* its segment (set at attach): what it runs now */
   PfbRing requests;       /* producer: whoever holds `post` */
   PfbRing replies;        /* consumer: the reply thread only */
-  const char* results;
-  uint64_t result_bytes;
+  /* Its result arena, mapped by the dispatcher: one reference, from attach
+   * until lost (which joins the reply thread first: on_done reads it). */
+  PfbDispatchArena* arena;
   pthread_t thread;
   int has_thread;
   /* The request ring's producer lock; guards `known` and `scratch`.  The
@@ -77,6 +91,7 @@ typedef struct Worker {
    * thread to read. */
   pthread_mutex_t post;
   Words known;            /* tokens this worker has loaded */
+  Words forget;           /* tokens to FORGET with its next request */
   PfbPoolSlot* scratch;   /* the message being built (PFB_POOL_MAX_MESSAGE_SLOTS) */
   /* Guards `pending` and `in_flight`: taken by callers and the reply thread. */
   pthread_mutex_t calls;
@@ -101,8 +116,8 @@ struct PfbDispatch {
   Token* tokens;
   int workers_count;
   Worker* workers;
-  uint64_t next_id;  /* atomic */
   int closed;        /* atomic */
+  uint32_t refs;     /* atomic: see dispatch.h, Lifetime */
   PfbDispatchCounts counts;  /* atomic fields */
 };
 
@@ -121,6 +136,9 @@ static uint64_t wall_ns(void) {
 }
 
 static void bump(uint64_t* field, int64_t delta) { __atomic_add_fetch(field, delta, SC); }
+
+static int counting_on = 1;  /* pfb_dispatch_set_counting */
+static uint64_t next_call_id;  /* atomic: every dispatcher's calls */
 
 /* The caller and the reply thread are in this process: private futexes. */
 static void futex_wait_private(uint32_t* word, uint32_t expected, int64_t ns) {
@@ -208,6 +226,8 @@ static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots) {
   memcpy(copy, message, slots * sizeof(PfbPoolSlot));
   call->reply = copy;
   call->reply_slots = slots;
+  pfb_dispatch_arena_keep(w->arena);
+  call->arena = w->arena;
   complete(call, PFB_DISPATCH_DONE);
 }
 
@@ -252,15 +272,21 @@ PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int worker
   if (d == NULL) return NULL;
   d->arena = pfb_arena_new(input_bytes);
   d->workers = (Worker*)calloc((size_t)workers, sizeof(Worker));
-  if (d->arena == NULL || d->workers == NULL) {
+  /* A mapping of its own of the input arena (as for result arenas): a
+   * kernel's submit may copy into it while Python closes the pool and
+   * unmaps its own. */
+  void* mapped = input_bytes ? mremap(input_base, 0, input_bytes, MREMAP_MAYMOVE) : NULL;
+  if (d->arena == NULL || d->workers == NULL || mapped == MAP_FAILED) {
+    if (mapped != NULL && mapped != MAP_FAILED) munmap(mapped, input_bytes);
     pfb_arena_delete(d->arena);
     free(d->workers);
     free(d);
     return NULL;
   }
-  d->input_base = input_base;
+  d->input_base = (char*)mapped;
   d->input_bytes = input_bytes;
   d->workers_count = workers;
+  d->refs = 1;  /* the creator's */
   pthread_mutex_init(&d->arena_lock, NULL);
   pthread_condattr_t attr;
   pthread_condattr_init(&attr);
@@ -294,15 +320,34 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
     pthread_mutex_unlock(&w->post);
     return ENOMEM;
   }
+  PfbDispatchArena* arena = (PfbDispatchArena*)calloc(1, sizeof(PfbDispatchArena));
+  /* Old size 0 on a shared mapping: a second mapping of the same pages. */
+  void* mapped = arena && result_bytes
+                     ? mremap((void*)result_base, 0, result_bytes, MREMAP_MAYMOVE)
+                     : NULL;
+  if (arena == NULL || (result_bytes && mapped == MAP_FAILED)) {
+    int err = arena == NULL ? ENOMEM : errno;
+    free(arena);
+    pthread_mutex_unlock(&w->post);
+    return err;
+  }
+  arena->refs = 1;  /* the attachment's */
+  arena->d = d;
+  pfb_dispatch_retain(d);
+  arena->index = index;
+  arena->generation = generation;
+  arena->base = (char*)mapped;
+  arena->bytes = result_bytes;
   pfb_ring_attach(&w->requests, &control->requests, pfb_pool_request_slots(control),
                   control->ring_slots);
   pfb_ring_set_doorbell(&w->requests, doorbell);
   pfb_ring_attach(&w->replies, &control->replies, pfb_pool_reply_slots(control),
                   control->ring_slots);
-  w->results = result_base;
-  w->result_bytes = result_bytes;
+  w->arena = arena;
+  w->control = control;
   w->generation = generation;
   w->known.count = 0;
+  w->forget.count = 0;
   pthread_mutex_lock(&w->back_lock);
   w->back.count = 0;
   pthread_mutex_unlock(&w->back_lock);
@@ -310,6 +355,9 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
   if (rc == 0) {
     w->has_thread = 1;
     __atomic_store_n(&w->attached, 1, SC);
+  } else {
+    w->arena = NULL;
+    pfb_dispatch_arena_drop(arena);
   }
   pthread_mutex_unlock(&w->post);
   return rc;
@@ -343,7 +391,10 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   free_inputs(d, w, NULL, 0, 1);  /* it holds nothing any more */
   pthread_mutex_lock(&w->back_lock);
   w->back.count = 0;  /* its arena goes with it */
+  PfbDispatchArena* arena = w->arena;
+  w->arena = NULL;
   pthread_mutex_unlock(&w->back_lock);
+  if (arena != NULL) pfb_dispatch_arena_drop(arena);  /* the attachment's reference */
 }
 
 void pfb_dispatch_delete(PfbDispatch* d) {
@@ -351,9 +402,23 @@ void pfb_dispatch_delete(PfbDispatch* d) {
   __atomic_store_n(&d->closed, 1, SC);
   for (int i = 0; i < d->workers_count; ++i)
     pfb_dispatch_lost(d, i, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed");
+  pfb_dispatch_release(d);
+}
+
+void pfb_dispatch_disown(PfbDispatch* d) {
+  __atomic_store_n(&d->closed, 1, SC);
+  pfb_dispatch_retain(d);  /* never freed: its threads and rings are not this process's */
+}
+
+void pfb_dispatch_retain(PfbDispatch* d) { __atomic_add_fetch(&d->refs, 1, SC); }
+
+/* The last reference: every worker was lost (delete), no route or arena
+ * refers to it any more. */
+static void destroy(PfbDispatch* d) {
   for (int i = 0; i < d->workers_count; ++i) {
     Worker* w = &d->workers[i];
     free(w->known.items);
+    free(w->forget.items);
     free(w->back.items);
     free(w->inputs.items);
     free(w->scratch);
@@ -363,16 +428,20 @@ void pfb_dispatch_delete(PfbDispatch* d) {
   }
   for (Token* t = d->tokens; t != NULL;) {
     Token* next = t->next;
-    free(t->payload);
-    free(t);
+    token_drop(t);
     t = next;
   }
   pfb_arena_delete(d->arena);
+  if (d->input_base != NULL) munmap(d->input_base, d->input_bytes);
   pthread_cond_destroy(&d->room);
   pthread_mutex_destroy(&d->arena_lock);
   pthread_mutex_destroy(&d->tokens_lock);
   free(d->workers);
   free(d);
+}
+
+void pfb_dispatch_release(PfbDispatch* d) {
+  if (d != NULL && __atomic_sub_fetch(&d->refs, 1, SC) == 0) destroy(d);
 }
 
 /* -------------------------------------------------------------- tokens -- */
@@ -392,6 +461,7 @@ int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, u
     return ENOMEM;
   }
   memcpy(copy, payload, size);
+  t->refs = 1;  /* the registry's */
   t->token = token;
   t->payload = copy;
   t->size = size;
@@ -406,6 +476,25 @@ int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, u
   d->tokens = t;
   pthread_mutex_unlock(&d->tokens_lock);
   return 0;
+}
+
+void pfb_dispatch_forget(PfbDispatch* d, uint64_t token) {
+  pthread_mutex_lock(&d->tokens_lock);
+  for (Token** link = &d->tokens; *link != NULL; link = &(*link)->next) {
+    if ((*link)->token == token) {
+      Token* t = *link;
+      *link = t->next;
+      token_drop(t);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&d->tokens_lock);
+  for (int i = 0; i < d->workers_count; ++i) {
+    Worker* w = &d->workers[i];
+    pthread_mutex_lock(&w->post);
+    if (words_remove(&w->known, token)) words_push(&w->forget, token);
+    pthread_mutex_unlock(&w->post);
+  }
 }
 
 int pfb_dispatch_knows(PfbDispatch* d, uint64_t token) {
@@ -489,8 +578,22 @@ static int post_scratch(Worker* w, int64_t deadline) {
   return pfb_ring_write(&w->requests, w->scratch);
 }
 
-/* Posts the result blocks waiting to go back to `w`; `post` held. */
+/* Posts the tokens to forget, then the result blocks waiting to go back
+ * to `w`; `post` held.  What has no room now goes next time. */
 static void post_back(Worker* w) {
+  uint32_t per_forget = PFB_POOL_WORDS_PER_SLOT *
+                        (w->requests.capacity > 64 ? 63 : w->requests.capacity - 1);
+  size_t sent = 0;
+  while (sent < w->forget.count) {
+    pfb_msg_init(w->scratch, PFB_POOL_MSG_FORGET);
+    size_t k = 0;
+    for (; k < per_forget && sent + k < w->forget.count; ++k)
+      pfb_msg_add_word(w->scratch, PFB_POOL_MAX_MESSAGE_SLOTS, w->forget.items[sent + k]);
+    if (pfb_ring_write(&w->requests, w->scratch) != 0) break;
+    sent += k;
+  }
+  memmove(w->forget.items, w->forget.items + sent, (w->forget.count - sent) * sizeof(uint64_t));
+  w->forget.count -= sent;
   pthread_mutex_lock(&w->back_lock);
   size_t n = w->back.count;
   uint64_t* items = w->back.items;
@@ -509,16 +612,32 @@ static void post_back(Worker* w) {
   pthread_mutex_unlock(&w->back_lock);
 }
 
+/* A worker whose call has run this long is passed over while another one
+ * is not so held: calls queued on its ring would wait behind a function
+ * that may never return (the pool's Python path keeps such calls in its
+ * queue instead).  Long next to a call's round trip (~50 us), short next
+ * to what a stuck call costs the calls behind it. */
+#define LONG_CALL_NS 20000000
+
+/* The worker with the fewest calls in flight, among those not held by a
+ * long call (any call, ring or socket: the worker shows it in its control
+ * segment) if there is one. */
 static Worker* choose(PfbDispatch* d) {
   Worker* best = NULL;
+  int best_long = 1;
   uint32_t fewest = UINT32_MAX;
+  int64_t now = now_ns();
   for (int i = 0; i < d->workers_count; ++i) {
     Worker* w = &d->workers[i];
     if (!__atomic_load_n(&w->attached, SC)) continue;
     uint32_t n = __atomic_load_n(&w->in_flight, __ATOMIC_RELAXED);
-    if (n < fewest) {
+    uint64_t running = __atomic_load_n(&w->control->running_call, __ATOMIC_ACQUIRE);
+    uint64_t since = __atomic_load_n(&w->control->running_since, __ATOMIC_RELAXED);
+    int held = running != 0 && since != 0 && now - (int64_t)since > LONG_CALL_NS;
+    if ((!held && best_long) || (held == best_long && n < fewest)) {
       fewest = n;
       best = w;
+      best_long = held;
     }
   }
   return best;
@@ -531,11 +650,12 @@ int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
   memset(call, 0, sizeof(*call));
   call->worker = -1;
   if (__atomic_load_n(&d->closed, SC)) return EPIPE;
+  if (count > PFB_POOL_MAX_MESSAGE_SLOTS) return E2BIG;
   pthread_mutex_lock(&d->tokens_lock);
   Token* fn = find_token(d, token);
-  pthread_mutex_unlock(&d->tokens_lock);  /* tokens live until delete */
+  if (fn != NULL) __atomic_add_fetch(&fn->refs, 1, SC);  /* a forget meanwhile: LOADed still */
+  pthread_mutex_unlock(&d->tokens_lock);
   if (fn == NULL) return ENOENT;
-  if (count > PFB_POOL_MAX_MESSAGE_SLOTS) return E2BIG;
   uint64_t sizes_small[16], offsets_small[16];
   uint64_t* sizes = count <= 16 ? sizes_small : (uint64_t*)malloc(count * sizeof(uint64_t));
   uint64_t* offsets = count <= 16 ? offsets_small : (uint64_t*)malloc(count * sizeof(uint64_t));
@@ -590,7 +710,9 @@ int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
     }
     pfb_msg_init(w->scratch, PFB_POOL_MSG_CALL);
     PfbPoolMessage* m = &w->scratch[0].message;
-    call->id = __atomic_add_fetch(&d->next_id, 1, SC);
+    /* Unique in the process: a DONE's answer that went by the socket is
+     * found by its id alone (_process.py, native_reply). */
+    call->id = __atomic_add_fetch(&next_call_id, 1, SC);
     m->call_id = call->id;
     m->token = token;
     m->flags = flags;
@@ -646,6 +768,7 @@ int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
 out:
   if (sizes != sizes_small) free(sizes);
   if (offsets != offsets_small) free(offsets);
+  token_drop(fn);
   return rc;
 }
 
@@ -683,28 +806,31 @@ void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call) {
   }
   free(call->reply);
   free(call->error);
+  pfb_dispatch_arena_drop(call->arena);
   call->reply = NULL;
   call->error = NULL;
+  call->arena = NULL;
 }
 
 /* ------------------------------------------------------------- results -- */
 
-const char* pfb_dispatch_results(PfbDispatch* d, int index, uint64_t generation,
-                                 uint64_t* bytes) {
-  if (index < 0 || index >= d->workers_count) return NULL;
-  Worker* w = &d->workers[index];
-  if (!__atomic_load_n(&w->attached, SC) || w->generation != generation) return NULL;
-  if (bytes != NULL) *bytes = w->result_bytes;
-  return w->results;
+void pfb_dispatch_arena_keep(PfbDispatchArena* arena) {
+  __atomic_add_fetch(&arena->refs, 1, SC);
 }
 
-void pfb_dispatch_result_back(PfbDispatch* d, int index, uint64_t generation,
-                              uint64_t offset) {
-  if (index < 0 || index >= d->workers_count) return;
-  Worker* w = &d->workers[index];
+void pfb_dispatch_arena_drop(PfbDispatchArena* arena) {
+  if (arena == NULL || __atomic_sub_fetch(&arena->refs, 1, SC) != 0) return;
+  if (arena->base != NULL) munmap(arena->base, arena->bytes);
+  pfb_dispatch_release(arena->d);
+  free(arena);
+}
+
+void pfb_dispatch_arena_back(PfbDispatchArena* arena, uint64_t offset) {
+  Worker* w = &arena->d->workers[arena->index];
   pthread_mutex_lock(&w->back_lock);
-  if (__atomic_load_n(&w->attached, SC) && w->generation == generation)
-    words_push(&w->back, offset);  /* (no memory: the block stays the parent's) */
+  /* Only to the worker that wrote it (lost() clears w->arena under this
+   * lock): a later worker in the slot has an arena of its own. */
+  if (w->arena == arena) words_push(&w->back, offset);  /* (no memory: the block stays lost) */
   pthread_mutex_unlock(&w->back_lock);
 }
 
@@ -729,6 +855,40 @@ uint64_t pfb_dispatch_free_bytes(PfbDispatch* d) {
   pthread_mutex_unlock(&d->arena_lock);
   return n;
 }
+
+/* -------------------------------------------------------------- routes -- */
+
+PfbDispatchRoute* pfb_dispatch_route_new(PfbDispatch* d, uint64_t token, uint32_t flags) {
+  PfbDispatchRoute* route = (PfbDispatchRoute*)calloc(1, sizeof(PfbDispatchRoute));
+  if (route == NULL) return NULL;
+  route->refs = 1;
+  route->api = pfb_dispatch_api();
+  route->d = d;
+  pfb_dispatch_retain(d);
+  route->token = token;
+  route->flags = flags;
+  route->counting = &counting_on;
+  return route;
+}
+
+void pfb_dispatch_route_keep(PfbDispatchRoute* route) {
+  __atomic_add_fetch(&route->refs, 1, SC);
+}
+
+void pfb_dispatch_route_drop(PfbDispatchRoute* route) {
+  if (route == NULL || __atomic_sub_fetch(&route->refs, 1, SC) != 0) return;
+  pfb_dispatch_release(route->d);
+  free(route);
+}
+
+void pfb_dispatch_set_counting(int on) { __atomic_store_n(&counting_on, on ? 1 : 0, SC); }
+
+static const PfbDispatchApi api = {
+    pfb_dispatch_submit,     pfb_dispatch_wait,       pfb_dispatch_finish,
+    pfb_msg_read_tensor,     pfb_dispatch_arena_keep, pfb_dispatch_arena_drop,
+    pfb_dispatch_arena_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop};
+
+const PfbDispatchApi* pfb_dispatch_api(void) { return &api; }
 
 void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out) {
   out->calls = __atomic_load_n(&d->counts.calls, SC);

@@ -18,6 +18,12 @@
  * time (the worker's `post` mutex); the input arena's allocator has its own
  * mutex and a condition for callers waiting for room.
  *
+ * Lifetime: a dispatcher is referenced by its creator (Python's Dispatcher,
+ * whose pfb_dispatch_delete closes it and drops that reference), by each
+ * native route (a kernel's, PfbDispatchRoute) and by each result arena
+ * mapping (PfbDispatchArena); its memory goes with the last reference, so a
+ * kernel that outlives its pool finds it closed (EPIPE), never freed.
+ *
  * Plain C (pthreads, futexes) that also compiles as C++. */
 #ifndef PYFUNC_BRIDGE_POOL_DISPATCH_H_
 #define PYFUNC_BRIDGE_POOL_DISPATCH_H_
@@ -31,6 +37,23 @@ extern "C" {
 #endif
 
 typedef struct PfbDispatch PfbDispatch;
+
+/* A worker's result arena as the dispatcher maps it: a second mapping of the
+ * pool's pages (mremap of Python's MAP_SHARED mapping), made when the worker
+ * is attached, so that memory viewed by a kernel's output tensor outlives
+ * the worker, Python's mapping and the pool.  References (`refs`, atomic):
+ * the worker's attachment (until it is lost), each DONE not yet finished
+ * (PfbDispatchCall.arena), and each result block a caller keeps
+ * (pfb_dispatch_arena_keep); unmapped with the last one.  Callers read
+ * `base` and `bytes` only. */
+typedef struct PfbDispatchArena {
+  uint32_t refs;
+  PfbDispatch* d;        /* a reference on the dispatcher */
+  int index;             /* the worker slot ... */
+  uint64_t generation;   /* ... and its attachment whose arena this is */
+  char* base;            /* the mapping, owned (PROT_READ) */
+  uint64_t bytes;
+} PfbDispatchArena;
 
 /* One input: host memory, compact row-major (or a strings block already
  * encoded as shm_layout.h says, with PFB_POOL_TENSOR_STRINGS). */
@@ -64,9 +87,12 @@ typedef struct PfbDispatchCall {
   int worker;            /* the worker that has it */
   uint64_t generation;   /* that worker's generation (RESULTS_BACK names it) */
   /* DONE: the message (header, records), malloc'd by the reply thread,
-   * freed by pfb_dispatch_finish. */
+   * freed by pfb_dispatch_finish; and a reference on the arena its result
+   * blocks are in, dropped by pfb_dispatch_finish.  The blocks themselves
+   * are the caller's: each goes back by pfb_dispatch_arena_back. */
   PfbPoolSlot* reply;
   uint32_t reply_slots;
+  PfbDispatchArena* arena;
   /* FAILED: the message, malloc'd, freed by pfb_dispatch_finish. */
   char* error;
   int32_t error_code;    /* a TensorFlow error code */
@@ -74,11 +100,20 @@ typedef struct PfbDispatchCall {
 } PfbDispatchCall;
 
 /* A dispatcher over an input arena mapped at `input_base` (this process's
- * address), for `workers` worker slots.  NULL when out of memory. */
+ * address, a MAP_SHARED mapping: the dispatcher maps its pages again, for
+ * as long as it lives), for `workers` worker slots.  NULL when out of
+ * memory or the mapping cannot be made. */
 PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers);
 /* Ends every reply thread, fails the calls in flight ("the pool was
- * closed"), and frees the dispatcher once no call or result refers to it. */
+ * closed"), refuses calls from now on, and drops the creator's reference. */
 void pfb_dispatch_delete(PfbDispatch* d);
+void pfb_dispatch_retain(PfbDispatch* d);
+void pfb_dispatch_release(PfbDispatch* d);
+/* In a forked child: the dispatcher is its parent's (the rings, the
+ * workers), and its reply threads are not in this process.  Refuses every
+ * call from now on (EPIPE) without touching the rings or joining threads;
+ * its memory is never freed. */
+void pfb_dispatch_disown(PfbDispatch* d);
 
 /* Worker slot `index` is served by a worker with this control segment and
  * doorbell (an eventfd the caller keeps open until the worker is lost) and
@@ -96,6 +131,10 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
 int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, uint64_t size);
 /* Whether `token` is registered. */
 int pfb_dispatch_knows(PfbDispatch* d, uint64_t token);
+/* The function of `token` was dropped: unregistered (calls of it: ENOENT),
+ * and each worker that loaded it over the ring gets a FORGET with its next
+ * request. */
+void pfb_dispatch_forget(PfbDispatch* d, uint64_t token);
 
 /* Copies the inputs into the input arena (waiting up to `timeout_ns` for
  * room), picks the worker with the fewest calls in flight, posts a LOAD if
@@ -112,14 +151,13 @@ int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns);
  * completed yet is abandoned (its reply thread hands its results back). */
 void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call);
 
-/* The result arena of worker slot `index` at `generation`, in this process
- * (NULL when that worker is gone and its arena unmapped by Python). */
-const char* pfb_dispatch_results(PfbDispatch* d, int index, uint64_t generation,
-                                 uint64_t* bytes);
-/* A result block of worker `index` (at `generation`) is no longer held:
- * handed back with that worker's next message (dropped when the worker is
- * gone: its arena dies with it).  Any thread. */
-void pfb_dispatch_result_back(PfbDispatch* d, int index, uint64_t generation, uint64_t offset);
+/* Result arenas (PfbDispatchArena): a reference more (for a block the
+ * caller keeps), one less, and a block handed back to its worker (with that
+ * worker's next request; nothing when the worker is gone: its arena dies
+ * with it).  Any thread, no GIL. */
+void pfb_dispatch_arena_keep(PfbDispatchArena* arena);
+void pfb_dispatch_arena_drop(PfbDispatchArena* arena);
+void pfb_dispatch_arena_back(PfbDispatchArena* arena, uint64_t offset);
 
 /* The input arena's allocator, for the pool's Python path, which shares
  * the arena: a block of at least `nbytes` now (0, its offset and size) or
@@ -138,6 +176,70 @@ typedef struct PfbDispatchCounts {
   uint64_t input_blocks; /* input blocks live now */
 } PfbDispatchCounts;
 void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out);
+
+/* ------------------------------------------------------------ routes -- */
+
+/* What a kernel's native calls add up (atomic, relaxed): the pool's and the
+ * function's statistics read them (pfb.stats()).  Calls that fall back to
+ * Python are counted there instead. */
+typedef struct PfbDispatchRouteCounts {
+  uint64_t calls;        /* answered by a worker or failed natively */
+  uint64_t replied;      /* of those, handed to Python with their reply (the
+                          * conversion layer counts them for the function) */
+  uint64_t errors;       /* failed: the worker died or the pool closed */
+  uint64_t bytes_in;     /* inputs' data copied into the input arena */
+  uint64_t bytes_out;    /* results' data */
+  uint64_t shared_out;   /* results' bytes handed to TF without a copy */
+  uint64_t copied_out;   /* results' bytes copied (copy=True) */
+  uint64_t copies_saved; /* results the worker shared without a copy, not copied here */
+  uint64_t queued_ns;    /* posted -> its worker started it */
+  uint64_t worker_ns;    /* its worker started -> finished it */
+  uint64_t total_ns;     /* the kernel's whole call */
+} PfbDispatchRouteCounts;
+
+struct PfbDispatchApi;
+
+/* A kernel's way to one function of one pool without Python: made by the
+ * pool (Python) when a kernel's call first ran there, handed to the kernel
+ * through PfbCall.route (bridge_abi.h), and shared by the kernel's calls.
+ * References (`refs`, atomic): the kernel's and Python's (its statistics);
+ * the last one releases the dispatcher and frees the route (api->route_drop,
+ * or pfb_dispatch_route_drop).  Every other field is fixed once made. */
+typedef struct PfbDispatchRoute {
+  uint32_t refs;
+  const struct PfbDispatchApi* api;
+  PfbDispatch* d;         /* a reference */
+  uint64_t token;         /* the function, registered with d */
+  uint32_t flags;         /* its CALLs' PFB_POOL_CALL_* */
+  const int* counting;    /* nonzero: statistics are on (pfb_dispatch_counting) */
+  PfbDispatchRouteCounts counts;
+} PfbDispatchRoute;
+
+/* A route with one reference (the caller's), or NULL (no memory). */
+PfbDispatchRoute* pfb_dispatch_route_new(PfbDispatch* d, uint64_t token, uint32_t flags);
+void pfb_dispatch_route_keep(PfbDispatchRoute* route);
+void pfb_dispatch_route_drop(PfbDispatchRoute* route);
+/* Whether routes count (pfb.enable_stats): one switch for the process. */
+void pfb_dispatch_set_counting(int on);
+
+/* The functions a kernel calls, for a library that does not link the worker
+ * module (the kernel library): every route points to this table, which
+ * lives as long as the process. */
+typedef struct PfbDispatchApi {
+  int (*submit)(PfbDispatch* d, uint64_t token, uint32_t flags, const PfbDispatchInput* inputs,
+                uint32_t count, int64_t timeout_ns, PfbDispatchCall* call);
+  int (*wait)(PfbDispatchCall* call, int64_t timeout_ns);
+  void (*finish)(PfbDispatch* d, PfbDispatchCall* call);
+  int (*read_tensor)(const PfbPoolSlot* message, uint32_t* cursor, PfbPoolTensor* tensor,
+                     int64_t* dims);
+  void (*arena_keep)(PfbDispatchArena* arena);
+  void (*arena_drop)(PfbDispatchArena* arena);
+  void (*arena_back)(PfbDispatchArena* arena, uint64_t offset);
+  void (*route_keep)(PfbDispatchRoute* route);
+  void (*route_drop)(PfbDispatchRoute* route);
+} PfbDispatchApi;
+
+const PfbDispatchApi* pfb_dispatch_api(void);
 
 #ifdef __cplusplus
 }

@@ -193,7 +193,11 @@ enum {
 /* PfbPoolMessage.status of a DONE. */
 enum {
   PFB_POOL_STATUS_OK = 0,
-  PFB_POOL_STATUS_ERROR = 1  /* the function raised: see PFB_POOL_MSG_DONE */
+  PFB_POOL_STATUS_ERROR = 1,  /* the function raised: see PFB_POOL_MSG_DONE */
+  /* The answer (results or error) did not fit the result arena: it went
+   * pickled on the worker's socket, as ("ring", call_id, ok, payload),
+   * before this DONE (count 0, no block). */
+  PFB_POOL_STATUS_SOCKET = 2
 };
 
 /* PfbPoolTensor.flags. */

@@ -57,6 +57,8 @@ cdef extern from "bridge_abi.h" nogil:
         void** site
         const char* node_name
         size_t node_name_len
+        void** route
+        void* reply
 
     ctypedef struct PfbStatus:
         int32_t code

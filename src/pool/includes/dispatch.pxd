@@ -6,6 +6,13 @@ from includes.shm_layout cimport PfbPoolControl, PfbPoolSlot
 cdef extern from "dispatch.h" nogil:
     ctypedef struct PfbDispatch
 
+    ctypedef struct PfbDispatchArena:
+        uint32_t refs
+        int index
+        uint64_t generation
+        char* base
+        uint64_t bytes
+
     ctypedef struct PfbDispatchInput:
         const void* data
         uint64_t nbytes
@@ -30,6 +37,7 @@ cdef extern from "dispatch.h" nogil:
         uint32_t reply_slots
         char* error
         int32_t error_code
+        PfbDispatchArena* arena
 
     ctypedef struct PfbDispatchCounts:
         uint64_t calls
@@ -38,8 +46,36 @@ cdef extern from "dispatch.h" nogil:
         uint64_t reply_sleeps
         uint64_t input_blocks
 
+    ctypedef struct PfbDispatchRouteCounts:
+        uint64_t calls
+        uint64_t replied
+        uint64_t errors
+        uint64_t bytes_in
+        uint64_t bytes_out
+        uint64_t shared_out
+        uint64_t copied_out
+        uint64_t copies_saved
+        uint64_t queued_ns
+        uint64_t worker_ns
+        uint64_t total_ns
+
+    ctypedef struct PfbDispatchRoute:
+        uint32_t refs
+        uint64_t token
+        uint32_t flags
+        PfbDispatchRouteCounts counts
+
     PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers)
     void pfb_dispatch_delete(PfbDispatch* d)
+    void pfb_dispatch_disown(PfbDispatch* d)
+    void pfb_dispatch_forget(PfbDispatch* d, uint64_t token)
+    void pfb_dispatch_arena_keep(PfbDispatchArena* arena)
+    void pfb_dispatch_arena_drop(PfbDispatchArena* arena)
+    void pfb_dispatch_arena_back(PfbDispatchArena* arena, uint64_t offset)
+    PfbDispatchRoute* pfb_dispatch_route_new(PfbDispatch* d, uint64_t token, uint32_t flags)
+    void pfb_dispatch_route_keep(PfbDispatchRoute* route)
+    void pfb_dispatch_route_drop(PfbDispatchRoute* route)
+    void pfb_dispatch_set_counting(int on)
     int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int doorbell,
                             const char* result_base, uint64_t result_bytes, uint64_t generation)
     void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message)
@@ -50,10 +86,6 @@ cdef extern from "dispatch.h" nogil:
                             PfbDispatchCall* call)
     int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns)
     void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call)
-    const char* pfb_dispatch_results(PfbDispatch* d, int index, uint64_t generation,
-                                     uint64_t* nbytes)
-    void pfb_dispatch_result_back(PfbDispatch* d, int index, uint64_t generation,
-                                  uint64_t offset)
     void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out)
     int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size)
     int pfb_dispatch_free(PfbDispatch* d, uint64_t offset)

@@ -26,6 +26,7 @@ cdef extern from "shm_layout.h" nogil:
         PFB_POOL_DONE_LIST
         PFB_POOL_STATUS_OK
         PFB_POOL_STATUS_ERROR
+        PFB_POOL_STATUS_SOCKET
         PFB_POOL_TENSOR_STRINGS
         PFB_POOL_TENSOR_PICKLED
         PFB_POOL_TENSOR_SHARED

@@ -1,0 +1,339 @@
+// A bridge kernel's process-pool calls without Python (see pool_route.h).
+#include "pool_route.h"
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "bridge.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.h"
+
+namespace pyfunc_bridge {
+
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::tstring;
+
+namespace {
+
+// A submit that finds no room in the input arena waits this long, then
+// leaves the call to the Python path (which knows which calls hold blocks).
+constexpr int64_t kRoomWaitNs = 1000000000;
+
+int64_t ClockNs(clockid_t clock) {
+  timespec t;
+  clock_gettime(clock, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+void Add(uint64_t* counter, uint64_t value) {
+  __atomic_add_fetch(counter, value, __ATOMIC_RELAXED);
+}
+
+// A worker's result block as a TF buffer: the tensor shares the worker's
+// memory (no copy), and when TF drops the last tensor over it, the block goes
+// back to its worker.  Holds a reference on the arena's mapping, which so
+// outlives the worker, the pool and Python's mapping.
+class ArenaBuffer : public tensorflow::TensorBuffer {
+ public:
+  ArenaBuffer(const PfbDispatchApi* api, PfbDispatchArena* arena, uint64_t offset,
+              size_t size)
+      : TensorBuffer(arena->base + offset), api_(api), arena_(arena), offset_(offset),
+        size_(size) {
+    api_->arena_keep(arena_);  // dropped in the destructor
+  }
+  ~ArenaBuffer() override {
+    api_->arena_back(arena_, offset_);
+    api_->arena_drop(arena_);
+  }
+
+  size_t size() const override { return size_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(size_));
+    proto->set_allocated_bytes(static_cast<int64_t>(size_));
+    proto->set_allocator_name("pyfunc_bridge_pool");
+  }
+  // The worker's memory: never written in place by a TF op.
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  const PfbDispatchApi* api_;
+  PfbDispatchArena* arena_;  // a reference of this buffer's
+  uint64_t offset_;
+  size_t size_;
+};
+
+// The call's inputs as the dispatcher takes them (it copies them into the
+// input arena before submit returns): numbers as they are, strings encoded
+// as shm_layout.h says (a uint64 length before each element's bytes).
+struct Inputs {
+  absl::InlinedVector<PfbDispatchInput, 8> items;
+  std::vector<std::vector<int64_t>> dims;
+  std::vector<std::string> strings;
+  uint64_t bytes = 0;
+};
+
+bool MakeInputs(OpKernelContext* ctx, int first_input, Inputs* in) {
+  const int n = ctx->num_inputs() - first_input;
+  in->dims.resize(n);
+  in->strings.resize(n);
+  for (int i = 0; i < n; ++i) {
+    const Tensor& t = ctx->input(first_input + i);
+    PfbDispatchInput item{};
+    if (t.dims() > PFB_POOL_MAX_NDIM) return false;
+    for (int64_t d : t.shape().dim_sizes()) in->dims[i].push_back(d);
+    item.ndim = t.dims();
+    item.dims = in->dims[i].data();
+    item.lanes = 1;
+    if (t.dtype() == tensorflow::DT_STRING) {
+      std::string& block = in->strings[i];
+      auto flat = t.flat<tstring>();
+      for (int64_t j = 0; j < flat.size(); ++j) {
+        const uint64_t size = flat(j).size();
+        char length[8];
+        for (int b = 0; b < 8; ++b) length[b] = static_cast<char>((size >> (8 * b)) & 0xff);
+        block.append(length, 8);
+        block.append(flat(j).data(), size);
+      }
+      item.flags = PFB_POOL_TENSOR_STRINGS;
+      item.code = item.bits = 0;
+      item.data = block.data();
+      item.nbytes = block.size();
+    } else {
+      DLDataType dtype;
+      if (!ToDLDataType(t.dtype(), &dtype).ok()) return false;
+      item.code = dtype.code;
+      item.bits = dtype.bits;
+      item.lanes = dtype.lanes;
+      item.data = t.tensor_data().data();
+      item.nbytes = t.tensor_data().size();
+    }
+    in->bytes += item.nbytes;
+    in->items.push_back(item);
+  }
+  return true;
+}
+
+// One result of the reply, read and checked against its output's spec.
+struct Result {
+  PfbPoolTensor record;
+  int64_t dims[PFB_POOL_MAX_NDIM];
+  TensorShape shape;
+  uint64_t nbytes;
+};
+
+// Whether `record` is an array of numbers that the output `spec` takes as
+// it is (dtype, declared dimensions) in a block of `arena`: anything else
+// goes to the conversion layer, whose checks convert it or raise.
+bool Fits(const PfbPoolTensor& record, const int64_t* dims, const PfbOutputSpec& spec,
+          tensorflow::DataType dtype, const PfbDispatchArena* arena, Result* out) {
+  if (record.flags & (PFB_POOL_TENSOR_STRINGS | PFB_POOL_TENSOR_PICKLED)) return false;
+  if (record.code != spec.dtype.code || record.bits != spec.dtype.bits ||
+      record.lanes != spec.dtype.lanes || dtype == tensorflow::DT_STRING) {
+    return false;
+  }
+  if (spec.ndim >= 0) {
+    if (record.ndim != spec.ndim) return false;
+    for (int i = 0; i < spec.ndim; ++i) {
+      if (spec.dims[i] >= 0 && spec.dims[i] != dims[i]) return false;
+    }
+  }
+  if (!tensorflow::TensorShapeUtils::MakeShape(dims, record.ndim, &out->shape).ok()) {
+    return false;
+  }
+  out->nbytes = static_cast<uint64_t>(out->shape.num_elements()) *
+                tensorflow::DataTypeSize(dtype);
+  if (out->nbytes == 0) return true;
+  return arena != nullptr && record.size >= out->nbytes &&
+         record.offset % PFB_TENSOR_ALIGNMENT == 0 && record.offset <= arena->bytes &&
+         record.size <= arena->bytes - record.offset;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------- RouteSlot --
+
+RouteSlot::~RouteSlot() {
+  if (route_ != nullptr) route_->api->route_drop(route_);
+}
+
+RouteRef RouteSlot::Get() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (route_ == nullptr) return RouteRef();
+  route_->api->route_keep(route_);
+  return RouteRef(route_);
+}
+
+bool RouteSlot::Empty() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return route_ == nullptr;
+}
+
+void RouteSlot::Set(PfbDispatchRoute* route) {
+  if (route == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (route_ == nullptr) {
+      route_ = route;
+      return;
+    }
+  }
+  route->api->route_drop(route);  // a concurrent call's came first
+}
+
+void RouteSlot::Clear(const PfbDispatchRoute* route) {
+  PfbDispatchRoute* dropped = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (route_ == route) std::swap(dropped, route_);
+  }
+  if (dropped != nullptr) dropped->api->route_drop(dropped);
+}
+
+// ------------------------------------------------------------ NativeCall --
+
+NativeCall::~NativeCall() {
+  if (!submitted_) return;
+  GiveBackResults();
+  route_->api->finish(route_->d, &call_);
+}
+
+void NativeCall::GiveBackResults() {
+  if (!replied_) return;
+  replied_ = false;
+  const PfbDispatchApi* api = route_->api;
+  const PfbPoolMessage& m = call_.reply[0].message;
+  if (call_.arena == nullptr) return;
+  if (m.status != PFB_POOL_STATUS_OK) {
+    if (m.block_size) api->arena_back(call_.arena, m.block_offset);
+    return;
+  }
+  uint32_t cursor = 1;
+  PfbPoolTensor record;
+  int64_t dims[PFB_POOL_MAX_NDIM];
+  for (uint32_t i = 0; i < m.count; ++i) {
+    if (api->read_tensor(call_.reply, &cursor, &record, dims) != 0) break;
+    if (record.size) api->arena_back(call_.arena, record.offset);
+  }
+}
+
+// ------------------------------------------------------------- RunNative --
+
+NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int first_input,
+                        const std::vector<PfbOutputSpec>& specs, int32_t copy_mode,
+                        NativeCall* native) {
+  const int64_t began = ClockNs(CLOCK_MONOTONIC);
+  Inputs in;
+  if (!MakeInputs(ctx, first_input, &in)) return NativeOutcome::kDeclined;
+  const PfbDispatchApi* api = route->api;
+  const int64_t posted = ClockNs(CLOCK_REALTIME);
+  PfbDispatchCall& call = native->call_;
+  const int rc = api->submit(route->d, route->token, route->flags, in.items.data(),
+                             static_cast<uint32_t>(in.items.size()), kRoomWaitNs, &call);
+  if (rc != 0) {
+    // EPIPE: the pool closed (or this is a fork of its process); ENOENT:
+    // the function was dropped.  Others (no worker ready yet, no room, an
+    // input that never fits) are for the Python path this time only.
+    return rc == EPIPE || rc == ENOENT ? NativeOutcome::kGone : NativeOutcome::kDeclined;
+  }
+  native->route_ = route;
+  native->submitted_ = true;
+  api->wait(&call, -1);  // a lost worker or a closed pool fails it: never for ever
+  const bool counting = __atomic_load_n(route->counting, __ATOMIC_RELAXED) != 0;
+  PfbDispatchRouteCounts* counts = const_cast<PfbDispatchRouteCounts*>(&route->counts);
+  if (call.state == PFB_DISPATCH_FAILED) {
+    if (counting) {
+      Add(&counts->calls, 1);
+      Add(&counts->errors, 1);
+      Add(&counts->bytes_in, in.bytes);
+      Add(&counts->total_ns, ClockNs(CLOCK_MONOTONIC) - began);
+    }
+    ctx->SetStatus(absl::Status(static_cast<absl::StatusCode>(call.error_code),
+                                call.error != nullptr ? call.error : "pyfunc_bridge: the "
+                                                                     "pool call failed"));
+    return NativeOutcome::kDone;
+  }
+  native->replied_ = true;  // from here on, the result blocks are this call's
+  const PfbPoolMessage& m = call.reply[0].message;
+  // The pool's share of a call handed to Python (which counts the rest).
+  auto replied = [&] {
+    if (counting) {
+      Add(&counts->calls, 1);
+      Add(&counts->replied, 1);
+      Add(&counts->bytes_in, in.bytes);
+      if (m.stamp >= static_cast<uint64_t>(posted)) Add(&counts->queued_ns, m.stamp - posted);
+      if (m.ended >= m.stamp) Add(&counts->worker_ns, m.ended - m.stamp);
+    }
+    return NativeOutcome::kReply;
+  };
+  const size_t n = specs.size();
+  const bool arity = m.flags == PFB_POOL_DONE_ONE ? (n == 1 && m.count == 1)
+                                                   : (n >= 2 && m.count == n);
+  if (m.status != PFB_POOL_STATUS_OK || !arity) return replied();
+  absl::InlinedVector<Result, 4> results(n);
+  uint32_t cursor = 1;
+  for (size_t i = 0; i < n; ++i) {
+    int64_t dims[PFB_POOL_MAX_NDIM];
+    if (api->read_tensor(call.reply, &cursor, &results[i].record, dims) != 0 ||
+        !Fits(results[i].record, dims, specs[i], ctx->expected_output_dtype(i), call.arena,
+              &results[i])) {
+      return replied();
+    }
+  }
+  // Every output fits: from here on, each block is handed back by its
+  // tensor, or here at once.
+  native->replied_ = false;
+  uint64_t bytes_out = 0, shared = 0, copied = 0, saved = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Result& r = results[i];
+    const tensorflow::DataType dtype = ctx->expected_output_dtype(i);
+    bytes_out += r.nbytes;
+    if (r.nbytes == 0 || copy_mode == PFB_COPY_TRUE) {
+      Tensor* out = nullptr;
+      absl::Status s = ctx->allocate_output(static_cast<int>(i), r.shape, &out);
+      if (s.ok() && r.nbytes != 0) {
+        std::memcpy(const_cast<char*>(out->tensor_data().data()),
+                    call.arena->base + r.record.offset, r.nbytes);
+        copied += r.nbytes;
+      }
+      if (r.record.size) api->arena_back(call.arena, r.record.offset);
+      if (!s.ok()) {
+        for (size_t j = i + 1; j < n; ++j) {
+          if (results[j].record.size) api->arena_back(call.arena, results[j].record.offset);
+        }
+        ctx->SetStatus(s);
+        return NativeOutcome::kDone;
+      }
+      continue;
+    }
+    auto* buffer = new ArenaBuffer(api, call.arena, r.record.offset, r.nbytes);
+    Tensor out(dtype, r.shape, buffer);  // takes its own reference
+    buffer->Unref();
+    ctx->set_output(static_cast<int>(i), out);
+    shared += r.nbytes;
+    if (r.record.flags & PFB_POOL_TENSOR_SHARED) ++saved;
+  }
+  if (counting) {
+    Add(&counts->calls, 1);
+    Add(&counts->bytes_in, in.bytes);
+    Add(&counts->bytes_out, bytes_out);
+    Add(&counts->shared_out, shared);
+    Add(&counts->copied_out, copied);
+    Add(&counts->copies_saved, saved);
+    if (m.stamp >= static_cast<uint64_t>(posted)) Add(&counts->queued_ns, m.stamp - posted);
+    if (m.ended >= m.stamp) Add(&counts->worker_ns, m.ended - m.stamp);
+    Add(&counts->total_ns, ClockNs(CLOCK_MONOTONIC) - began);
+  }
+  return NativeOutcome::kDone;
+}
+
+}  // namespace pyfunc_bridge

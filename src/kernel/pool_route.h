@@ -1,0 +1,107 @@
+// A bridge kernel's process-pool calls without Python: once the conversion
+// layer has run one of the kernel's calls in a pool, it hands the kernel a
+// route (PfbDispatchRoute, src/pool/dispatch.h) and the kernel's later calls
+// go to a worker and back in C: inputs copied into the pool's input arena,
+// the request posted on a worker's ring, the caller woken by the dispatcher's
+// reply thread, the outputs made over the worker's result blocks (no copy).
+// No GIL is taken, so the calls go on while any Python thread holds it.
+//
+// What the kernel cannot do itself goes back to the conversion layer with the
+// worker's reply (PfbCall.reply): an error the function raised, a value that
+// came back pickled, a result unlike what the op declares.  What the route
+// cannot take at all (no worker ready, inputs that never fit the arena, a
+// closed pool) takes the Python path from the start.
+#ifndef PYFUNC_BRIDGE_KERNEL_POOL_ROUTE_H_
+#define PYFUNC_BRIDGE_KERNEL_POOL_ROUTE_H_
+
+#include <mutex>
+#include <vector>
+
+#include "bridge_abi.h"
+#include "pool/dispatch.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace pyfunc_bridge {
+
+// One reference on a route (dropped by the destructor), or none.
+class RouteRef {
+ public:
+  RouteRef() = default;
+  explicit RouteRef(PfbDispatchRoute* adopted) : route_(adopted) {}
+  RouteRef(RouteRef&& other) noexcept : route_(other.route_) { other.route_ = nullptr; }
+  RouteRef& operator=(RouteRef&&) = delete;
+  RouteRef(const RouteRef&) = delete;
+  ~RouteRef() {
+    if (route_ != nullptr) route_->api->route_drop(route_);
+  }
+  PfbDispatchRoute* get() const { return route_; }
+  explicit operator bool() const { return route_ != nullptr; }
+
+ private:
+  PfbDispatchRoute* route_ = nullptr;
+};
+
+// A kernel's route slot, shared by its concurrent Compute() calls.
+class RouteSlot {
+ public:
+  ~RouteSlot();
+  // The route, a reference of the caller's; empty when there is none.
+  RouteRef Get();
+  bool Empty();
+  // Takes `route` (a new reference, from PfbCall.route), unless the slot
+  // holds one already (a concurrent call's): then drops it.
+  void Set(PfbDispatchRoute* route);
+  // The route stopped serving (its pool closed, its function dropped): the
+  // next call takes the Python path, which may offer another.
+  void Clear(const PfbDispatchRoute* route);
+
+ private:
+  std::mutex mu_;
+  PfbDispatchRoute* route_ = nullptr;  // a reference, owned; guarded by mu_
+};
+
+enum class NativeOutcome {
+  kDeclined,  // nothing was sent: take the Python path
+  kGone,      // as kDeclined, and the route serves no more (RouteSlot::Clear)
+  kDone,      // the outputs are set, or ctx's status says why not
+  kReply,     // the call ran: hand call->reply() to the conversion layer
+};
+
+// A native call from submit to finish (the destructor finishes it: the
+// reply's memory and the arena reference go).
+class NativeCall {
+ public:
+  NativeCall() = default;
+  NativeCall(const NativeCall&) = delete;
+  ~NativeCall();
+  // The DONE for PfbCall.reply (nullptr unless RunNative returned kReply).
+  PfbDispatchCall* reply() { return replied_ ? &call_ : nullptr; }
+  // The conversion layer took the reply's result blocks (it set
+  // PfbCall.reply to NULL); otherwise the destructor hands them back.
+  void ReplyTaken() { replied_ = false; }
+
+ private:
+  // Hands every result block of an untaken reply back to its worker.
+  void GiveBackResults();
+
+  friend NativeOutcome RunNative(tensorflow::OpKernelContext* ctx,
+                                 const PfbDispatchRoute* route, int first_input,
+                                 const std::vector<PfbOutputSpec>& specs, int32_t copy_mode,
+                                 NativeCall* call);
+  const PfbDispatchRoute* route_ = nullptr;  // borrowed: the caller's RouteRef
+  PfbDispatchCall call_{};
+  bool submitted_ = false;
+  bool replied_ = false;
+};
+
+
+// Runs the call of `ctx` (inputs [first_input, num_inputs), outputs as
+// `specs` declare) over `route`.  `copy_mode`: the op's (copy=True copies
+// the results out of the worker's arena).
+NativeOutcome RunNative(tensorflow::OpKernelContext* ctx, const PfbDispatchRoute* route,
+                        int first_input, const std::vector<PfbOutputSpec>& specs,
+                        int32_t copy_mode, NativeCall* call);
+
+}  // namespace pyfunc_bridge
+
+#endif  // PYFUNC_BRIDGE_KERNEL_POOL_ROUTE_H_

@@ -1,0 +1,135 @@
+"""The kernel's native route to a pool (src/kernel/pool_route.*, through
+src/pool/dispatch.h): which calls take it, what it hands back to Python, and
+the lifetimes of what it makes (output tensors over a worker's result arena,
+the dispatcher behind a kernel).  tests/test_pool_native.py checks values,
+errors and statistics against in-process, whichever way the calls go."""
+import gc
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import pyfunc_bridge as pfb
+import process_functions as pf
+
+
+def mapped(pool, f, n=32, dtype=tf.float32, inputs=None):
+    """`f` over range(n) in a parallel tf.data map through `pool` (calls on
+    TF's threads: the route's calls after the first)."""
+    dataset = tf.data.Dataset.range(n).map(
+        lambda i: pfb.numpy_function(f, [tf.cast(i, tf.float32)] if inputs is None
+                                     else inputs(i), dtype, executor=pool),
+        num_parallel_calls=4, deterministic=True)
+    return list(dataset)
+
+
+def route_counts(pool):
+    counts = [r.counts() for r in pool._routes.values()]
+    return {k: sum(c[k] for c in counts) for k in counts[0]} if counts else {}
+
+
+def result_maps(name):
+    with open("/proc/self/maps") as f:
+        return [line for line in f if f"/memfd:{name}-results" in line]
+
+
+def test_a_map_runs_natively_after_its_first_calls_and_counts_them():
+    with pfb.ProcessPool(2, name="route pool") as pool:
+        out = mapped(pool, pf.double, n=64)
+        assert [float(v) for v in out] == [2.0 * i for i in range(64)]
+        counts = route_counts(pool)
+        # A parallel map's first calls (one per thread that ran before the
+        # route came back) take the Python path; the rest go natively.
+        assert 48 <= counts["calls"] <= 64 and counts["replied"] == 0
+        assert counts["bytes_in"] == counts["bytes_out"] == 4 * counts["calls"]
+        assert pfb.stats().pools["route pool"].calls == 64
+
+
+def test_eager_calls_keep_the_python_path():
+    with pfb.ProcessPool(1, name="eager route pool") as pool:
+        for i in range(3):
+            assert float(pfb.numpy_function(pf.double, [tf.constant(float(i))], tf.float32,
+                                            executor=pool)) == 2.0 * i
+        assert pool._routes == {}  # no kernel on TF's threads asked for one
+
+
+def test_outputs_outlive_the_pool_and_then_their_mapping_goes():
+    """An output over a worker's result block stays valid after close():
+    it holds the dispatcher's own mapping of that arena, which goes with
+    the last such tensor."""
+    name = "outliving route pool"
+    pool = pfb.ProcessPool(1, arena_bytes=1 << 22, name=name)
+    try:
+        big = lambda i: tf.fill([1 << 16], i)  # 256 KiB: a fresh result in the arena
+        outs = mapped(pool, pf.double, n=8, inputs=lambda i: [big(tf.cast(i, tf.float32))])
+        assert route_counts(pool)["calls"] >= 4
+    finally:
+        pool.close()
+    gc.collect()
+    # The dispatcher's mapping (and Python's, which the outputs of the
+    # map's first calls, made by the Python path, hold).
+    assert 1 <= len(result_maps(name)) <= 2
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out.numpy(), np.full(1 << 16, 2.0 * i, np.float32))
+    del out, outs
+    gc.collect()
+    assert result_maps(name) == []
+
+
+def test_copy_true_outputs_are_copies_and_inputs_are_writable():
+    with pfb.ProcessPool(1, name="copy route pool") as pool:
+        dataset = tf.data.Dataset.range(16).map(
+            lambda i: pfb.numpy_function(pf.double_in_place, [tf.fill([4], i)], tf.int64,
+                                         executor=pool, copy=True),
+            num_parallel_calls=4, deterministic=True)
+        assert [v.numpy().tolist() for v in dataset] == [[2 * i] * 4 for i in range(16)]
+        counts = route_counts(pool)
+        assert counts["calls"] >= 8 and counts["copied_out"] == 32 * counts["calls"]
+        assert counts["shared_out"] == 0
+
+
+def test_errors_and_pickled_values_come_back_through_python():
+    with pfb.ProcessPool(1, name="reply route pool") as pool:
+        # Returns a Python float: not memory, so the reply goes to Python,
+        # whose checks convert it as they do in-process.
+        assert [float(v) for v in mapped(pool, pf.as_python_float, n=16)] == [
+            float(i) for i in range(16)]
+        assert route_counts(pool)["replied"] >= 8
+        # The map's first calls run natively; the sixth raises in the worker.
+        replied = route_counts(pool)["replied"]
+        with pytest.raises(tf.errors.InvalidArgumentError, match="input 5 is too large"):
+            mapped(pool, pf.fail_from_five, n=8)
+        assert route_counts(pool)["replied"] > replied
+
+
+def test_a_worker_killed_during_a_native_call_fails_it_and_is_replaced():
+    with pfb.ProcessPool(1, name="killed route pool") as pool:
+        box = {}
+
+        def run():
+            try:
+                mapped(pool, pf.sleep_at_four, n=8)  # elements 0-3 set the route up
+            except tf.errors.OpError as exc:
+                box["error"] = exc
+        thread = threading.Thread(target=run)
+        thread.start()
+        (victim,) = pool._workers
+        deadline = time.monotonic() + 30
+        while not 0 < victim.channel.running_call < 1 << 63:  # a ring call, not a socket one
+            assert time.monotonic() < deadline, "no native call started"
+            time.sleep(0.01)
+        os.kill(victim.pid, signal.SIGKILL)
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+        assert isinstance(box.get("error"), tf.errors.UnknownError)
+        assert "WorkerError" in str(box["error"]) and "killed" in str(box["error"])
+        assert route_counts(pool)["errors"] >= 1
+        deadline = time.monotonic() + 60
+        while pool._workers[0] is victim or not pool._workers[0].ready:
+            assert time.monotonic() < deadline, "never replaced"
+            time.sleep(0.05)
+        assert [float(v) for v in mapped(pool, pf.double, n=8)] == [2.0 * i for i in range(8)]
