@@ -438,8 +438,8 @@ def fail_from_five(a):
     return a
 
 
-def sleep_at_four(a):
-    if int(a) == 4:
+def sleep_at_eight(a):
+    if int(a) == 8:
         import time
         time.sleep(30)
     return a

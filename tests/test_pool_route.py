@@ -27,6 +27,16 @@ def mapped(pool, f, n=32, dtype=tf.float32, inputs=None):
     return list(dataset)
 
 
+def attached(pool, timeout=60):
+    """Waits until every worker serves its ring: calls that find no worker
+    attached take the Python path whole."""
+    deadline = time.monotonic() + timeout
+    while not all(w.generation for w in pool._workers):
+        assert time.monotonic() < deadline, "workers never attached"
+        time.sleep(0.01)
+    return pool
+
+
 def route_counts(pool):
     counts = [r.counts() for r in pool._routes.values()]
     return {k: sum(c[k] for c in counts) for k in counts[0]} if counts else {}
@@ -39,7 +49,7 @@ def result_maps(name):
 
 def test_a_map_runs_natively_after_its_first_calls_and_counts_them():
     with pfb.ProcessPool(2, name="route pool") as pool:
-        out = mapped(pool, pf.double, n=64)
+        out = mapped(attached(pool), pf.double, n=64)
         assert [float(v) for v in out] == [2.0 * i for i in range(64)]
         counts = route_counts(pool)
         # A parallel map's first calls (one per thread that ran before the
@@ -64,6 +74,7 @@ def test_outputs_outlive_the_pool_and_then_their_mapping_goes():
     name = "outliving route pool"
     pool = pfb.ProcessPool(1, arena_bytes=1 << 22, name=name)
     try:
+        attached(pool)
         big = lambda i: tf.fill([1 << 16], i)  # 256 KiB: a fresh result in the arena
         outs = mapped(pool, pf.double, n=8, inputs=lambda i: [big(tf.cast(i, tf.float32))])
         assert route_counts(pool)["calls"] >= 4
@@ -82,6 +93,7 @@ def test_outputs_outlive_the_pool_and_then_their_mapping_goes():
 
 def test_copy_true_outputs_are_copies_and_inputs_are_writable():
     with pfb.ProcessPool(1, name="copy route pool") as pool:
+        attached(pool)
         dataset = tf.data.Dataset.range(16).map(
             lambda i: pfb.numpy_function(pf.double_in_place, [tf.fill([4], i)], tf.int64,
                                          executor=pool, copy=True),
@@ -94,6 +106,7 @@ def test_copy_true_outputs_are_copies_and_inputs_are_writable():
 
 def test_errors_and_pickled_values_come_back_through_python():
     with pfb.ProcessPool(1, name="reply route pool") as pool:
+        attached(pool)
         # Returns a Python float: not memory, so the reply goes to Python,
         # whose checks convert it as they do in-process.
         assert [float(v) for v in mapped(pool, pf.as_python_float, n=16)] == [
@@ -112,12 +125,13 @@ def test_a_worker_killed_during_a_native_call_fails_it_and_is_replaced():
 
         def run():
             try:
-                mapped(pool, pf.sleep_at_four, n=8)  # elements 0-3 set the route up
+                mapped(pool, pf.sleep_at_eight, n=12)  # elements 0-7 set the route up
             except tf.errors.OpError as exc:
                 box["error"] = exc
+        (victim,) = pool._workers
+        attached(pool)
         thread = threading.Thread(target=run)
         thread.start()
-        (victim,) = pool._workers
         deadline = time.monotonic() + 30
         while not 0 < victim.channel.running_call < 1 << 63:  # a ring call, not a socket one
             assert time.monotonic() < deadline, "no native call started"

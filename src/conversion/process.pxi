@@ -90,10 +90,12 @@ cdef class _ProcessConverter(_NumpyConverter):
     cdef list inputs(self, PfbCall* call, tuple args, _CallCounts* counts):
         # Read-only views suffice: the worker's copy is the call's own.
         _input_arrays(args, PFB_COPY_NONE, self.scalars, NULL)
+        if call.reply != NULL:
+            # The kernel ran the call natively: its inputs went already, and
+            # its route counted them (dispatch.h, PfbDispatchRouteCounts).
+            return None
         if counts != NULL:
             _count_inputs(counts, args, &counts.copied[_WORKER])  # numbers: to shared memory
-        if call.reply != NULL:
-            return None  # the kernel ran the call natively: its inputs went already
         descs = self.pool.stage(args)
         for i in range(len(args)):
             _swap(args, i, descs[i])
