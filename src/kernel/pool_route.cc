@@ -210,20 +210,7 @@ NativeCall::~NativeCall() {
 void NativeCall::GiveBackResults() {
   if (!replied_) return;
   replied_ = false;
-  const PfbDispatchApi* api = route_->api;
-  const PfbPoolMessage& m = call_.reply[0].message;
-  if (call_.arena == nullptr) return;
-  if (m.status != PFB_POOL_STATUS_OK) {
-    if (m.block_size) api->arena_back(call_.arena, m.block_offset);
-    return;
-  }
-  uint32_t cursor = 1;
-  PfbPoolTensor record;
-  int64_t dims[PFB_POOL_MAX_NDIM];
-  for (uint32_t i = 0; i < m.count; ++i) {
-    if (api->read_tensor(call_.reply, &cursor, &record, dims) != 0) break;
-    if (record.size) api->arena_back(call_.arena, record.offset);
-  }
+  route_->api->reply_back(&call_);
 }
 
 // ------------------------------------------------------------- RunNative --

@@ -767,9 +767,6 @@ cdef class Dispatcher:
         cdef uint64_t* stamps = <uint64_t*>calloc(max(times, 1) * 2, sizeof(uint64_t))
         cdef PfbDispatchInput* inputs = NULL
         cdef PfbDispatchCall call
-        cdef PfbPoolTensor record
-        cdef int64_t record_dims[PFB_POOL_MAX_NDIM]
-        cdef uint32_t cursor, i
         cdef int rc = 0
         keep = []
         if dims == NULL or stamps == NULL:
@@ -788,17 +785,7 @@ cdef class Dispatcher:
                     if call.state == PFB_DISPATCH_DONE:
                         stamps[2 * k] = call.reply[0].message.stamp
                         stamps[2 * k + 1] = call.reply[0].message.ended
-                        if call.reply[0].message.status == PFB_POOL_STATUS_OK:
-                            cursor = 1
-                            for i in range(call.reply[0].message.count):
-                                if pfb_msg_read_tensor(call.reply, &cursor, &record,
-                                                       record_dims):
-                                    break
-                                if record.size:
-                                    pfb_dispatch_arena_back(call.arena, record.offset)
-                        elif call.reply[0].message.block_size:
-                            pfb_dispatch_arena_back(call.arena,
-                                                    call.reply[0].message.block_offset)
+                        pfb_dispatch_reply_back(&call)
                     pfb_dispatch_finish(self._d, &call)
             if rc:
                 raise OSError(rc, f"pyfunc_bridge: dispatching call {k} failed ({rc})")

@@ -180,22 +180,42 @@ static void free_inputs(PfbDispatch* d, Worker* w, const uint64_t* offsets, size
   pthread_mutex_unlock(&d->arena_lock);
 }
 
+/* Calls `back(context, offset)` for each result block of a DONE (its
+ * records' blocks, or its error's). */
+static void each_result_block(const PfbPoolSlot* message, void (*back)(void*, uint64_t),
+                              void* context) {
+  const PfbPoolMessage* m = &message[0].message;
+  if (m->status != PFB_POOL_STATUS_OK) {
+    if (m->block_size) back(context, m->block_offset);
+    return;
+  }
+  uint32_t cursor = 1;
+  PfbPoolTensor record;
+  int64_t dims[PFB_POOL_MAX_NDIM];
+  for (uint32_t i = 0; i < m->count; ++i) {
+    if (pfb_msg_read_tensor(message, &cursor, &record, dims) != 0) break;
+    if (record.size) back(context, record.offset);
+  }
+}
+
+static void push_back(void* worker, uint64_t offset) {
+  words_push(&((Worker*)worker)->back, offset);
+}
+
 /* Notes the result blocks of a DONE nobody takes, to hand them back. */
 static void give_back_results(Worker* w, const PfbPoolSlot* message) {
-  const PfbPoolMessage* m = &message[0].message;
   pthread_mutex_lock(&w->back_lock);
-  if (m->status != PFB_POOL_STATUS_OK) {
-    if (m->block_size) words_push(&w->back, m->block_offset);
-  } else {
-    uint32_t cursor = 1;
-    PfbPoolTensor record;
-    int64_t dims[PFB_POOL_MAX_NDIM];
-    for (uint32_t i = 0; i < m->count; ++i) {
-      if (pfb_msg_read_tensor(message, &cursor, &record, dims) != 0) break;
-      if (record.size) words_push(&w->back, record.offset);
-    }
-  }
+  each_result_block(message, push_back, w);
   pthread_mutex_unlock(&w->back_lock);
+}
+
+static void arena_back(void* arena, uint64_t offset) {
+  pfb_dispatch_arena_back((PfbDispatchArena*)arena, offset);
+}
+
+void pfb_dispatch_reply_back(PfbDispatchCall* call) {
+  if (call->reply != NULL && call->arena != NULL)
+    each_result_block(call->reply, arena_back, call->arena);
 }
 
 /* ------------------------------------------------------- reply threads -- */
@@ -886,7 +906,8 @@ void pfb_dispatch_set_counting(int on) { __atomic_store_n(&counting_on, on ? 1 :
 static const PfbDispatchApi api = {
     pfb_dispatch_submit,     pfb_dispatch_wait,       pfb_dispatch_finish,
     pfb_msg_read_tensor,     pfb_dispatch_arena_keep, pfb_dispatch_arena_drop,
-    pfb_dispatch_arena_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop};
+    pfb_dispatch_arena_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop,
+    pfb_dispatch_reply_back};
 
 const PfbDispatchApi* pfb_dispatch_api(void) { return &api; }
 

@@ -158,6 +158,9 @@ void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call);
 void pfb_dispatch_arena_keep(PfbDispatchArena* arena);
 void pfb_dispatch_arena_drop(PfbDispatchArena* arena);
 void pfb_dispatch_arena_back(PfbDispatchArena* arena, uint64_t offset);
+/* Hands back every result block of a DONE its caller does not take (its
+ * records', or its error's). */
+void pfb_dispatch_reply_back(PfbDispatchCall* call);
 
 /* The input arena's allocator, for the pool's Python path, which shares
  * the arena: a block of at least `nbytes` now (0, its offset and size) or
@@ -237,6 +240,7 @@ typedef struct PfbDispatchApi {
   void (*arena_back)(PfbDispatchArena* arena, uint64_t offset);
   void (*route_keep)(PfbDispatchRoute* route);
   void (*route_drop)(PfbDispatchRoute* route);
+  void (*reply_back)(PfbDispatchCall* call);
 } PfbDispatchApi;
 
 const PfbDispatchApi* pfb_dispatch_api(void);

@@ -72,6 +72,7 @@ cdef extern from "dispatch.h" nogil:
     void pfb_dispatch_arena_keep(PfbDispatchArena* arena)
     void pfb_dispatch_arena_drop(PfbDispatchArena* arena)
     void pfb_dispatch_arena_back(PfbDispatchArena* arena, uint64_t offset)
+    void pfb_dispatch_reply_back(PfbDispatchCall* call)
     PfbDispatchRoute* pfb_dispatch_route_new(PfbDispatch* d, uint64_t token, uint32_t flags)
     void pfb_dispatch_route_keep(PfbDispatchRoute* route)
     void pfb_dispatch_route_drop(PfbDispatchRoute* route)
