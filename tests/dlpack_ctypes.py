@@ -95,7 +95,10 @@ class PfbCall(ctypes.Structure):
                 # A PfbEagerApi*: none here (py_function inputs through DLPack).
                 ("eager", ctypes.c_void_p),
                 ("site", ctypes.POINTER(ctypes.c_void_p)),
-                ("node_name", ctypes.c_char_p), ("node_name_len", ctypes.c_size_t)]
+                ("node_name", ctypes.c_char_p), ("node_name_len", ctypes.c_size_t),
+                # A kernel's native pool route slot, and a native call's reply
+                # (bridge_abi.h, ABI 6): NULL, none.
+                ("route", ctypes.c_void_p), ("reply", ctypes.c_void_p)]
 
 
 class PfbStatus(ctypes.Structure):

@@ -116,7 +116,7 @@ def test_error_message_carries_the_traceback():
 # ------------------------------------------- the entry point, via ctypes --
 
 def test_abi_version(api):
-    assert api.abi_version == 5
+    assert api.abi_version == 6
 
 
 def test_call_converts_and_consumes_inputs(api, registered):
