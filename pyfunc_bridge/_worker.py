@@ -1132,6 +1132,8 @@ def main(argv):
         worker.serve(reader, frames, ring)
     except ConnectionError:
         pass  # the pool closed (maybe before this worker was ready), or the parent is gone
+    except EOFError:  # the pool module's ChannelClosed: the parent closed the rings
+        pass
     return 0
 
 

@@ -147,3 +147,22 @@ def test_a_worker_killed_during_a_native_call_fails_it_and_is_replaced():
             assert time.monotonic() < deadline, "never replaced"
             time.sleep(0.05)
         assert [float(v) for v in mapped(pool, pf.double, n=8)] == [2.0 * i for i in range(8)]
+
+
+def test_close_unmaps_the_input_arena_though_routes_live_on():
+    """Routes outlive their pool (the statistics keep them, a kernel may),
+    and so does the dispatcher behind them: its own mapping of the input
+    arena still goes at close (each such pool kept 64 MiB of shared memory
+    until exit before)."""
+    name = "unmapped route pool"
+    pool = attached(pfb.ProcessPool(2, name=name))
+    try:
+        mapped(pool, pf.double, n=16)
+        routes = list(pool._routes.values())
+        assert routes and route_counts(pool)["calls"] > 0
+    finally:
+        pool.close()
+    gc.collect()
+    with open("/proc/self/maps") as f:
+        assert not [line for line in f if f"/memfd:{name}-inputs" in line]
+    assert routes[0].counts()["calls"] > 0  # what they counted stays readable

@@ -117,6 +117,7 @@ struct PfbDispatch {
   int workers_count;
   Worker* workers;
   int closed;        /* atomic */
+  uint32_t active;   /* atomic: submits under way (delete waits for them) */
   uint32_t refs;     /* atomic: see dispatch.h, Lifetime */
   PfbDispatchCounts counts;  /* atomic fields */
 };
@@ -420,8 +421,27 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
 void pfb_dispatch_delete(PfbDispatch* d) {
   if (d == NULL) return;
   __atomic_store_n(&d->closed, 1, SC);
+  pthread_mutex_lock(&d->arena_lock);
+  pthread_cond_broadcast(&d->room);  /* submits waiting for room: closed */
+  pthread_mutex_unlock(&d->arena_lock);
   for (int i = 0; i < d->workers_count; ++i)
     pfb_dispatch_lost(d, i, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed");
+  /* What only calls use goes now, not with the last reference (a route a
+   * kernel or the statistics keep): the input mapping, once no submit
+   * copies into it (each sees `closed`, or its ring closed, at once), and
+   * the functions. */
+  while (__atomic_load_n(&d->active, SC) != 0) usleep(100);
+  if (d->input_base != NULL) munmap(d->input_base, d->input_bytes);
+  d->input_base = NULL;
+  pthread_mutex_lock(&d->tokens_lock);
+  Token* tokens = d->tokens;
+  d->tokens = NULL;
+  pthread_mutex_unlock(&d->tokens_lock);
+  while (tokens != NULL) {
+    Token* next = tokens->next;
+    token_drop(tokens);
+    tokens = next;
+  }
   pfb_dispatch_release(d);
 }
 
@@ -663,13 +683,10 @@ static Worker* choose(PfbDispatch* d) {
   return best;
 }
 
-int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
-                        const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
-                        PfbDispatchCall* call) {
+static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
+                  const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
+                  PfbDispatchCall* call) {
   int64_t deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
-  memset(call, 0, sizeof(*call));
-  call->worker = -1;
-  if (__atomic_load_n(&d->closed, SC)) return EPIPE;
   if (count > PFB_POOL_MAX_MESSAGE_SLOTS) return E2BIG;
   pthread_mutex_lock(&d->tokens_lock);
   Token* fn = find_token(d, token);
@@ -789,6 +806,21 @@ out:
   if (sizes != sizes_small) free(sizes);
   if (offsets != offsets_small) free(offsets);
   token_drop(fn);
+  return rc;
+}
+
+int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
+                        const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
+                        PfbDispatchCall* call) {
+  memset(call, 0, sizeof(*call));
+  call->worker = -1;
+  /* Counted first, then `closed` checked: delete sets `closed`, then waits
+   * for the count, so no submit touches the input mapping once it goes. */
+  __atomic_add_fetch(&d->active, 1, SC);
+  int rc = __atomic_load_n(&d->closed, SC)
+               ? EPIPE
+               : submit(d, token, flags, inputs, count, timeout_ns, call);
+  __atomic_sub_fetch(&d->active, 1, SC);
   return rc;
 }
 

@@ -100,12 +100,14 @@ typedef struct PfbDispatchCall {
 } PfbDispatchCall;
 
 /* A dispatcher over an input arena mapped at `input_base` (this process's
- * address, a MAP_SHARED mapping: the dispatcher maps its pages again, for
- * as long as it lives), for `workers` worker slots.  NULL when out of
- * memory or the mapping cannot be made. */
+ * address, a MAP_SHARED mapping: the dispatcher maps its pages again, until
+ * it is closed), for `workers` worker slots.  NULL when out of memory or
+ * the mapping cannot be made. */
 PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers);
 /* Ends every reply thread, fails the calls in flight ("the pool was
- * closed"), refuses calls from now on, and drops the creator's reference. */
+ * closed"), refuses calls from now on, waits for the submits under way,
+ * unmaps the input arena, drops the functions and the creator's
+ * reference. */
 void pfb_dispatch_delete(PfbDispatch* d);
 void pfb_dispatch_retain(PfbDispatch* d);
 void pfb_dispatch_release(PfbDispatch* d);
