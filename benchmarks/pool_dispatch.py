@@ -5,10 +5,11 @@ One call in flight at a time, on a ProcessPool(1): the trivial call (an
 identity on 8 bytes) and ``a * 2`` on 8 MiB of float32.  Reported per
 call: wall time, and this process's CPU (user + sys from getrusage, all
 threads: the caller, the reply or reader thread).  The native variant runs
-its calls in one C loop without the GIL (Dispatcher.call_many), as the
-kernel would; the Python variant runs ProcessPool.stage and run, as the
-conversion layer's driver does for every pool call today, without TF's own
-per-op cost on either side.  Ratios: native / Python.
+its calls in one C loop without the GIL (Dispatcher.call_many), as a
+kernel's native route does; the Python variant runs ProcessPool.stage and
+run, as the conversion layer's driver does for a kernel's first call and
+for the calls that keep the Python path, without TF's own per-op cost on
+either side.  Ratios: native / Python.
 
     python -m benchmarks.pool_dispatch [--calls N]
 """

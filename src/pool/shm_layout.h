@@ -13,10 +13,9 @@
  * serves its request ring (pyfunc_bridge/_worker.py, _RingServer: LOAD,
  * CALL, RESULTS_BACK, FORGET, STOP, answered by DONE and INPUTS_BACK) beside
  * its socket, one call at a time.  The parent's ProcessPool
- * (pyfunc_bridge/_process.py) lays the segments out but still sends its
- * calls over the socket: no producer of the parent posts on the rings yet
- * (tests/test_pool_ring_worker.py plays that side), and the kernel does not
- * dispatch natively (issue 19, point 1, is open).
+ * (pyfunc_bridge/_process.py) lays the segments out; its Python path sends
+ * calls over the socket, and kernels post theirs on the rings through the
+ * native dispatcher (dispatch.h; src/kernel/pool_route.h).
 
  * THE SEGMENTS (each a memfd: anonymous, so no exit path leaves a name in
  * /dev/shm; freed when the last process that maps it goes)
