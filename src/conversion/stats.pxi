@@ -118,7 +118,8 @@ cdef class _FunctionStats:
                 calls += c["calls"] - c["replied"]  # (the replied ones count here)
                 errors += c["errors"]
                 zero_copy += c["shared_out"]
-                copied[_WORKER] += c["bytes_in"]
+                copied[_WORKER] += c["worker_in"] + c["worker_copied"]
+                copied[_STRING] += c["strings_in"]
                 copied[_COPY_REQUESTED] += c["copied_out"]
                 in_function += c["worker_ns"] * 1e-9
                 marshalling += max(0, c["total_ns"] - c["worker_ns"]) * 1e-9

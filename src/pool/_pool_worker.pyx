@@ -601,7 +601,9 @@ cdef class Route:
                 "bytes_in": c.bytes_in,
                 "bytes_out": c.bytes_out, "shared_out": c.shared_out,
                 "copied_out": c.copied_out, "copies_saved": c.copies_saved,
-                "queued_ns": c.queued_ns, "worker_ns": c.worker_ns, "total_ns": c.total_ns}
+                "queued_ns": c.queued_ns, "worker_ns": c.worker_ns, "total_ns": c.total_ns,
+                "worker_copied": c.worker_copied, "strings_in": c.strings_in,
+                "worker_in": c.worker_in}
 
     def clear(self):
         """Zeroes the counts (pfb.reset_stats); a call counting meanwhile may

@@ -196,10 +196,23 @@ typedef struct PfbDispatchRouteCounts {
   uint64_t bytes_out;    /* results' data */
   uint64_t shared_out;   /* results' bytes handed to TF without a copy */
   uint64_t copied_out;   /* results' bytes copied (copy=True) */
-  uint64_t copies_saved; /* results the worker shared without a copy, not copied here */
+  uint64_t copies_saved; /* results handed over from a result block without a copy
+                          * here (not under copy=True), whether the worker
+                          * shared or copied them; a NumPy scalar (a 0-d record
+                          * the worker wrote) saves none, as on the Python
+                          * path, which pickles it */
   uint64_t queued_ns;    /* posted -> its worker started it */
   uint64_t worker_ns;    /* its worker started -> finished it */
   uint64_t total_ns;     /* the kernel's whole call */
+  uint64_t worker_copied; /* results' bytes the worker copied into its arena
+                           * (not its function's own arena memory; NumPy
+                           * scalars aside): the function's "worker" copies */
+  /* Of bytes_in, as the function's statistics count them (the Python
+   * path's rule): strings' bytes (its "string" copies), and numbers copied
+   * for the worker (its "worker" copies; not a 0-d input that the function
+   * takes as a NumPy scalar). */
+  uint64_t strings_in;
+  uint64_t worker_in;
 } PfbDispatchRouteCounts;
 
 struct PfbDispatchApi;

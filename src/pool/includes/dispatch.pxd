@@ -58,6 +58,9 @@ cdef extern from "dispatch.h" nogil:
         uint64_t queued_ns
         uint64_t worker_ns
         uint64_t total_ns
+        uint64_t worker_copied
+        uint64_t strings_in
+        uint64_t worker_in
 
     ctypedef struct PfbDispatchRoute:
         uint32_t refs

@@ -1,0 +1,91 @@
+"""Faults found by an adversarial pass over the kernel's native route to a
+pool (src/kernel/pool_route.*, src/pool/dispatch.*): each test failed on the
+code before its fix.  A call takes the route in a tf.data map, on TF's
+threads, after the kernel's first call; the same map over a pool with a
+timeout (which offers no route) takes the Python path, the reference for
+what the native path must do and report."""
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import pyfunc_bridge as pfb
+import process_functions as pf
+
+POOL_NAME = "route faults pool"
+
+
+def attached(pool):
+    """Waits until every worker serves its ring (a call that finds none
+    attached takes the Python path whole)."""
+    deadline = time.monotonic() + 60
+    while not all(w.generation for w in pool._workers):
+        assert time.monotonic() < deadline, "the workers never attached"
+        time.sleep(0.01)
+    return pool
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with pfb.ProcessPool(1, name=POOL_NAME) as shared:
+        yield attached(shared)
+
+
+@pytest.fixture(scope="module")
+def python_path_pool():
+    """A pool of the same name (so the same record) whose calls all take the
+    Python path: with a timeout, it offers kernels no route."""
+    with pfb.ProcessPool(1, name=POOL_NAME, timeout=600) as shared:
+        yield shared
+
+
+def counted(pool, func, make, dtype, n=12):
+    """pfb.stats() of a sequential tf.data map of `n` calls of `func` (input
+    `make(i)`) in `pool`."""
+    pfb.reset_stats()
+    list(tf.data.Dataset.range(n).map(
+        lambda i: pfb.numpy_function(func, [make(i)], dtype, executor=pool,
+                                     name="route_fault_fn")))
+    snapshot = pfb.stats()
+    pool_record = dataclasses.asdict(snapshot.pools[POOL_NAME])
+    del pool_record["seconds_queued"], pool_record["seconds_in_workers"]
+    function = snapshot.functions["route_fault_fn"]
+    return pool_record, (function.calls, function.errors, function.bytes_zero_copy,
+                         function.bytes_copied)
+
+
+def floats(i):
+    return tf.fill([64], tf.cast(i, tf.float32))
+
+
+def one_float(i):
+    return tf.fill([1], tf.cast(i, tf.float32))
+
+
+@pytest.mark.parametrize("func, make, dtype", [
+    # A result the worker copies into its arena (an input view; a fresh
+    # array under the handler's 64 KiB): copies_saved counts it (handed
+    # over from shared memory without a copy here), and the worker's copy
+    # counts in the function's "worker" bytes.
+    (pf.identity, floats, tf.float32),
+    (pf.double, floats, tf.float32),
+    (pf.two_results, floats, [tf.float32, tf.float32]),
+    # Strings come back pickled: their bytes count in bytes_out.
+    (pf.upper, lambda i: tf.strings.as_string(tf.fill([3], i)), tf.string),
+    (pf.identity, lambda i: tf.strings.as_string(i), tf.string),
+    # numpy_function's usual NumPy scalar; a 0-d input (a NumPy scalar for
+    # the function: a value, not a copy).
+    (pf.pid, one_float, tf.int64),
+    (pf.double, lambda i: tf.cast(i, tf.float64), tf.float64),
+], ids=["input view", "fresh", "two results", "strings", "0-d string", "numpy scalar",
+        "0-d input"])
+def test_native_calls_count_as_the_python_path_counts(pool, python_path_pool, stats_on, func,
+                                                      make, dtype):
+    python_path = counted(python_path_pool, func, make, dtype)
+    assert python_path_pool._routes == {}
+    native = counted(pool, func, make, dtype)
+    counts = [r.counts() for r in pool._routes.values()]
+    assert sum(c["calls"] for c in counts) >= 8  # the map's calls after its first
+    assert native == python_path
