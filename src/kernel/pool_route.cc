@@ -24,8 +24,10 @@ using ::tensorflow::tstring;
 
 namespace {
 
-// A submit that finds no room in the input arena waits this long, then
-// leaves the call to the Python path (which knows which calls hold blocks).
+// A submit that finds no room in the input arena waits this long for the
+// native calls in flight to free some (with none in flight it does not wait:
+// dispatch.h, ENOSPC), then leaves the call to the Python path (which knows
+// which of its calls hold blocks).
 constexpr int64_t kRoomWaitNs = 1000000000;
 
 int64_t ClockNs(clockid_t clock) {

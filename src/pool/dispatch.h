@@ -142,7 +142,9 @@ void pfb_dispatch_forget(PfbDispatch* d, uint64_t token);
  * room), picks the worker with the fewest calls in flight, posts a LOAD if
  * it lacks the token and the CALL, and rings its doorbell if it sleeps.
  * 0; EAGAIN: no worker attached; ENOENT: token not registered; ETIMEDOUT;
- * E2BIG: the inputs can never fit the arena; EPIPE: closed. */
+ * ENOSPC: no room, and no native call in flight to make any (functions
+ * keep the blocks); E2BIG: the inputs can never fit the arena; EPIPE:
+ * closed. */
 int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
                         const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
                         PfbDispatchCall* call);
