@@ -1019,6 +1019,11 @@ class ProcessPool:
     def _flush(self, worker):
         """Writes every waiting request in one frame, unless another caller's
         write is under way (that writer takes ours too)."""
+        dispatch = self._dispatch
+        if dispatch is not None and worker.generation is not None and worker.outbox:
+            # Native outputs' blocks handed back wait for the worker's next
+            # ring request, which may never come: they go now.
+            dispatch.flush(worker.index)
         while worker.outbox:
             if not worker.write_lock.acquire(blocking=False):
                 return

@@ -112,3 +112,23 @@ def test_a_full_input_arena_sends_native_calls_to_python_at_once():
         # full second's wait before the fix (a stall, not a speed: at least
         # 10 s, against a fraction of one).
         assert took < 5, f"24 calls took {took:.1f} s"
+
+
+def test_result_blocks_of_dropped_native_outputs_go_back_with_python_path_calls(stats_on):
+    """A native output's block goes back to its worker with the next request
+    the dispatcher posts to it.  When the worker's later calls are all on the
+    Python path (eager calls), they carried none of those blocks: its result
+    arena stayed full of results nobody held, and eager results that would
+    have come back in shared memory came back pickled (half of them)."""
+    with attached(pfb.ProcessPool(1, arena_bytes=1 << 22, name="blocks back pool")) as pool:
+        dataset = tf.data.Dataset.range(16).map(
+            lambda i: pfb.numpy_function(pf.large_fresh, [i], tf.float32, executor=pool),
+            num_parallel_calls=2)  # 16 x 256 KiB: the 4 MiB arena
+        outputs = list(dataset)
+        assert sum(r.counts()["calls"] for r in pool._routes.values()) >= 10
+        del outputs  # (their blocks wait for a request to the worker)
+        pfb.reset_stats()
+        kept = [pfb.numpy_function(pf.large_fresh, [tf.constant(i)], tf.float32, executor=pool)
+                for i in range(8)]  # eager: the Python path
+        assert all(float(tf.reduce_sum(k)) == 1 << 16 for k in kept)
+        assert pfb.stats().pools["blocks back pool"].copies_saved == 8

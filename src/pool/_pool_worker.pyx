@@ -676,6 +676,12 @@ cdef class Dispatcher:
     def forget(self, uint64_t token):
         pfb_dispatch_forget(self._d, token)
 
+    def flush(self, int index):
+        """Posts the result blocks and FORGETs waiting for worker `index`'s
+        next ring request now (dispatch.h)."""
+        with nogil:
+            pfb_dispatch_flush(self._d, index)
+
     def attach(self, int index, Channel channel not None, int doorbell, results,
                uint64_t generation):
         cdef _Held held = _Held(results)

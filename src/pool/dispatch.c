@@ -681,6 +681,24 @@ static void post_back(Worker* w) {
   pthread_mutex_unlock(&w->back_lock);
 }
 
+void pfb_dispatch_flush(PfbDispatch* d, int index) {
+  if (index < 0 || index >= d->workers_count || __atomic_load_n(&d->closed, SC)) return;
+  Worker* w = &d->workers[index];
+  pthread_mutex_lock(&w->back_lock);
+  int waiting = w->back.count != 0;
+  pthread_mutex_unlock(&w->back_lock);
+  /* (`forget` is guarded by `post`: a stale look only sends it next time) */
+  if (!waiting && __atomic_load_n(&w->forget.count, __ATOMIC_RELAXED) == 0) return;
+  pthread_mutex_lock(&w->post);
+  if (w->attached) {
+    post_back(w);
+    uint64_t rung = w->requests.wakes;
+    pfb_ring_notify(&w->requests);  /* rings only a worker that sleeps */
+    bump(&d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
+  }
+  pthread_mutex_unlock(&w->post);
+}
+
 /* A worker whose call has run this long is passed over while another one
  * is not so held: calls queued on its ring would wait behind a function
  * that may never return (the pool's Python path keeps such calls in its

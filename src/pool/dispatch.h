@@ -155,6 +155,13 @@ int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns);
  * completed yet is abandoned (its reply thread hands its results back). */
 void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call);
 
+/* Posts what waits to go to worker `index` with its next request (result
+ * blocks handed back, FORGETs), now: the pool's Python path calls this when
+ * it writes to the worker's socket, since that worker's next ring request
+ * may never come (its later calls all eager), and its result arena would
+ * stay full of blocks nobody holds. */
+void pfb_dispatch_flush(PfbDispatch* d, int index);
+
 /* Result arenas (PfbDispatchArena): a reference more (for a block the
  * caller keeps), one less, and a block handed back to its worker (with that
  * worker's next request; nothing when the worker is gone: its arena dies

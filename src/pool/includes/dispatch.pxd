@@ -72,6 +72,7 @@ cdef extern from "dispatch.h" nogil:
     void pfb_dispatch_delete(PfbDispatch* d)
     void pfb_dispatch_disown(PfbDispatch* d)
     void pfb_dispatch_forget(PfbDispatch* d, uint64_t token)
+    void pfb_dispatch_flush(PfbDispatch* d, int index)
     void pfb_dispatch_arena_keep(PfbDispatchArena* arena)
     void pfb_dispatch_arena_drop(PfbDispatchArena* arena)
     void pfb_dispatch_arena_back(PfbDispatchArena* arena, uint64_t offset)
