@@ -689,7 +689,10 @@ void pfb_dispatch_flush(PfbDispatch* d, int index) {
   pthread_mutex_unlock(&w->back_lock);
   /* (`forget` is guarded by `post`: a stale look only sends it next time) */
   if (!waiting && __atomic_load_n(&w->forget.count, __ATOMIC_RELAXED) == 0) return;
-  pthread_mutex_lock(&w->post);
+  /* Busy: a producer is posting, and takes them (or the next one will).
+   * Never waited for: a producer may hold it while it waits for room on
+   * the ring, which may wait for the caller (a reader thread) here. */
+  if (pthread_mutex_trylock(&w->post) != 0) return;
   if (w->attached) {
     post_back(w);
     uint64_t rung = w->requests.wakes;
