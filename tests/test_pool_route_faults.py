@@ -5,6 +5,9 @@ threads, after the kernel's first call; the same map over a pool with a
 timeout (which offers no route) takes the Python path, the reference for
 what the native path must do and report."""
 import dataclasses
+import os
+import signal
+import threading
 import time
 
 import numpy as np
@@ -132,3 +135,53 @@ def test_result_blocks_of_dropped_native_outputs_go_back_with_python_path_calls(
                 for i in range(8)]  # eager: the Python path
         assert all(float(tf.reduce_sum(k)) == 1 << 16 for k in kept)
         assert pfb.stats().pools["blocks back pool"].copies_saved == 8
+
+
+def killed_mid_call(pool, name):
+    """A sequential map of sleep_at_eight over `pool`, whose worker is
+    killed while it runs element 8 (elements 0-7 answered); pfb.stats()'s
+    records of the pool and of the function."""
+    pfb.reset_stats()
+    errors = []
+
+    def run():
+        dataset = tf.data.Dataset.range(12).map(lambda i: pfb.numpy_function(
+            pf.sleep_at_eight, [tf.cast(i, tf.float32)], tf.float32, executor=pool,
+            name="killed_fn"))
+        try:
+            list(dataset)
+        except tf.errors.OpError as exc:
+            errors.append(exc)
+    (victim,) = pool._workers
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not victim.channel.running_call and not victim.pending:
+        assert time.monotonic() < deadline, "no call started"
+        time.sleep(0.01)
+    while pfb.stats().functions.get("killed_fn", None) is None or \
+            pfb.stats().functions["killed_fn"].calls < 8:
+        assert time.monotonic() < deadline, "elements 0-7 never ran"
+        time.sleep(0.01)
+    time.sleep(0.3)  # element 8 sleeps in the worker
+    os.kill(victim.pid, signal.SIGKILL)
+    thread.join(60)
+    assert not thread.is_alive() and len(errors) == 1
+    snapshot = pfb.stats()
+    return snapshot.pools[name], snapshot.functions["killed_fn"]
+
+
+def test_a_call_failed_by_its_worker_s_death_is_not_counted_as_answered(stats_on):
+    """The pool's calls and bytes_in count the calls its workers answered;
+    a call whose worker died is the function's error only.  The native
+    route counted it in the pool's record too."""
+    name = "killed stats pool"
+    with pfb.ProcessPool(1, name=name, timeout=600) as python_path_pool:
+        pool_record, function = killed_mid_call(python_path_pool, name)
+        assert (function.calls, function.errors) == (9, 1)
+        assert (pool_record.calls, pool_record.bytes_in) == (8, 32)
+    with attached(pfb.ProcessPool(1, name=name)) as pool:
+        pool_record, function = killed_mid_call(pool, name)
+        assert sum(r.counts()["calls"] for r in pool._routes.values()) >= 4
+        assert (function.calls, function.errors) == (9, 1)
+        assert (pool_record.calls, pool_record.bytes_in) == (8, 32)

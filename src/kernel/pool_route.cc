@@ -252,9 +252,9 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
   PfbDispatchRouteCounts* counts = const_cast<PfbDispatchRouteCounts*>(&route->counts);
   if (call.state == PFB_DISPATCH_FAILED) {
     if (counting) {
-      Add(&counts->calls, 1);
+      // The function's error; not a call its worker answered (the pool's
+      // calls and bytes_in), as on the Python path.
       Add(&counts->errors, 1);
-      Add(&counts->bytes_in, in.bytes);
       Add(&counts->strings_in, in.string_bytes);
       Add(&counts->worker_in, in.to_worker);
       Add(&counts->total_ns, ClockNs(CLOCK_MONOTONIC) - began);

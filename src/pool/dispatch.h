@@ -197,11 +197,13 @@ void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out);
  * function's statistics read them (pfb.stats()).  Calls that fall back to
  * Python are counted there instead. */
 typedef struct PfbDispatchRouteCounts {
-  uint64_t calls;        /* answered by a worker or failed natively */
+  uint64_t calls;        /* answered by a worker (returned or raised) */
   uint64_t replied;      /* of those, handed to Python with their reply (the
                           * conversion layer counts them for the function) */
-  uint64_t errors;       /* failed: the worker died or the pool closed */
-  uint64_t bytes_in;     /* inputs' data copied into the input arena */
+  uint64_t errors;       /* failed natively: the worker died or the pool
+                          * closed (the function's calls and errors, not
+                          * the pool's calls, which its workers answered) */
+  uint64_t bytes_in;     /* answered calls' inputs' data (strings' bytes) */
   uint64_t bytes_out;    /* results' data */
   uint64_t shared_out;   /* results' bytes handed to TF without a copy */
   uint64_t copied_out;   /* results' bytes copied (copy=True) */
