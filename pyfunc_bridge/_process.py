@@ -626,6 +626,7 @@ class ProcessPool:
         self.arena_bytes = arena_bytes
         self._lock = threading.Lock()
         self._closed = False
+        self._closed_at_exit = False  # closed by _close_pools (_why_closed says so)
         self._pid = os.getpid()      # the process whose pool this is (see _forked)
         self._forked_into = None     # this process's pid, in a fork of that process
         self._broken = None        # why no worker can start, once that is clear
@@ -683,6 +684,9 @@ class ProcessPool:
         return self._closed
 
     def _why_closed(self):
+        if self._closed_at_exit:
+            # (A daemon thread's call that fails so ends silently: _close_pools.)
+            return _EXIT_TEXT
         if self._forked_into is None:
             return "is closed"
         return (f"belongs to process {self._pid}, and this process ({self._forked_into}) "
@@ -1293,6 +1297,7 @@ class ProcessPool:
             if self._closed:
                 return
             self._closed = True
+            self._closed_at_exit = _exiting
             workers = list(self._workers)
             queued = self._take_queue()
         when = _EXIT_TEXT if _exiting else "was closed"
