@@ -85,6 +85,13 @@ class PoolCounters:
             c["bytes_out"] += bytes_out
             c["copies_saved"] += copies_saved
 
+    def add_results(self, bytes_out, copies_saved):
+        """The results of a call counted already (a kernel's native call
+        that went on to Python with its reply: its route counted the call)."""
+        with self._lock:
+            self._counts["bytes_out"] += bytes_out
+            self._counts["copies_saved"] += copies_saved
+
     def count_worker_replaced(self):
         """A dead worker was replaced."""
         self._add_one("workers_replaced")

@@ -626,6 +626,7 @@ class ProcessPool:
         self.arena_bytes = arena_bytes
         self._lock = threading.Lock()
         self._closed = False
+        self._closed_at_exit = False  # closed by _close_pools (_why_closed says so)
         self._pid = os.getpid()      # the process whose pool this is (see _forked)
         self._forked_into = None     # this process's pid, in a fork of that process
         self._broken = None        # why no worker can start, once that is clear
@@ -683,6 +684,9 @@ class ProcessPool:
         return self._closed
 
     def _why_closed(self):
+        if self._closed_at_exit:
+            # (A daemon thread's call that fails so ends silently: _close_pools.)
+            return _EXIT_TEXT
         if self._forked_into is None:
             return "is closed"
         return (f"belongs to process {self._pid}, and this process ({self._forked_into}) "
@@ -895,8 +899,8 @@ class ProcessPool:
         if dispatch is not None:
             dispatch.forget(token)
 
-    def native_reply(self, address):
-        return native_reply(self.name, address)
+    def native_reply(self, address, writable):
+        return native_reply(self.name, address, writable, self._counters)
 
     def _count_call(self, call, inputs, writable):
         """Adds an answered call (its reply not yet taken) to the pool's
@@ -1019,6 +1023,11 @@ class ProcessPool:
     def _flush(self, worker):
         """Writes every waiting request in one frame, unless another caller's
         write is under way (that writer takes ours too)."""
+        dispatch = self._dispatch
+        if dispatch is not None and worker.generation is not None and worker.outbox:
+            # Native outputs' blocks handed back wait for the worker's next
+            # ring request, which may never come: they go now.
+            dispatch.flush(worker.index)
         while worker.outbox:
             if not worker.write_lock.acquire(blocking=False):
                 return
@@ -1288,6 +1297,7 @@ class ProcessPool:
             if self._closed:
                 return
             self._closed = True
+            self._closed_at_exit = _exiting
             workers = list(self._workers)
             queued = self._take_queue()
         when = _EXIT_TEXT if _exiting else "was closed"
@@ -1384,14 +1394,17 @@ _NATIVE_ROOM_LOOK = 0.05  # seconds: see _alloc
 _RING_ANSWER_SECONDS = 60.0
 
 
-def native_reply(pool_name, address):
+def native_reply(pool_name, address, writable=False, counters=None):
     """run()'s answer (result, bytes moved, copy facts) for a call the kernel
     ran natively (`address`: its PfbDispatchCall, DONE) whose reply the
     kernel does not turn into outputs itself: the function raised, a value
     came back pickled, or a result is not what the op declares (the
     conversion layer's checks then raise as for any result).  Takes its
     result blocks: arrays over them hand them back when they go, a pickled
-    value's and an error's go back once read."""
+    value's and an error's go back once read.  The kernel's route counted
+    the call for the pool; `counters` (the pool's record) get its results'
+    share here, as _count_call's on the Python path (`writable`: copy=True,
+    which saves no copy)."""
     pw = _worker.pool_module()
     message, arena = pw.native_reply(address)
     from pyfunc_bridge import _library
@@ -1404,11 +1417,17 @@ def native_reply(pool_name, address):
         finally:
             arena.back(offset)
 
+    def count(bytes_out, saved):
+        if counters is not None and _pool_stats.counting():
+            counters.add_results(bytes_out, 0 if writable else saved)
+
     if message.status == pw.STATUS_SOCKET:
         ok, data = _ring_answers.take(message.call_id, pool_name)
         if ok:
             value = pickle.loads(data)
-            return value, 0, [None] * (len(value) if type(value) in (list, tuple) else 1)
+            several = type(value) in (list, tuple)
+            count(sum(map(_pool_stats.data_bytes, value if several else [value])), 0)
+            return value, 0, [None] * (len(value) if several else 1)
         error = _worker_exception(pickle.loads(data))
         try:
             raise error
@@ -1424,17 +1443,26 @@ def native_reply(pool_name, address):
         finally:
             error = None  # (the traceback holds this frame: no cycle)
     values, facts = [], []
+    bytes_out = saved = moved = 0
     for code, bits, lanes, flags, offset, size, shape in message.items:
         if flags & pw.TENSOR_PICKLED:
             values.append(pickle.loads(read_block(offset, size)))
+            bytes_out += _pool_stats.data_bytes(values[-1])
         else:  # numbers: a view of the block (strings come back pickled)
             dtype = _worker._np_dtype(np, code, bits)
             values.append(result_view(arena, results, offset, size, dtype, tuple(shape)) if size
                           else np.zeros(shape, dtype))
+            bytes_out += values[-1].nbytes
+            # As the kernel counts (pool_route.cc): a 0-d record the worker
+            # wrote is a NumPy scalar, pickled on the Python path.
+            if size and (shape or flags & pw.TENSOR_SHARED):
+                saved += 1
+                moved += 0 if flags & pw.TENSOR_SHARED else values[-1].nbytes
         facts.append(None)
+    count(bytes_out, saved)
     if message.flags == pw.DONE_ONE and len(values) == 1:
-        return values[0], 0, facts
-    return (values if message.flags == pw.DONE_LIST else tuple(values)), 0, facts
+        return values[0], moved, facts
+    return (values if message.flags == pw.DONE_LIST else tuple(values)), moved, facts
 
 
 def _worker_exception(payload):
@@ -1513,14 +1541,17 @@ class _DefaultPool:
         fails natively, and the kernel's next call comes here again)."""
         return default_pool().native_route(func, framework, writable, scalars)
 
-    def native_reply(self, address):
-        return native_reply(repr(self), address)
+    def native_reply(self, address, writable):
+        # (Pools of one name share a record: the default pool's, whichever ran it.)
+        return native_reply(repr(self), address, writable,
+                            _pool_stats.record(_DEFAULT_POOL_NAME))
 
     def __repr__(self):
         return "'process' (the shared default ProcessPool)"
 
 
 DEFAULT = _DefaultPool()
+_DEFAULT_POOL_NAME = "the default ProcessPool"
 
 
 def default_pool():
@@ -1533,7 +1564,7 @@ def default_pool():
             raise PoolClosedError(f"pyfunc_bridge: the default ProcessPool {_EXIT_TEXT}")
         with _default_lock:
             if _default is None or _default.closed:
-                _default = ProcessPool(name="the default ProcessPool")
+                _default = ProcessPool(name=_DEFAULT_POOL_NAME)
             pool = _default
     return pool
 

@@ -443,3 +443,13 @@ def sleep_at_eight(a):
         import time
         time.sleep(30)
     return a
+
+
+_kept_inputs = []
+
+
+def keeps_its_input(a):
+    """Keeps each input (the worker keeps its block in the input arena) and
+    returns twice it."""
+    _kept_inputs.append(a)
+    return a * 2

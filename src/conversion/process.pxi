@@ -106,7 +106,8 @@ cdef class _ProcessConverter(_NumpyConverter):
             # The kernel ran it natively; its reply's result blocks are ours.
             address = <uintptr_t>call.reply
             call.reply = NULL
-            result, moved, facts = self.pool.native_reply(address)
+            result, moved, facts = self.pool.native_reply(
+                address, call.copy_mode == PFB_COPY_TRUE)
         else:
             result, moved, facts = self._run_in_pool(call, entry, args)
             if (call.route != NULL and call.route[0] == NULL

@@ -104,7 +104,7 @@ cdef class _FunctionStats:
         if self.routes:
             for route in self.routes.values():
                 c = route.counts()
-                n += c["calls"] - c["replied"]
+                n += c["calls"] - c["replied"] + c["errors"]
         return n
 
     cdef tuple snapshot(self, double seconds_per_tick):
@@ -115,10 +115,13 @@ cdef class _FunctionStats:
         if self.routes:
             for route in self.routes.values():
                 c = route.counts()
-                calls += c["calls"] - c["replied"]  # (the replied ones count here)
+                # (the replied ones count here; those failed natively, not
+                # answered, only there)
+                calls += c["calls"] - c["replied"] + c["errors"]
                 errors += c["errors"]
                 zero_copy += c["shared_out"]
-                copied[_WORKER] += c["bytes_in"]
+                copied[_WORKER] += c["worker_in"] + c["worker_copied"]
+                copied[_STRING] += c["strings_in"]
                 copied[_COPY_REQUESTED] += c["copied_out"]
                 in_function += c["worker_ns"] * 1e-9
                 marshalling += max(0, c["total_ns"] - c["worker_ns"]) * 1e-9

@@ -24,8 +24,10 @@ using ::tensorflow::tstring;
 
 namespace {
 
-// A submit that finds no room in the input arena waits this long, then
-// leaves the call to the Python path (which knows which calls hold blocks).
+// A submit that finds no room in the input arena waits this long for the
+// native calls in flight to free some (with none in flight it does not wait:
+// dispatch.h, ENOSPC), then leaves the call to the Python path (which knows
+// which of its calls hold blocks).
 constexpr int64_t kRoomWaitNs = 1000000000;
 
 int64_t ClockNs(clockid_t clock) {
@@ -79,10 +81,16 @@ struct Inputs {
   absl::InlinedVector<PfbDispatchInput, 8> items;
   std::vector<std::vector<int64_t>> dims;
   std::vector<std::string> strings;
+  // The inputs' data as the statistics count it (the Python path's rules,
+  // stats.pxi _count_input): the pool's bytes (strings' bytes, not their
+  // length prefixes), and the function's, by reason: strings converted,
+  // numbers copied to the worker (but a NumPy scalar, which is a value).
   uint64_t bytes = 0;
+  uint64_t string_bytes = 0;
+  uint64_t to_worker = 0;
 };
 
-bool MakeInputs(OpKernelContext* ctx, int first_input, Inputs* in) {
+bool MakeInputs(OpKernelContext* ctx, int first_input, bool scalars, Inputs* in) {
   const int n = ctx->num_inputs() - first_input;
   in->dims.resize(n);
   in->strings.resize(n);
@@ -108,6 +116,8 @@ bool MakeInputs(OpKernelContext* ctx, int first_input, Inputs* in) {
       item.code = item.bits = 0;
       item.data = block.data();
       item.nbytes = block.size();
+      in->string_bytes += block.size() - 8 * static_cast<uint64_t>(flat.size());
+      in->bytes += block.size() - 8 * static_cast<uint64_t>(flat.size());
     } else {
       DLDataType dtype;
       if (!ToDLDataType(t.dtype(), &dtype).ok()) return false;
@@ -116,8 +126,9 @@ bool MakeInputs(OpKernelContext* ctx, int first_input, Inputs* in) {
       item.lanes = dtype.lanes;
       item.data = t.tensor_data().data();
       item.nbytes = t.tensor_data().size();
+      in->bytes += item.nbytes;
+      if (!(scalars && t.dims() == 0)) in->to_worker += item.nbytes;
     }
-    in->bytes += item.nbytes;
     in->items.push_back(item);
   }
   return true;
@@ -220,7 +231,9 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
                         NativeCall* native) {
   const int64_t began = ClockNs(CLOCK_MONOTONIC);
   Inputs in;
-  if (!MakeInputs(ctx, first_input, &in)) return NativeOutcome::kDeclined;
+  if (!MakeInputs(ctx, first_input, (route->flags & PFB_POOL_CALL_SCALARS) != 0, &in)) {
+    return NativeOutcome::kDeclined;
+  }
   const PfbDispatchApi* api = route->api;
   const int64_t posted = ClockNs(CLOCK_REALTIME);
   PfbDispatchCall& call = native->call_;
@@ -239,9 +252,11 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
   PfbDispatchRouteCounts* counts = const_cast<PfbDispatchRouteCounts*>(&route->counts);
   if (call.state == PFB_DISPATCH_FAILED) {
     if (counting) {
-      Add(&counts->calls, 1);
+      // The function's error; not a call its worker answered (the pool's
+      // calls and bytes_in), as on the Python path.
       Add(&counts->errors, 1);
-      Add(&counts->bytes_in, in.bytes);
+      Add(&counts->strings_in, in.string_bytes);
+      Add(&counts->worker_in, in.to_worker);
       Add(&counts->total_ns, ClockNs(CLOCK_MONOTONIC) - began);
     }
     ctx->SetStatus(absl::Status(static_cast<absl::StatusCode>(call.error_code),
@@ -257,6 +272,8 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
       Add(&counts->calls, 1);
       Add(&counts->replied, 1);
       Add(&counts->bytes_in, in.bytes);
+      Add(&counts->strings_in, in.string_bytes);
+      Add(&counts->worker_in, in.to_worker);
       if (m.stamp >= static_cast<uint64_t>(posted)) Add(&counts->queued_ns, m.stamp - posted);
       if (m.ended >= m.stamp) Add(&counts->worker_ns, m.ended - m.stamp);
     }
@@ -279,11 +296,22 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
   // Every output fits: from here on, each block is handed back by its
   // tensor, or here at once.
   native->replied_ = false;
-  uint64_t bytes_out = 0, shared = 0, copied = 0, saved = 0;
+  uint64_t bytes_out = 0, shared = 0, copied = 0, saved = 0, worker_copied = 0;
   for (size_t i = 0; i < n; ++i) {
     const Result& r = results[i];
     const tensorflow::DataType dtype = ctx->expected_output_dtype(i);
     bytes_out += r.nbytes;
+    // Counted as the Python path counts the same result: a block the
+    // worker copied the result into is its copy ("worker" bytes), and
+    // handing a block over without a copy here saves one (copies_saved),
+    // whether the worker copied or shared it; but a 0-d record the worker
+    // wrote is a NumPy scalar, which the Python path sends pickled: no
+    // copy made, none saved.
+    const bool numpy_scalar =
+        r.record.ndim == 0 && !(r.record.flags & PFB_POOL_TENSOR_SHARED);
+    if (r.nbytes != 0 && !numpy_scalar && !(r.record.flags & PFB_POOL_TENSOR_SHARED)) {
+      worker_copied += r.nbytes;
+    }
     if (r.nbytes == 0 || copy_mode == PFB_COPY_TRUE) {
       Tensor* out = nullptr;
       absl::Status s = ctx->allocate_output(static_cast<int>(i), r.shape, &out);
@@ -307,15 +335,18 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
     buffer->Unref();
     ctx->set_output(static_cast<int>(i), out);
     shared += r.nbytes;
-    if (r.record.flags & PFB_POOL_TENSOR_SHARED) ++saved;
+    if (!numpy_scalar) ++saved;
   }
   if (counting) {
     Add(&counts->calls, 1);
     Add(&counts->bytes_in, in.bytes);
+    Add(&counts->strings_in, in.string_bytes);
+    Add(&counts->worker_in, in.to_worker);
     Add(&counts->bytes_out, bytes_out);
     Add(&counts->shared_out, shared);
     Add(&counts->copied_out, copied);
     Add(&counts->copies_saved, saved);
+    Add(&counts->worker_copied, worker_copied);
     if (m.stamp >= static_cast<uint64_t>(posted)) Add(&counts->queued_ns, m.stamp - posted);
     if (m.ended >= m.stamp) Add(&counts->worker_ns, m.ended - m.stamp);
     Add(&counts->total_ns, ClockNs(CLOCK_MONOTONIC) - began);

@@ -601,7 +601,9 @@ cdef class Route:
                 "bytes_in": c.bytes_in,
                 "bytes_out": c.bytes_out, "shared_out": c.shared_out,
                 "copied_out": c.copied_out, "copies_saved": c.copies_saved,
-                "queued_ns": c.queued_ns, "worker_ns": c.worker_ns, "total_ns": c.total_ns}
+                "queued_ns": c.queued_ns, "worker_ns": c.worker_ns, "total_ns": c.total_ns,
+                "worker_copied": c.worker_copied, "strings_in": c.strings_in,
+                "worker_in": c.worker_in}
 
     def clear(self):
         """Zeroes the counts (pfb.reset_stats); a call counting meanwhile may
@@ -673,6 +675,12 @@ cdef class Dispatcher:
 
     def forget(self, uint64_t token):
         pfb_dispatch_forget(self._d, token)
+
+    def flush(self, int index):
+        """Posts the result blocks and FORGETs waiting for worker `index`'s
+        next ring request now (dispatch.h)."""
+        with nogil:
+            pfb_dispatch_flush(self._d, index)
 
     def attach(self, int index, Channel channel not None, int doorbell, results,
                uint64_t generation):

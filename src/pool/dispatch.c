@@ -117,6 +117,7 @@ struct PfbDispatch {
   int workers_count;
   Worker* workers;
   int closed;        /* atomic */
+  uint32_t room_waiters;  /* atomic: submits waiting for room (see alloc_blocks) */
   uint32_t active;   /* atomic: submits under way (delete waits for them) */
   uint32_t refs;     /* atomic: see dispatch.h, Lifetime */
   PfbDispatchCounts counts;  /* atomic fields */
@@ -234,6 +235,13 @@ static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots) {
     }
   }
   pthread_mutex_unlock(&w->calls);
+  if (__atomic_load_n(&w->d->room_waiters, SC) != 0) {
+    /* A submit waiting for room waits only while calls are in flight
+     * (alloc_blocks): it looks again. */
+    pthread_mutex_lock(&w->d->arena_lock);
+    pthread_cond_broadcast(&w->d->room);
+    pthread_mutex_unlock(&w->d->arena_lock);
+  }
   PfbPoolSlot* copy = call ? (PfbPoolSlot*)malloc(slots * sizeof(PfbPoolSlot)) : NULL;
   if (copy == NULL) {  /* abandoned (or no memory): its blocks go back */
     give_back_results(w, message);
@@ -546,8 +554,17 @@ int pfb_dispatch_knows(PfbDispatch* d, uint64_t token) {
 
 /* -------------------------------------------------------------- submit -- */
 
+/* Whether any worker has native calls in flight (whose inputs may come
+ * back). */
+static int native_in_flight(PfbDispatch* d) {
+  for (int i = 0; i < d->workers_count; ++i)
+    if (__atomic_load_n(&d->workers[i].in_flight, SC) != 0) return 1;
+  return 0;
+}
+
 /* Blocks for `count` sizes, all or none, waiting for room until `deadline`
- * (negative: none).  Sizes of 0 get no block (offset 0). */
+ * (negative: none) while native calls are in flight; ENOSPC when none is.
+ * Sizes of 0 get no block (offset 0). */
 static int alloc_blocks(PfbDispatch* d, const uint64_t* sizes, uint32_t count,
                         uint64_t* offsets, int64_t deadline) {
   for (uint32_t i = 0; i < count; ++i)
@@ -573,18 +590,30 @@ static int alloc_blocks(PfbDispatch* d, const uint64_t* sizes, uint32_t count,
     }
     for (uint32_t i = 0; i < got; ++i)
       if (sizes[i]) pfb_arena_free(d->arena, offsets[i]);
-    /* Inputs come back as workers let go of them (INPUTS_BACK). */
+    /* Inputs come back as workers let go of them (INPUTS_BACK), after
+     * their calls.  With no native call in flight, the room there is now
+     * is all there will be (functions keep the rest; the Python path's
+     * calls are its own to judge, as _process.py _alloc does): the call
+     * goes to the Python path at once rather than after the timeout. */
+    /* Counted before in_flight is read (on_done lowers in_flight, then
+     * reads this): either this sees the DONE, or its reply thread sees
+     * this waiter and wakes it. */
+    __atomic_add_fetch(&d->room_waiters, 1, SC);
+    int rc = !native_in_flight(d) ? ENOSPC
+             : deadline >= 0 && now_ns() >= deadline ? ETIMEDOUT : 0;
+    if (rc != 0) {
+      __atomic_sub_fetch(&d->room_waiters, 1, SC);
+      pthread_mutex_unlock(&d->arena_lock);
+      return rc;
+    }
     if (deadline >= 0) {
       int64_t at = deadline;
-      if (now_ns() >= at) {
-        pthread_mutex_unlock(&d->arena_lock);
-        return ETIMEDOUT;
-      }
       struct timespec limit = {(time_t)(at / 1000000000), (long)(at % 1000000000)};
       pthread_cond_timedwait(&d->room, &d->arena_lock, &limit);
     } else {
       pthread_cond_wait(&d->room, &d->arena_lock);
     }
+    __atomic_sub_fetch(&d->room_waiters, 1, SC);
   }
 }
 
@@ -650,6 +679,27 @@ static void post_back(Worker* w) {
   memmove(items, items + start, (n - start) * sizeof(uint64_t));
   w->back.count = n - start;
   pthread_mutex_unlock(&w->back_lock);
+}
+
+void pfb_dispatch_flush(PfbDispatch* d, int index) {
+  if (index < 0 || index >= d->workers_count || __atomic_load_n(&d->closed, SC)) return;
+  Worker* w = &d->workers[index];
+  pthread_mutex_lock(&w->back_lock);
+  int waiting = w->back.count != 0;
+  pthread_mutex_unlock(&w->back_lock);
+  /* (`forget` is guarded by `post`: a stale look only sends it next time) */
+  if (!waiting && __atomic_load_n(&w->forget.count, __ATOMIC_RELAXED) == 0) return;
+  /* Busy: a producer is posting, and takes them (or the next one will).
+   * Never waited for: a producer may hold it while it waits for room on
+   * the ring, which may wait for the caller (a reader thread) here. */
+  if (pthread_mutex_trylock(&w->post) != 0) return;
+  if (w->attached) {
+    post_back(w);
+    uint64_t rung = w->requests.wakes;
+    pfb_ring_notify(&w->requests);  /* rings only a worker that sleeps */
+    bump(&d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
+  }
+  pthread_mutex_unlock(&w->post);
 }
 
 /* A worker whose call has run this long is passed over while another one

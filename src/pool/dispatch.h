@@ -142,7 +142,9 @@ void pfb_dispatch_forget(PfbDispatch* d, uint64_t token);
  * room), picks the worker with the fewest calls in flight, posts a LOAD if
  * it lacks the token and the CALL, and rings its doorbell if it sleeps.
  * 0; EAGAIN: no worker attached; ENOENT: token not registered; ETIMEDOUT;
- * E2BIG: the inputs can never fit the arena; EPIPE: closed. */
+ * ENOSPC: no room, and no native call in flight to make any (functions
+ * keep the blocks); E2BIG: the inputs can never fit the arena; EPIPE:
+ * closed. */
 int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
                         const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
                         PfbDispatchCall* call);
@@ -152,6 +154,13 @@ int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns);
 /* The caller is done with the call: frees its reply and error; a call not
  * completed yet is abandoned (its reply thread hands its results back). */
 void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call);
+
+/* Posts what waits to go to worker `index` with its next request (result
+ * blocks handed back, FORGETs), now: the pool's Python path calls this when
+ * it writes to the worker's socket, since that worker's next ring request
+ * may never come (its later calls all eager), and its result arena would
+ * stay full of blocks nobody holds. */
+void pfb_dispatch_flush(PfbDispatch* d, int index);
 
 /* Result arenas (PfbDispatchArena): a reference more (for a block the
  * caller keeps), one less, and a block handed back to its worker (with that
@@ -188,18 +197,33 @@ void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out);
  * function's statistics read them (pfb.stats()).  Calls that fall back to
  * Python are counted there instead. */
 typedef struct PfbDispatchRouteCounts {
-  uint64_t calls;        /* answered by a worker or failed natively */
+  uint64_t calls;        /* answered by a worker (returned or raised) */
   uint64_t replied;      /* of those, handed to Python with their reply (the
                           * conversion layer counts them for the function) */
-  uint64_t errors;       /* failed: the worker died or the pool closed */
-  uint64_t bytes_in;     /* inputs' data copied into the input arena */
+  uint64_t errors;       /* failed natively: the worker died or the pool
+                          * closed (the function's calls and errors, not
+                          * the pool's calls, which its workers answered) */
+  uint64_t bytes_in;     /* answered calls' inputs' data (strings' bytes) */
   uint64_t bytes_out;    /* results' data */
   uint64_t shared_out;   /* results' bytes handed to TF without a copy */
   uint64_t copied_out;   /* results' bytes copied (copy=True) */
-  uint64_t copies_saved; /* results the worker shared without a copy, not copied here */
+  uint64_t copies_saved; /* results handed over from a result block without a copy
+                          * here (not under copy=True), whether the worker
+                          * shared or copied them; a NumPy scalar (a 0-d record
+                          * the worker wrote) saves none, as on the Python
+                          * path, which pickles it */
   uint64_t queued_ns;    /* posted -> its worker started it */
   uint64_t worker_ns;    /* its worker started -> finished it */
   uint64_t total_ns;     /* the kernel's whole call */
+  uint64_t worker_copied; /* results' bytes the worker copied into its arena
+                           * (not its function's own arena memory; NumPy
+                           * scalars aside): the function's "worker" copies */
+  /* Of bytes_in, as the function's statistics count them (the Python
+   * path's rule): strings' bytes (its "string" copies), and numbers copied
+   * for the worker (its "worker" copies; not a 0-d input that the function
+   * takes as a NumPy scalar). */
+  uint64_t strings_in;
+  uint64_t worker_in;
 } PfbDispatchRouteCounts;
 
 struct PfbDispatchApi;

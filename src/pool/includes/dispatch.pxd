@@ -58,6 +58,9 @@ cdef extern from "dispatch.h" nogil:
         uint64_t queued_ns
         uint64_t worker_ns
         uint64_t total_ns
+        uint64_t worker_copied
+        uint64_t strings_in
+        uint64_t worker_in
 
     ctypedef struct PfbDispatchRoute:
         uint32_t refs
@@ -69,6 +72,7 @@ cdef extern from "dispatch.h" nogil:
     void pfb_dispatch_delete(PfbDispatch* d)
     void pfb_dispatch_disown(PfbDispatch* d)
     void pfb_dispatch_forget(PfbDispatch* d, uint64_t token)
+    void pfb_dispatch_flush(PfbDispatch* d, int index)
     void pfb_dispatch_arena_keep(PfbDispatchArena* arena)
     void pfb_dispatch_arena_drop(PfbDispatchArena* arena)
     void pfb_dispatch_arena_back(PfbDispatchArena* arena, uint64_t offset)

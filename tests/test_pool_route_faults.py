@@ -1,0 +1,227 @@
+"""Faults found by an adversarial pass over the kernel's native route to a
+pool (src/kernel/pool_route.*, src/pool/dispatch.*): each test failed on the
+code before its fix.  A call takes the route in a tf.data map, on TF's
+threads, after the kernel's first call; the same map over a pool with a
+timeout (which offers no route) takes the Python path, the reference for
+what the native path must do and report."""
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import pyfunc_bridge as pfb
+import process_functions as pf
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+
+POOL_NAME = "route faults pool"
+
+
+def attached(pool):
+    """Waits until every worker serves its ring (a call that finds none
+    attached takes the Python path whole)."""
+    deadline = time.monotonic() + 60
+    while not all(w.generation for w in pool._workers):
+        assert time.monotonic() < deadline, "the workers never attached"
+        time.sleep(0.01)
+    return pool
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with pfb.ProcessPool(1, name=POOL_NAME) as shared:
+        yield attached(shared)
+
+
+@pytest.fixture(scope="module")
+def python_path_pool():
+    """A pool of the same name (so the same record) whose calls all take the
+    Python path: with a timeout, it offers kernels no route."""
+    with pfb.ProcessPool(1, name=POOL_NAME, timeout=600) as shared:
+        yield shared
+
+
+def counted(pool, func, make, dtype, n=12):
+    """pfb.stats() of a sequential tf.data map of `n` calls of `func` (input
+    `make(i)`) in `pool`."""
+    pfb.reset_stats()
+    list(tf.data.Dataset.range(n).map(
+        lambda i: pfb.numpy_function(func, [make(i)], dtype, executor=pool,
+                                     name="route_fault_fn")))
+    snapshot = pfb.stats()
+    pool_record = dataclasses.asdict(snapshot.pools[POOL_NAME])
+    del pool_record["seconds_queued"], pool_record["seconds_in_workers"]
+    function = snapshot.functions["route_fault_fn"]
+    return pool_record, (function.calls, function.errors, function.bytes_zero_copy,
+                         function.bytes_copied)
+
+
+def floats(i):
+    return tf.fill([64], tf.cast(i, tf.float32))
+
+
+def one_float(i):
+    return tf.fill([1], tf.cast(i, tf.float32))
+
+
+@pytest.mark.parametrize("func, make, dtype", [
+    # A result the worker copies into its arena (an input view; a fresh
+    # array under the handler's 64 KiB): copies_saved counts it (handed
+    # over from shared memory without a copy here), and the worker's copy
+    # counts in the function's "worker" bytes.
+    (pf.identity, floats, tf.float32),
+    (pf.double, floats, tf.float32),
+    (pf.two_results, floats, [tf.float32, tf.float32]),
+    # Strings come back pickled: their bytes count in bytes_out.
+    (pf.upper, lambda i: tf.strings.as_string(tf.fill([3], i)), tf.string),
+    (pf.identity, lambda i: tf.strings.as_string(i), tf.string),
+    # numpy_function's usual NumPy scalar; a 0-d input (a NumPy scalar for
+    # the function: a value, not a copy).
+    (pf.pid, one_float, tf.int64),
+    (pf.double, lambda i: tf.cast(i, tf.float64), tf.float64),
+], ids=["input view", "fresh", "two results", "strings", "0-d string", "numpy scalar",
+        "0-d input"])
+def test_native_calls_count_as_the_python_path_counts(pool, python_path_pool, stats_on, func,
+                                                      make, dtype):
+    python_path = counted(python_path_pool, func, make, dtype)
+    assert python_path_pool._routes == {}
+    native = counted(pool, func, make, dtype)
+    counts = [r.counts() for r in pool._routes.values()]
+    assert sum(c["calls"] for c in counts) >= 8  # the map's calls after its first
+    assert native == python_path
+
+
+def test_a_full_input_arena_sends_native_calls_to_python_at_once():
+    """A function that keeps its inputs fills the input arena for good.  The
+    Python path sees that no call in flight holds blocks, so the room there
+    is all there will be, and sends the inputs pickled at once; the native
+    path waited a second for room before each call though no native call
+    in flight could free any (24 calls in a map of two parallel calls: 10 s,
+    against 0.1 s on the Python path)."""
+    with attached(pfb.ProcessPool(1, arena_bytes=1 << 20, name="full arena pool")) as pool:
+        dataset = tf.data.Dataset.range(24).map(
+            lambda i: pfb.numpy_function(pf.keeps_its_input,
+                                         [tf.fill([65536], tf.cast(i, tf.float32))],
+                                         tf.float32, executor=pool),  # 256 KiB each
+            num_parallel_calls=2, deterministic=True)  # a call waits while one is in flight
+        began = time.monotonic()
+        out = list(dataset)
+        took = time.monotonic() - began
+        assert [float(v[0]) for v in out] == [2.0 * i for i in range(24)]
+        # Four inputs fill the arena; the others go pickled, each after a
+        # full second's wait before the fix (a stall, not a speed: at least
+        # 10 s, against a fraction of one).
+        assert took < 5, f"24 calls took {took:.1f} s"
+
+
+def test_result_blocks_of_dropped_native_outputs_go_back_with_python_path_calls(stats_on):
+    """A native output's block goes back to its worker with the next request
+    the dispatcher posts to it.  When the worker's later calls are all on the
+    Python path (eager calls), they carried none of those blocks: its result
+    arena stayed full of results nobody held, and eager results that would
+    have come back in shared memory came back pickled (half of them)."""
+    with attached(pfb.ProcessPool(1, arena_bytes=1 << 22, name="blocks back pool")) as pool:
+        dataset = tf.data.Dataset.range(16).map(
+            lambda i: pfb.numpy_function(pf.large_fresh, [i], tf.float32, executor=pool),
+            num_parallel_calls=2)  # 16 x 256 KiB: the 4 MiB arena
+        outputs = list(dataset)
+        assert sum(r.counts()["calls"] for r in pool._routes.values()) >= 10
+        del outputs  # (their blocks wait for a request to the worker)
+        pfb.reset_stats()
+        kept = [pfb.numpy_function(pf.large_fresh, [tf.constant(i)], tf.float32, executor=pool)
+                for i in range(8)]  # eager: the Python path
+        assert all(float(tf.reduce_sum(k)) == 1 << 16 for k in kept)
+        assert pfb.stats().pools["blocks back pool"].copies_saved == 8
+
+
+def killed_mid_call(pool, name):
+    """A sequential map of sleep_at_eight over `pool`, whose worker is
+    killed while it runs element 8 (elements 0-7 answered); pfb.stats()'s
+    records of the pool and of the function."""
+    pfb.reset_stats()
+    errors = []
+
+    def run():
+        dataset = tf.data.Dataset.range(12).map(lambda i: pfb.numpy_function(
+            pf.sleep_at_eight, [tf.cast(i, tf.float32)], tf.float32, executor=pool,
+            name="killed_fn"))
+        try:
+            list(dataset)
+        except tf.errors.OpError as exc:
+            errors.append(exc)
+    (victim,) = pool._workers
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not victim.channel.running_call and not victim.pending:
+        assert time.monotonic() < deadline, "no call started"
+        time.sleep(0.01)
+    while pfb.stats().functions.get("killed_fn", None) is None or \
+            pfb.stats().functions["killed_fn"].calls < 8:
+        assert time.monotonic() < deadline, "elements 0-7 never ran"
+        time.sleep(0.01)
+    time.sleep(0.3)  # element 8 sleeps in the worker
+    os.kill(victim.pid, signal.SIGKILL)
+    thread.join(60)
+    assert not thread.is_alive() and len(errors) == 1
+    snapshot = pfb.stats()
+    return snapshot.pools[name], snapshot.functions["killed_fn"]
+
+
+def test_a_call_failed_by_its_worker_s_death_is_not_counted_as_answered(stats_on):
+    """The pool's calls and bytes_in count the calls its workers answered;
+    a call whose worker died is the function's error only.  The native
+    route counted it in the pool's record too."""
+    name = "killed stats pool"
+    with pfb.ProcessPool(1, name=name, timeout=600) as python_path_pool:
+        pool_record, function = killed_mid_call(python_path_pool, name)
+        assert (function.calls, function.errors) == (9, 1)
+        assert (pool_record.calls, pool_record.bytes_in) == (8, 32)
+    with attached(pfb.ProcessPool(1, name=name)) as pool:
+        pool_record, function = killed_mid_call(pool, name)
+        assert sum(r.counts()["calls"] for r in pool._routes.values()) >= 4
+        assert (function.calls, function.errors) == (9, 1)
+        assert (pool_record.calls, pool_record.bytes_in) == (8, 32)
+
+
+# Daemon threads iterate tf.data maps through a pool (natively, after each
+# map's first calls) while the main thread ends.
+_EXIT_SCRIPT = r"""
+import threading, time
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+pool = pfb.ProcessPool(2)
+def iterate():
+    dataset = tf.data.Dataset.range(1 << 40).map(
+        lambda i: pfb.numpy_function(pf.identity, [tf.cast(i, tf.float32)], tf.float32,
+                                     executor=pool), num_parallel_calls=4)
+    for _ in dataset:
+        pass
+for _ in range(4):
+    threading.Thread(target=iterate, daemon=True).start()
+while not pool._routes:
+    time.sleep(0.01)
+time.sleep(0.5)
+"""
+
+
+def test_maps_in_daemon_threads_end_quietly_at_exit():
+    """A daemon thread whose pool call fails because the pool was closed at
+    exit ends silently.  A map's call that began after the close said the
+    pool "is closed", which the exit's filter did not know: tracebacks at
+    most exits (the native route's call finds the pool closed, and the
+    Python path that takes it over says so)."""
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], cwd=TESTS,
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, TESTS])})
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "Traceback" not in run.stderr, run.stderr[-3000:]
