@@ -697,7 +697,9 @@ cdef class Dispatcher:
         cdef const char* c_text = text
         with nogil:
             pfb_dispatch_lost(self._d, index, code, c_text)
-        self._held.pop(index, None)
+        # The channel (its control segment's mapping) stays until the slot
+        # is attached again: a submit that read `attached` a moment before
+        # lost() may still read the segment's running call (choose()).
 
     def register(self, uint64_t token, const unsigned char[::1] payload):
         if pfb_dispatch_register(self._d, token, &payload[0] if payload.shape[0] else NULL,

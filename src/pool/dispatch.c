@@ -78,6 +78,7 @@ typedef struct Worker {
   int attached;
   uint64_t generation;
   PfbPoolControl* control; /* its segment (set at attach): what it runs now */
+  int doorbell;           /* its eventfd, a duplicate owned from attach to lost */
   PfbRing requests;       /* producer: whoever holds `post` */
   PfbRing replies;        /* consumer: the reply thread only */
   /* Its result arena, mapped by the dispatcher: one reference, from attach
@@ -327,6 +328,7 @@ PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int worker
     Worker* w = &d->workers[i];
     w->d = d;
     w->index = i;
+    w->doorbell = -1;
     pthread_mutex_init(&w->post, NULL);
     pthread_mutex_init(&w->calls, NULL);
     pthread_mutex_init(&w->back_lock, NULL);
@@ -367,9 +369,18 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
   arena->generation = generation;
   arena->base = (char*)mapped;
   arena->bytes = result_bytes;
+  /* A descriptor of its own, closed by lost(): Python may close its own
+   * while a submit still rings this one. */
+  int bell = dup(doorbell);
+  if (bell < 0) {
+    int err = errno;
+    pthread_mutex_unlock(&w->post);
+    return err;
+  }
+  w->doorbell = bell;
   pfb_ring_attach(&w->requests, &control->requests, pfb_pool_request_slots(control),
                   control->ring_slots);
-  pfb_ring_set_doorbell(&w->requests, doorbell);
+  pfb_ring_set_doorbell(&w->requests, bell);
   pfb_ring_attach(&w->replies, &control->replies, pfb_pool_reply_slots(control),
                   control->ring_slots);
   w->arena = arena;
@@ -387,6 +398,8 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
   } else {
     w->arena = NULL;
     pfb_dispatch_arena_drop(arena);
+    close(w->doorbell);
+    w->doorbell = -1;
   }
   pthread_mutex_unlock(&w->post);
   return rc;
@@ -400,6 +413,8 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   int joined = w->has_thread;
   pthread_t thread = w->thread;
   w->has_thread = 0;
+  if (w->doorbell >= 0) close(w->doorbell);  /* no producer is under way, none comes */
+  w->doorbell = -1;
   pthread_mutex_unlock(&w->post);
   if (joined) {
     pfb_ring_close(&w->replies);  /* (the caller closed it too: idempotent) */

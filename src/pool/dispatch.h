@@ -117,10 +117,12 @@ void pfb_dispatch_release(PfbDispatch* d);
  * its memory is never freed. */
 void pfb_dispatch_disown(PfbDispatch* d);
 
-/* Worker slot `index` is served by a worker with this control segment and
- * doorbell (an eventfd the caller keeps open until the worker is lost) and
- * this result arena (mapped at `result_base`): starts its reply thread.  0,
- * or an errno. */
+/* Worker slot `index` is served by a worker with this control segment
+ * (which the caller keeps mapped until the slot is attached again or the
+ * dispatcher deleted: a submit may read it a moment after lost()), this
+ * doorbell (an eventfd: the dispatcher rings a duplicate of its own, closed
+ * by lost()) and this result arena (mapped at `result_base`; the
+ * dispatcher maps it again): starts its reply thread.  0, or an errno. */
 int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int doorbell,
                         const char* result_base, uint64_t result_bytes, uint64_t generation);
 /* The worker of slot `index` ended: its calls in flight fail with
