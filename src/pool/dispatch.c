@@ -4,16 +4,15 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "arena.h"
+#include "futex.h"
 #include "records.h"
 #include "ring.h"
 
@@ -126,12 +125,6 @@ struct PfbDispatch {
 
 /* ------------------------------------------------------------- helpers -- */
 
-static int64_t now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 static uint64_t wall_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_REALTIME, &t);
@@ -143,25 +136,10 @@ static void bump(uint64_t* field, int64_t delta) { __atomic_add_fetch(field, del
 static int counting_on = 1;  /* pfb_dispatch_set_counting */
 static uint64_t next_call_id;  /* atomic: every dispatcher's calls */
 
-/* The caller and the reply thread are in this process: private futexes. */
-static void futex_wait_private(uint32_t* word, uint32_t expected, int64_t ns) {
-  struct timespec timeout;
-  struct timespec* limit = NULL;
-  if (ns >= 0) {
-    timeout.tv_sec = (time_t)(ns / 1000000000);
-    timeout.tv_nsec = (long)(ns % 1000000000);
-    limit = &timeout;
-  }
-  syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, expected, limit, NULL, 0);
-}
-
-static void futex_wake_private(uint32_t* word) {
-  syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-}
-
 static void complete(PfbDispatchCall* call, uint32_t state) {
   __atomic_store_n(&call->state, state, SC);
-  futex_wake_private(&call->state);
+  /* The caller is in this process: a private futex. */
+  pfb_futex_wake(&call->state, INT_MAX, FUTEX_WAKE_PRIVATE);
 }
 
 /* Frees input blocks the worker handed back (or held when it was lost). */
@@ -615,7 +593,7 @@ static int alloc_blocks(PfbDispatch* d, const uint64_t* sizes, uint32_t count,
      * this waiter and wakes it. */
     __atomic_add_fetch(&d->room_waiters, 1, SC);
     int rc = !native_in_flight(d) ? ENOSPC
-             : deadline >= 0 && now_ns() >= deadline ? ETIMEDOUT : 0;
+             : deadline >= 0 && pfb_now_ns() >= deadline ? ETIMEDOUT : 0;
     if (rc != 0) {
       __atomic_sub_fetch(&d->room_waiters, 1, SC);
       pthread_mutex_unlock(&d->arena_lock);
@@ -655,7 +633,7 @@ static void hand_blocks(PfbDispatch* d, Worker* w, const uint64_t* sizes,
 /* Posts one built message (w->scratch) on w's request ring; `post` held. */
 static int post_scratch(Worker* w, int64_t deadline) {
   uint32_t slots = w->scratch[0].message.slots;
-  int64_t left = deadline < 0 ? -1 : deadline - now_ns();
+  int64_t left = deadline < 0 ? -1 : deadline - pfb_now_ns();
   if (deadline >= 0 && left < 0) left = 0;
   int rc = pfb_ring_wait_room(&w->requests, slots, left);
   if (rc != 0) return rc;
@@ -731,7 +709,7 @@ static Worker* choose(PfbDispatch* d) {
   Worker* best = NULL;
   int best_long = 1;
   uint32_t fewest = UINT32_MAX;
-  int64_t now = now_ns();
+  int64_t now = pfb_now_ns();
   for (int i = 0; i < d->workers_count; ++i) {
     Worker* w = &d->workers[i];
     if (!__atomic_load_n(&w->attached, SC)) continue;
@@ -751,7 +729,7 @@ static Worker* choose(PfbDispatch* d) {
 static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
                   const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
                   PfbDispatchCall* call) {
-  int64_t deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+  int64_t deadline = timeout_ns < 0 ? -1 : pfb_now_ns() + timeout_ns;
   if (count > PFB_POOL_MAX_MESSAGE_SLOTS) return E2BIG;
   pthread_mutex_lock(&d->tokens_lock);
   Token* fn = find_token(d, token);
@@ -890,16 +868,16 @@ int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
 }
 
 int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns) {
-  int64_t deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+  int64_t deadline = timeout_ns < 0 ? -1 : pfb_now_ns() + timeout_ns;
   for (;;) {
     uint32_t state = __atomic_load_n(&call->state, SC);
     if (state != PFB_DISPATCH_WAITING) return 0;
     int64_t left = -1;
     if (deadline >= 0) {
-      left = deadline - now_ns();
+      left = deadline - pfb_now_ns();
       if (left <= 0) return ETIMEDOUT;
     }
-    futex_wait_private(&call->state, PFB_DISPATCH_WAITING, left);
+    pfb_futex_wait(&call->state, PFB_DISPATCH_WAITING, left, FUTEX_WAIT_PRIVATE);
   }
 }
 

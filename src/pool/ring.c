@@ -3,11 +3,11 @@
  * consistent (see shm_layout.h for why no wake-up is lost). */
 #include "ring.h"
 
+#include "futex.h"
+
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include <stdint.h>
@@ -24,34 +24,10 @@ static void cpu_relax(void) {
 #endif
 }
 
-static int64_t now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-/* Sleeps while *word == expected, at most `ns` (negative: no limit).  Not
- * FUTEX_PRIVATE: the waker is another process.  EINTR, EAGAIN (the word
- * changed first) and ETIMEDOUT all send the caller back to its checks. */
-static void futex_wait(uint32_t* word, uint32_t expected, int64_t ns) {
-  struct timespec timeout;
-  struct timespec* limit = NULL;
-  if (ns >= 0) {
-    timeout.tv_sec = (time_t)(ns / 1000000000);
-    timeout.tv_nsec = (long)(ns % 1000000000);
-    limit = &timeout;
-  }
-  syscall(SYS_futex, word, FUTEX_WAIT, expected, limit, NULL, 0);
-}
-
-static void futex_wake(uint32_t* word, int waiters) {
-  syscall(SYS_futex, word, FUTEX_WAKE, waiters, NULL, NULL, 0);
-}
-
 /* The time left before `deadline` (negative deadline: no limit, -1). */
 static int64_t time_left(int64_t deadline) {
   if (deadline < 0) return -1;
-  int64_t left = deadline - now_ns();
+  int64_t left = deadline - pfb_now_ns();
   return left > 0 ? left : 0;
 }
 
@@ -88,8 +64,8 @@ void pfb_ring_close(PfbRing* ring) {
    * return at once. */
   __atomic_fetch_add(&w->items_wake, 1, SC);
   __atomic_fetch_add(&w->space_wake, 1, SC);
-  futex_wake(&w->items_wake, INT_MAX);
-  futex_wake(&w->space_wake, INT_MAX);
+  pfb_futex_wake(&w->items_wake, INT_MAX, FUTEX_WAKE);
+  pfb_futex_wake(&w->space_wake, INT_MAX, FUTEX_WAKE);
 }
 
 /* ------------------------------------------------------------ producer -- */
@@ -102,7 +78,7 @@ uint32_t pfb_ring_room(const PfbRing* ring) {
 int pfb_ring_wait_room(PfbRing* ring, uint32_t slots, int64_t timeout_ns) {
   PfbPoolRingWords* w = ring->words;
   if (slots > ring->capacity) return EMSGSIZE;
-  int64_t deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+  int64_t deadline = timeout_ns < 0 ? -1 : pfb_now_ns() + timeout_ns;
   for (;;) {
     if (pfb_ring_closed(ring)) return EPIPE;
     if (pfb_ring_room(ring) >= slots) return 0;
@@ -112,7 +88,7 @@ int pfb_ring_wait_room(PfbRing* ring, uint32_t slots, int64_t timeout_ns) {
     STORE(w->producer_sleeping, 1, SC);
     if (pfb_ring_room(ring) < slots && !pfb_ring_closed(ring)) {
       ++ring->sleeps;
-      futex_wait(&w->space_wake, seen, left);
+      pfb_futex_wait(&w->space_wake, seen, left, FUTEX_WAIT);
     }
     STORE(w->producer_sleeping, 0, SC);
   }
@@ -149,7 +125,7 @@ int pfb_ring_notify(PfbRing* ring) {
     return 1;
   }
   __atomic_fetch_add(&w->items_wake, 1, SC);
-  futex_wake(&w->items_wake, 1);
+  pfb_futex_wake(&w->items_wake, 1, FUTEX_WAKE);
   ++ring->wakes;
   return 1;
 }
@@ -168,7 +144,7 @@ int pfb_ring_wait_items(PfbRing* ring, int64_t timeout_ns, uint32_t checks) {
     if (pfb_ring_available(ring)) return 0;
     cpu_relax();
   }
-  int64_t deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+  int64_t deadline = timeout_ns < 0 ? -1 : pfb_now_ns() + timeout_ns;
   for (;;) {
     if (pfb_ring_available(ring)) return 0;
     if (pfb_ring_closed(ring)) return EPIPE;
@@ -180,7 +156,7 @@ int pfb_ring_wait_items(PfbRing* ring, int64_t timeout_ns, uint32_t checks) {
      * could see the flag is found here instead of being slept through. */
     if (!pfb_ring_available(ring) && !pfb_ring_closed(ring)) {
       ++ring->sleeps;
-      futex_wait(&w->items_wake, seen, left);
+      pfb_futex_wait(&w->items_wake, seen, left, FUTEX_WAIT);
     }
     STORE(w->consumer_sleeping, 0, SC);
   }
@@ -206,7 +182,7 @@ int pfb_ring_read(PfbRing* ring, PfbPoolSlot* out, uint32_t max_slots) {
   STORE(w->head, head + slots, SC);
   if (LOAD(w->producer_sleeping, SC)) {
     __atomic_fetch_add(&w->space_wake, 1, SC);
-    futex_wake(&w->space_wake, 1);
+    pfb_futex_wake(&w->space_wake, 1, FUTEX_WAKE);
     ++ring->wakes;
   }
   return (int)slots;
