@@ -640,37 +640,30 @@ static int post_scratch(Worker* w, int64_t deadline) {
   return pfb_ring_write(&w->requests, w->scratch);
 }
 
+/* Posts `list` as `kind` messages of words, as many as the ring takes now,
+ * and keeps the rest for next time; `post` held. */
+static void post_words(Worker* w, uint16_t kind, Words* list) {
+  uint32_t per = PFB_POOL_WORDS_PER_SLOT *
+                 (w->requests.capacity > 64 ? 63 : w->requests.capacity - 1);
+  size_t sent = 0;
+  while (sent < list->count) {
+    pfb_msg_init(w->scratch, kind);
+    size_t k = 0;
+    for (; k < per && sent + k < list->count; ++k)
+      pfb_msg_add_word(w->scratch, PFB_POOL_MAX_MESSAGE_SLOTS, list->items[sent + k]);
+    if (pfb_ring_write(&w->requests, w->scratch) != 0) break;  /* no room now */
+    sent += k;
+  }
+  memmove(list->items, list->items + sent, (list->count - sent) * sizeof(uint64_t));
+  list->count -= sent;
+}
+
 /* Posts the tokens to forget, then the result blocks waiting to go back
  * to `w`; `post` held.  What has no room now goes next time. */
 static void post_back(Worker* w) {
-  uint32_t per_forget = PFB_POOL_WORDS_PER_SLOT *
-                        (w->requests.capacity > 64 ? 63 : w->requests.capacity - 1);
-  size_t sent = 0;
-  while (sent < w->forget.count) {
-    pfb_msg_init(w->scratch, PFB_POOL_MSG_FORGET);
-    size_t k = 0;
-    for (; k < per_forget && sent + k < w->forget.count; ++k)
-      pfb_msg_add_word(w->scratch, PFB_POOL_MAX_MESSAGE_SLOTS, w->forget.items[sent + k]);
-    if (pfb_ring_write(&w->requests, w->scratch) != 0) break;
-    sent += k;
-  }
-  memmove(w->forget.items, w->forget.items + sent, (w->forget.count - sent) * sizeof(uint64_t));
-  w->forget.count -= sent;
+  post_words(w, PFB_POOL_MSG_FORGET, &w->forget);
   pthread_mutex_lock(&w->back_lock);
-  size_t n = w->back.count;
-  uint64_t* items = w->back.items;
-  uint32_t per = PFB_POOL_WORDS_PER_SLOT * (w->requests.capacity > 64 ? 63 : w->requests.capacity - 1);
-  size_t start = 0;
-  while (start < n) {
-    pfb_msg_init(w->scratch, PFB_POOL_MSG_RESULTS_BACK);
-    size_t k = 0;
-    for (; k < per && start + k < n; ++k)
-      pfb_msg_add_word(w->scratch, PFB_POOL_MAX_MESSAGE_SLOTS, items[start + k]);
-    if (pfb_ring_write(&w->requests, w->scratch) != 0) break;  /* no room now: next time */
-    start += k;
-  }
-  memmove(items, items + start, (n - start) * sizeof(uint64_t));
-  w->back.count = n - start;
+  post_words(w, PFB_POOL_MSG_RESULTS_BACK, &w->back);
   pthread_mutex_unlock(&w->back_lock);
 }
 
