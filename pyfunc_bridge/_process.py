@@ -847,16 +847,8 @@ class ProcessPool:
                     # leaving keeps this frame alive with its traceback, and
                     # the result's blocks must go back when it is dropped.
                     return self._decode(payload, worker, moved, conversion.worker_result)
-            error = payload if ok is None else _worker_exception(payload)
-            payload = None
-            try:
-                raise error
-            finally:
-                # The error's traceback holds this frame: a frame that held
-                # the error too would make a cycle, which kept the pool, the
-                # caller's frames and the results they hold (their workers'
-                # shared memory) until the next garbage collection.
-                error = None
+            payload = [payload if ok is None else _worker_exception(payload)]
+            _raise_acyclic(payload.pop())  # popped: no local of this frame keeps it
         except BaseException:
             self._abandon(call)
             raise
@@ -1428,20 +1420,13 @@ def native_reply(pool_name, address, writable=False, counters=None):
             several = type(value) in (list, tuple)
             count(sum(map(_pool_stats.data_bytes, value if several else [value])), 0)
             return value, 0, [None] * (len(value) if several else 1)
-        error = _worker_exception(pickle.loads(data))
-        try:
-            raise error
-        finally:
-            error = None
+        _raise_acyclic(_worker_exception(pickle.loads(data)))
     if message.status != pw.STATUS_OK:
         offset, size = message.block
-        error = (_worker_exception(pickle.loads(read_block(offset, size))) if size
-                 else RuntimeError(f"pyfunc_bridge: a worker of {pool_name} failed a call "
-                                   f"and could not send its error (no room in its arena)"))
-        try:
-            raise error
-        finally:
-            error = None  # (the traceback holds this frame: no cycle)
+        _raise_acyclic(
+            _worker_exception(pickle.loads(read_block(offset, size))) if size
+            else RuntimeError(f"pyfunc_bridge: a worker of {pool_name} failed a call "
+                              f"and could not send its error (no room in its arena)"))
     values, facts = [], []
     bytes_out = saved = moved = 0
     for code, bits, lanes, flags, offset, size, shape in message.items:
@@ -1463,6 +1448,19 @@ def native_reply(pool_name, address, writable=False, counters=None):
     if message.flags == pw.DONE_ONE and len(values) == 1:
         return values[0], moved, facts
     return (values if message.flags == pw.DONE_LIST else tuple(values)), moved, facts
+
+
+def _raise_acyclic(error):
+    """Raises `error` with no frame of its traceback holding it: the error's
+    traceback holds the frames it passes, and a frame that held the error
+    too would make a cycle, which kept the pool, the caller's frames and the
+    results they hold (their workers' shared memory) until the next garbage
+    collection.  Pass the error as an expression, or clear the caller's
+    local: this frame clears its own."""
+    try:
+        raise error
+    finally:
+        error = None
 
 
 def _worker_exception(payload):
