@@ -1,6 +1,6 @@
 """Build of pyfunc_bridge's compiled layers.
 
-- pyfunc_bridge/_kernels.so: the TF ops and kernels (C++, src/kernel/),
+- pyfunc_bridge/_kernels*.so: the TF ops and kernels (C++, src/kernel/),
   built with tf.sysconfig's flags and loaded with tf.load_op_library.
 - pyfunc_bridge/_conversion*.so: the Cython conversion layer (src/conversion/).
 - pyfunc_bridge/_pool_worker*.so: a ProcessPool worker's own module (src/pool/:
@@ -12,7 +12,6 @@ The first two use the dlpack.h that ships in TensorFlow's wheel.
 """
 import os
 import sys
-import sysconfig
 
 import numpy as np
 import tensorflow as tf
@@ -52,14 +51,10 @@ with open(os.path.join(HERE, "pyfunc_bridge", "_build_config.py"), "w") as f:
 
 
 class BuildExt(build_ext):
-    """The kernel library is a plain shared object, not a Python module."""
-
-    def get_ext_filename(self, fullname):
-        filename = super().get_ext_filename(fullname)
-        if fullname.split(".")[-1] == "_kernels":
-            suffix = sysconfig.get_config_var("EXT_SUFFIX")
-            filename = filename[: -len(suffix)] + ".so"
-        return filename
+    """The kernel library is a plain shared object, not a Python module.  It
+    keeps the Python-specific suffix (_kernels.cpython-312-x86_64-linux-gnu.so)
+    because it calls CPython's thread-state API: one checkout can hold a build
+    for each Python."""
 
     def get_export_symbols(self, ext):
         if ext.name == "pyfunc_bridge._kernels":

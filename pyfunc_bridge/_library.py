@@ -7,6 +7,7 @@ that ``import pyfunc_bridge`` costs little beyond ``import tensorflow``.
 """
 import atexit
 import importlib
+import importlib.machinery
 import logging
 import os
 import re
@@ -27,7 +28,8 @@ except ModuleNotFoundError as exc:
         f"{_INSTALL_HINT}") from None
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_KERNELS = os.path.join(_HERE, "_kernels.so")
+# Named per Python (it calls CPython's C API), as extension modules are.
+_KERNELS = os.path.join(_HERE, "_kernels" + importlib.machinery.EXTENSION_SUFFIXES[0])
 _lock = threading.Lock()
 _ops = None
 _begin_shutdown = None  # the kernel's PyfuncBridge_BeginShutdown, once loaded

@@ -495,7 +495,7 @@ _SUBPROCESS = textwrap.dedent("""
 
     def state():
         with open("/proc/self/maps") as f:
-            kernels = sorted({line.split()[-1] for line in f if "_kernels.so" in line})
+            kernels = sorted({line.split()[-1] for line in f if "/_kernels." in line})
         return {
             "conversion": "pyfunc_bridge._conversion" in sys.modules,
             "kernels": kernels,

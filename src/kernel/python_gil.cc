@@ -3,10 +3,13 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <chrono>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -67,16 +70,36 @@ void LeaveCounted() {
   g_in_flight.fetch_sub(1);
 }
 
-// Thread states of TF worker threads that have exited, deleted by the next
+// Thread states of TF worker threads that have exited, cleared by the next
 // thread that holds the GIL.  An exiting thread must not wait for the GIL
 // itself: the thread that joins it may be holding it.
 std::mutex g_graveyard_mutex;
 std::vector<PyThreadState*> g_graveyard;
 std::atomic<bool> g_graveyard_full{false};
+// Cleared thread states whose deletion could not start (no thread could be
+// created); retried at the next burial.  Guarded by the GIL.
+std::vector<PyThreadState*> g_cleared;
 
-// GIL held: clears (threading.local data included) and deletes them.
+// Deletes cleared thread states on a thread that has no Python thread state.
+// Since CPython 3.12, PyThreadState_Delete unbinds the PyGILState binding of
+// the thread that calls it (it assumes the owner deletes its own state), so a
+// thread that runs Python would lose its own binding, never again see that it
+// holds the GIL, and keep it for ever.  Deleting needs no GIL.
+void DeleteOnUnboundThread(std::vector<PyThreadState*>& cleared) {
+  try {
+    std::thread([&cleared] {
+      for (PyThreadState* ts : cleared) PyThreadState_Delete(ts);
+    }).join();
+    cleared.clear();
+  } catch (const std::system_error&) {
+    // Kept for the next burial; exit frees them with the interpreter if none comes.
+  }
+}
+
+// GIL held: clears (threading.local data included) and deletes them.  Clearing
+// runs Python code (destructors), so it needs this thread's binding intact.
 void BuryExitedThreadStates() {
-  if (!g_graveyard_full.load(std::memory_order_acquire)) return;
+  if (!g_graveyard_full.load(std::memory_order_acquire) && g_cleared.empty()) return;
   std::vector<PyThreadState*> dead;
   {
     std::lock_guard<std::mutex> lock(g_graveyard_mutex);
@@ -85,9 +108,25 @@ void BuryExitedThreadStates() {
   }
   for (PyThreadState* ts : dead) {
     PyThreadState_Clear(ts);
-    PyThreadState_Delete(ts);
+    g_cleared.push_back(ts);
   }
+  DeleteOnUnboundThread(g_cleared);
 }
+
+// A forked child's Python (PyOS_AfterFork_Child) frees every thread state but
+// the forking thread's, those waiting here included: the child forgets them.
+// The mutex is held across fork so that no thread leaves it locked there.
+[[maybe_unused]] const bool g_fork_handlers = [] {
+  pthread_atfork([] { g_graveyard_mutex.lock(); },
+                 [] { g_graveyard_mutex.unlock(); },
+                 [] {
+                   g_graveyard.clear();
+                   g_cleared.clear();
+                   g_graveyard_full.store(false);
+                   g_graveyard_mutex.unlock();
+                 });
+  return true;
+}();
 
 // The Python thread state a TF worker thread pinned for itself; handed to the
 // graveyard when the thread exits (leaked once shutdown has begun).
