@@ -104,16 +104,23 @@ pool_worker = Extension(
     extra_link_args=SANITIZER_FLAGS,
 )
 
+# Generated C per Python and NumPy: it follows the cimported numpy .pxd, so
+# builds for two venvs in one checkout must not share it.
+CYTHON_BUILD_DIR = os.path.join(
+    "build", f"cython-{sys.implementation.cache_tag}-numpy{np.__version__}")
+
 setup(
     ext_modules=[kernels] + cythonize(
         [conversion],
         include_path=["src/conversion"],
         compiler_directives={"language_level": 3},
+        build_dir=CYTHON_BUILD_DIR,
         quiet=True,
     ) + cythonize(
         [pool_worker],
         include_path=["src/pool"],
         compiler_directives={"language_level": 3},
+        build_dir=CYTHON_BUILD_DIR,
         quiet=True,
     ),
     cmdclass={"build_ext": BuildExt},
