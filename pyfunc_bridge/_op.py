@@ -84,6 +84,8 @@ def decorator(api, api_name, inp, *args, **kwargs):
 _NODE_NAMES = {
     "PyfuncBridge>NumpyFunction": "NumpyFunction",
     "PyfuncBridge>NumpyFunctionStateless": "NumpyFunction",
+    "PyfuncBridge>ArrayFunction": "ArrayFunction",
+    "PyfuncBridge>ArrayFunctionStateless": "ArrayFunction",
     "PyfuncBridge>PyFunction": "PyFunction",
     "PyfuncBridge>PyFunctionGrad": "PyFunctionGrad",
 }
@@ -189,9 +191,10 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     call the bridge without dispatching the op (numpy_function's kernel does
     exactly that work, and TF's eager op dispatch costs more than the bridge
     itself); None: always dispatch the op."""
-    # The kernel of an eager op runs on this thread: the conversion layer finds
-    # the function in a thread-local slot, under one constant key, so that TF's
-    # eager kernel cache does not grow with every call.
+    # The conversion layer finds the function in this thread's eager slot,
+    # under the slot's key, wherever TF runs the kernel (GPU kernels run on
+    # TF's threads); one key per thread keeps TF's eager kernel cache from
+    # growing with every call.
     if context.context().is_async():
         entry = _registry.register(func, framework, name, eager=True, executor=executor,
                                    api=api)
@@ -200,8 +203,9 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
         context.async_wait()  # the entry must outlive the call
         return result
     conversion = _library.conversion()
-    slot, key = conversion._eager, conversion.EAGER_KEY
-    previous = getattr(slot, "entry", None)
+    slot = conversion.eager_slot()
+    key = slot.key
+    previous = slot.entry
     slot.entry = _registry.Entry(func, key, framework, record, name, eager=True,
                                  executor=executor, api=api)
     slot.raised = None
@@ -213,7 +217,7 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     except _errors_impl.OpError:
         # The function's own SystemExit, KeyboardInterrupt or TF error leaves
         # an eager numpy_function / py_func / array_function as it is, as it
-        # leaves TF's.  Either path left it on this thread (the conversion
+        # leaves TF's.  Either path left it in this thread's slot (the conversion
         # layer's _failure, errors.pxi's _raised_as_is decides).
         raised = conversion.take_raised()
         if raised is None:

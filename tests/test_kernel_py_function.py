@@ -147,13 +147,13 @@ def test_state_freed_when_tape_dropped_without_gradient():
 
 def raw_call(func, inputs, Tout, record=True):
     """The forward op run eagerly by hand: (outputs, forward state tensor)."""
-    conversion = pfb._library.conversion()
-    conversion._eager.entry = pfb._registry.Entry(func, conversion.EAGER_KEY, record=record)
+    slot = pfb._library.conversion().eager_slot()
+    slot.entry = pfb._registry.Entry(func, slot.key, record=record)
     try:
         return pfb._library.ops().pyfunc_bridge_py_function(
-            input=inputs, key=conversion.EAGER_KEY, Tout=Tout)
+            input=inputs, key=slot.key, Tout=Tout)
     finally:
-        conversion._eager.entry = None
+        slot.entry = None
 
 
 def test_forward_output_is_a_scalar_variant():

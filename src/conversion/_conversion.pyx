@@ -42,7 +42,7 @@ The kernel hands every call over through the PfbBridgeApi capsule
    ``_stats_end``.  On error ``_delete_outputs`` frees the
    outputs made so far and ``_bridge_call`` fills the PfbStatus
    (``_failure``, bridge.pxi; ``_status_of``, errors.pxi); ``call_eagerly``
-   raises it as TF's error.  An eager call also leaves on its thread the
+   raises it as TF's error.  An eager call also leaves in its thread's slot the
    exception the op layer re-raises as it is (``_raised_as_is``, errors.pxi;
    ``take_raised``).
 8. Back in ``RunBridge``, ``MakeOutput`` wraps each output without a copy

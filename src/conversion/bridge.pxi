@@ -4,20 +4,58 @@
 # key -> weakref to an entry with a `.func`; written by the op layer
 # (pyfunc_bridge/_registry.py), which keeps each entry alive with its graphs.
 cdef dict _functions = {}
-# Eagerly executed ops run their kernel on the calling thread: the op layer
-# puts the function here for the duration of the call.
-_eager = threading.local()
+# An eager op's kernel may run on another thread than its caller (TF runs
+# GPU kernels on its own threads), so each calling thread has a slot of its
+# own, found by the key its eager ops carry; TF's eager kernel cache then
+# grows with the threads, not with the calls.
 EAGER_KEY = "pyfunc_bridge:eager"
-cdef bytes _EAGER_KEY_BYTES = EAGER_KEY.encode()
-cdef const char* _EAGER_KEY_C = _EAGER_KEY_BYTES
-cdef size_t _EAGER_KEY_LEN = len(_EAGER_KEY_BYTES)
+cdef bytes _EAGER_PREFIX = (EAGER_KEY + ":").encode()
+cdef const char* _EAGER_PREFIX_C = _EAGER_PREFIX
+cdef size_t _EAGER_PREFIX_LEN = len(_EAGER_PREFIX)
+_eager = threading.local()  # .slot: this thread's _EagerSlot
+cdef dict _eager_slots = {}  # key bytes -> weakref of the slot of a live thread
+
+
+cdef class _EagerSlot:
+    """One thread's eager calls: the entry the op layer put there for the call
+    under way, and what a failed call left to re-raise (take_raised)."""
+    cdef readonly str key
+    cdef bytes key_bytes  # what call.key points into (eager.pxi)
+    cdef public object entry
+    cdef public object raised
+    cdef object __weakref__
+
+    def __cinit__(self, str key):
+        self.key = key
+        self.key_bytes = key.encode()
+        self.entry = None
+        self.raised = None
+
+
+def eager_slot():
+    """This thread's eager slot (its `.key` is what its eager ops carry)."""
+    try:
+        return _eager.slot
+    except AttributeError:
+        slot = _EagerSlot(f"{EAGER_KEY}:{threading.get_ident()}")
+        # A dead thread's slot goes with its thread-local data; its ident may
+        # come back with a new thread, whose slot then replaces it here.
+        _eager_slots[slot.key_bytes] = weakref.ref(slot)
+        _eager.slot = slot
+        return slot
 
 
 cdef inline bint _is_eager_key(PfbCall* call) noexcept:
-    """Whether `call` runs under the eager key (an eager call made by the op
+    """Whether `call` runs under an eager key (an eager call made by the op
     layer, through an eager op's kernel or call_eagerly)."""
-    return (call.key_len == _EAGER_KEY_LEN
-            and memcmp(call.key, _EAGER_KEY_C, call.key_len) == 0)
+    return (call.key_len > _EAGER_PREFIX_LEN
+            and memcmp(call.key, _EAGER_PREFIX_C, _EAGER_PREFIX_LEN) == 0)
+
+
+cdef _EagerSlot _slot_of(PfbCall* call):
+    """The slot of the thread that made the eager call `call`, or None."""
+    ref = _eager_slots.get(call.key[:call.key_len])
+    return ref() if ref is not None else None
 
 
 def registry():
@@ -27,11 +65,13 @@ def registry():
 
 cdef object _lookup(PfbCall* call):
     if _is_eager_key(call):
-        entry = getattr(_eager, "entry", None)
+        slot = _slot_of(call)
+        entry = slot.entry if slot is not None else None
         if entry is None:
             raise ValueError(
                 f"pyfunc_bridge: no Python function is registered under key "
-                f"{EAGER_KEY!r}: this key is for eager calls made by pyfunc_bridge "
+                f"{_attr_bytes(call.key, call.key_len).decode('utf-8', 'replace')!r}: "
+                f"this key is for eager calls made by pyfunc_bridge "
                 f"itself; build the op with pfb.numpy_function/py_function")
         return entry
     ref = _functions.get(call.key[:call.key_len].decode("utf-8"))
@@ -228,19 +268,21 @@ cdef tuple _failure(PfbCall* call, object exc):
     (take_raised): `exc` itself where _raised_as_is says so, else None."""
     if _is_eager_key(call):
         try:
-            _eager.raised = exc if _raised_as_is(call, exc) else None
+            slot = _slot_of(call)
+            if slot is not None:
+                slot.raised = exc if _raised_as_is(call, exc) else None
         except BaseException:
             pass  # the status alone then reports the error
     return _status_of(exc)
 
 
 def take_raised():
-    """The exception the last failed eager call on this thread left to be
+    """The exception the last failed eager call made by this thread left to be
     re-raised as it is (see _failure), or None; clears it.  The op layer's
     eager calls (pyfunc_bridge/_op.py, run_eagerly) raise it in place of the
     TF error, whichever path the call took."""
-    exc = getattr(_eager, "raised", None)
-    _eager.raised = None
+    slot = eager_slot()
+    exc, slot.raised = slot.raised, None
     return exc
 
 

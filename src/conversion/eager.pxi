@@ -35,7 +35,7 @@ cdef object _eager_output(DLManagedTensorVersioned* m):
 
 
 def call_eagerly(list inputs, list dtypes, list shapes, int copy_mode):
-    """Runs the function in the eager slot on EagerTensors `inputs` and returns
+    """Runs the function in this thread's eager slot on EagerTensors `inputs` and returns
     its results as EagerTensors; errors are raised as the op would raise them.
 
     `dtypes`: the declared output dtypes; `shapes`: their declared shapes (or
@@ -52,6 +52,7 @@ def call_eagerly(list inputs, list dtypes, list shapes, int copy_mode):
     cdef PfbCall call
     cdef DLManagedTensorVersioned* m
     cdef int code = 0
+    cdef _EagerSlot slot = eager_slot()
     call.num_outputs = <int32_t>n_out
     call.outputs = outs
     results = []
@@ -77,8 +78,8 @@ def call_eagerly(list inputs, list dtypes, list shapes, int copy_mode):
             for j in range(i):
                 ins[j].deleter(ins[j])
             raise
-        call.key = _EAGER_KEY_C
-        call.key_len = _EAGER_KEY_LEN
+        call.key = slot.key_bytes
+        call.key_len = len(slot.key_bytes)
         call.copy_mode = copy_mode
         call.flags = 0
         call.num_inputs = <int32_t>n_in
