@@ -68,6 +68,7 @@ kernels = Extension(
         "src/kernel/ops.cc",
         "src/kernel/bridge.cc",
         "src/kernel/eager_tensors.cc",
+        "src/kernel/gpu_stream.cc",
         "src/kernel/numpy_function.cc",
         "src/kernel/pool_route.cc",
         "src/kernel/py_function.cc",

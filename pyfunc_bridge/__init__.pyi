@@ -56,7 +56,7 @@ def py_function(
     name: str | None = ..., *, portable: bool = ..., executor: None = ...,
 ) -> Any: ...
 
-_Framework = Literal["numpy", "torch", "jax"]
+_Framework = Literal["numpy", "torch", "jax", "cupy"]
 
 def array_function(
     func: Callable[..., Any], inp: Sequence[Any] | None, Tout: _Tout, *,

@@ -9,7 +9,7 @@ def array_function(func, inp, Tout, *, framework, stateful=True, name=None, copy
 
     Like :func:`numpy_function` (same ``Tout``, shape, error and copy-policy
     rules, same kernel), but ``func`` receives arrays of ``framework``
-    (``"numpy"``, ``"torch"`` or ``"jax"``) made through DLPack, and may
+    (``"numpy"``, ``"torch"``, ``"jax"`` or ``"cupy"``) made through DLPack, and may
     return any object exporting ``__dlpack__`` (a torch tensor, a JAX array,
     ...), an ndarray or Python values.
 
@@ -19,7 +19,10 @@ def array_function(func, inp, Tout, *, framework, stateful=True, name=None, copy
     without a copy when nothing in Python can write their memory afterwards
     (a fresh torch tensor, any JAX array) and they are 64-byte aligned and
     C-contiguous; otherwise they are copied once (``copy=False``: an error).
-    Device (CUDA) results are an error: the kernel runs on the CPU.
+    ``framework`` ``"cupy"`` (GPU only) is supported too.  The op of torch,
+    JAX and CuPy has a GPU kernel: placed on a GPU, inputs arrive as CUDA
+    arrays without a copy and CUDA results return without one, ordered
+    against TensorFlow's stream; on the CPU kernel CUDA results are an error.
 
     The framework is imported when the op is built; a missing one is an
     ImportError naming the package to install.  Graph ops record the

@@ -180,18 +180,59 @@ class JaxAdapter(Adapter):
         return False  # jax.Array is immutable
 
 
+class _LegacyExporter:
+    """`owner` exporting legacy capsules only (no READ_ONLY flag, which some
+    consumers refuse), the consumer's stream passed through."""
+
+    def __init__(self, owner, copy):
+        self._owner, self._copy = owner, copy
+
+    def __dlpack_device__(self):
+        return self._owner.__dlpack_device__()
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        return self._owner.__dlpack__(stream=stream, copy=self._copy)
+
+
+class CupyAdapter(Adapter):
+    """CuPy arrays (GPU only: CuPy cannot hold host memory).  Inputs are
+    zero-copy arrays over TensorFlow's device memory; CuPy has neither
+    read-only arrays nor a write counter, so writing to an input is a bug the
+    bridge cannot see (``copy=True`` gives private writable copies)."""
+
+    name = "cupy"
+    package = "cupy-cuda12x"
+    modules = ("cupy", "cupyx")
+
+    def _import(self):
+        import cupy
+        self._ndarray = cupy.ndarray
+        self._from_dlpack = cupy.from_dlpack
+
+    def wrap_input(self, owner, copy):
+        device_type, device_id = owner.__dlpack_device__()
+        if device_type != 2:  # kDLCUDA
+            raise TypeError(
+                f"pfb.array_function(framework='cupy') got an input in host memory "
+                f"(DLPack device {device_type}:{device_id}): this op runs on "
+                f"TensorFlow's CPU kernel and CuPy holds only GPU memory; place the op "
+                f"on a GPU (with tf.device('/GPU:0'))")
+        return self._from_dlpack(_LegacyExporter(owner, copy or None))
+
+    def writable_elsewhere(self, a, outside_refs):
+        self.load()
+        # A fresh array owns its memory; a view (base) shares someone else's.
+        return outside_refs > 0 or not isinstance(a, self._ndarray) or a.base is not None
+
+
 # Registered with the conversion layer when it loads (frameworks.pxi).
-ADAPTERS = {"torch": TorchAdapter(), "jax": JaxAdapter()}
+ADAPTERS = {"torch": TorchAdapter(), "jax": JaxAdapter(), "cupy": CupyAdapter()}
 
 
 def adapter(framework):
     """The loaded adapter for `framework` (None for "numpy")."""
     if framework == "numpy":
         return None
-    if framework == "cupy":
-        raise NotImplementedError(
-            "pfb.array_function(framework='cupy') needs the GPU kernel, which is not "
-            "built yet: the CPU kernel hands over host memory, which CuPy cannot hold")
     found = ADAPTERS.get(framework) if isinstance(framework, str) else None
     if found is None:
         names = ", ".join(repr(n) for n in ["numpy", *ADAPTERS])

@@ -183,6 +183,13 @@ def eager_api_missing():
 _conversion = None
 
 
+def _gpu_stream(device_id):
+    """The handle of the CUDA stream TF computes on at GPU `device_id` (it is
+    the same for the process's life)."""
+    with tf.init_scope(), tf.device(f"/GPU:{device_id}"):
+        return int(ops().pyfunc_bridge_gpu_stream())
+
+
 def conversion():
     """The Cython conversion module (imported on first use; it registers the
     framework adapters of pyfunc_bridge/_frameworks.py itself)."""
@@ -196,5 +203,6 @@ def conversion():
         # TF's profiler, which the kernel library links (bridge_abi.h,
         # PfbTraceApi): every call records its events through it.
         module.set_trace_api(_kernel_function("PyfuncBridge_TraceApi", ctypes.c_void_p)())
+        module.set_gpu_stream_source(_gpu_stream)
         _conversion = module
     return _conversion

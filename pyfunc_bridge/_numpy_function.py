@@ -6,10 +6,14 @@ from pyfunc_bridge import _library, _op, _process, _tout
 
 STATEFUL_OP = "PyfuncBridge>NumpyFunction"
 STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
+# array_function's ops for frameworks that hold device memory: kernels on the
+# CPU and the GPU (numpy_function's run on the CPU only).
+ARRAY_OP = "PyfuncBridge>ArrayFunction"
+ARRAY_STATELESS_OP = "PyfuncBridge>ArrayFunctionStateless"
 
 # Like TF's PyFunc: the function is opaque to autodiff.
-_tf_ops.no_gradient(STATEFUL_OP)
-_tf_ops.no_gradient(STATELESS_OP)
+for _op_type in (STATEFUL_OP, STATELESS_OP, ARRAY_OP, ARRAY_STATELESS_OP):
+    _tf_ops.no_gradient(_op_type)
 
 
 def _inputs(inp):
@@ -37,7 +41,11 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=F
     signature = _tout.normalize(Tout)
     inputs = _inputs(inp)
     lib = _library.ops()
-    if stateful:
+    # A worker process receives host memory: pool calls stay on the CPU kernel.
+    if framework is not None and pool is None:
+        op_name, op = ((ARRAY_OP, lib.pyfunc_bridge_array_function) if stateful else
+                       (ARRAY_STATELESS_OP, lib.pyfunc_bridge_array_function_stateless))
+    elif stateful:
         op_name, op = STATEFUL_OP, lib.pyfunc_bridge_numpy_function
     else:
         op_name, op = STATELESS_OP, lib.pyfunc_bridge_numpy_function_stateless

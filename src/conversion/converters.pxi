@@ -244,5 +244,5 @@ cdef inline int _export_result(PfbCall* call, int i, PyObject* item, Py_ssize_t 
                                          call.copy_mode, counts, sole)
     else:
         call.outputs[i] = _export_dlpack_output(item, refs, i, &call.output_specs[i],
-                                                call.copy_mode, ranges, counts)
+                                                call.copy_mode, ranges, counts, call.stream)
     return 0

@@ -34,7 +34,10 @@ def from_dlpack(obj, *, copy=None):
     tensor shares the producer's memory when it is 64-byte aligned and
     compact row-major; otherwise it is copied once.  ``copy=True`` always
     copies; ``copy=False`` never does (BufferError saying why).  Malformed
-    tensors and consumed capsules are a BufferError.
+    tensors and consumed capsules are a BufferError.  A CUDA producer is
+    asked with TensorFlow's compute stream on its device
+    (``__dlpack__(stream=...)``), so that work it queued on its own streams is
+    done before TensorFlow's next op reads the memory.
 
     >>> import numpy as np
     >>> from pyfunc_bridge._conversion import aligned_allocation

@@ -105,13 +105,16 @@ cdef bint _inside(const DLTensor* t, list ranges):
     return False
 
 
-cdef DLManagedTensorVersioned* _consume(object obj, bint allow_cuda) except NULL:
+cdef DLManagedTensorVersioned* _consume(object obj, bint allow_cuda,
+                                        object stream=None) except NULL:
     """Any DLPack producer (object or capsule) -> a validated tensor we own.
 
     Objects are asked for a versioned capsule (max_version) and fall back to
     the legacy call for producers that predate DLPack 1.0.  CPU memory is
-    requested without a stream; for CUDA memory the consumer's stream is the
-    legacy default stream (1): TensorFlow exposes no stream of its own.
+    requested without a stream.  For CUDA memory the producer is given the
+    stream its consumer reads on (DLPack's stream protocol: the producer makes
+    that stream wait for its own work): `stream`, a kernel's stream, or by
+    default TensorFlow's compute stream on the producer's device.
     """
     if PyCapsule_CheckExact(obj):
         return _consume_capsule(obj, allow_cuda)
@@ -138,10 +141,12 @@ cdef DLManagedTensorVersioned* _consume(object obj, bint allow_cuda) except NULL
     else:
         probe.device = device
         _check_device(&probe, allow_cuda)  # fail before the producer does any work
+        if stream is None:
+            stream = _tf_gpu_stream(device.device_id)
         try:
-            capsule = dlpack(stream=1, max_version=_MAX_VERSION)
+            capsule = dlpack(stream=stream, max_version=_MAX_VERSION)
         except TypeError:
-            capsule = dlpack(stream=1)
+            capsule = dlpack(stream=stream)
     return _consume_capsule(capsule, allow_cuda)
 
 
@@ -154,9 +159,9 @@ cdef DLManagedTensorVersioned* _consume_owner(_DLPackOwner owner) except NULL:
 
 cdef DLManagedTensorVersioned* _export_dlpack_output(
         PyObject* raw, Py_ssize_t outside_refs, int index, const PfbOutputSpec* spec,
-        int copy_mode, list ranges, _CallCounts* counts) except NULL:
+        int copy_mode, list ranges, _CallCounts* counts, void* stream) except NULL:
     """One result of an array_function or py_function -> a DLPack tensor for
-    the kernel.
+    the kernel (`stream`: the kernel's CUDA stream, or NULL).
 
     Objects exporting __dlpack__ go through the validated import: handed over
     as they are when the copy decision allows (nothing in Python can write
@@ -190,7 +195,8 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
                 f"{device_type}:{device_id}); this op runs on TensorFlow's CPU kernel, "
                 f"which reads host memory; return a CPU array (e.g. tensor.cpu())")
         capsule = value
-    return _export_owner(_adopt_checked(_consume(capsule, not on_host)), value, index,
+    consumer = <uintptr_t>stream if stream != NULL else None
+    return _export_owner(_adopt_checked(_consume(capsule, not on_host, consumer)), value, index,
                          spec, copy_mode, foreign, lazy, ranges, counts)
 
 

@@ -125,7 +125,7 @@ cdef int _export_results(PfbCall* call, object results, _CallCounts* counts) exc
         try:
             call.outputs[i] = _export_dlpack_output(<PyObject*>value, 1, i,
                                                     &call.output_specs[i],
-                                                    PFB_COPY_NONE, [], counts)
+                                                    PFB_COPY_NONE, [], counts, call.stream)
         except _UnsupportedOutput as exc:
             # TF's py_function reports a result without a tensor form as
             # InvalidArgument (its numpy_function: INTERNAL).

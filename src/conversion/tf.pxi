@@ -55,6 +55,32 @@ cdef bint _tf_has_gpu() except -1:
     return _has_gpu
 
 
+cdef object _stream_source = None  # the op layer's: CUDA device id -> TF's stream there
+cdef dict _tf_streams = {}  # CUDA device id -> TF's compute stream there (a handle)
+
+
+def set_gpu_stream_source(source):
+    """`source(device_id)` gives the handle of the CUDA stream TensorFlow
+    computes on at that GPU (the op layer runs an op of the kernel library)."""
+    global _stream_source
+    _stream_source = source
+
+
+cdef object _tf_gpu_stream(int device_id):
+    """TF's compute stream on CUDA device `device_id`, for a DLPack producer to
+    order its work before (__dlpack__(stream=...)); 1, the legacy default
+    stream, where it cannot be found."""
+    stream = _tf_streams.get(device_id)
+    if stream is None:
+        try:
+            stream = _stream_source(device_id) if _stream_source is not None else 1
+        except Exception:
+            stream = 1
+        _tf_streams[device_id] = stream or 1  # 0 is not a valid DLPack stream
+        stream = _tf_streams[device_id]
+    return stream
+
+
 def _sync_tf_devices(stream):
     """Waits for TensorFlow's pending device work (a CUDA export's consumer
     stream cannot be joined to TensorFlow's streams from Python)."""

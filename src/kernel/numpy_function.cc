@@ -1,4 +1,5 @@
-// Kernels of the numpy_function ops (CPU only: NumPy sees host memory).
+// Kernels of the numpy_function ops (CPU only: NumPy sees host memory) and of
+// the array_function ops (CPU and GPU: torch, JAX and CuPy see device memory).
 #include "bridge.h"
 
 namespace pyfunc_bridge {
@@ -19,6 +20,20 @@ REGISTER_KERNEL_BUILDER(
     NumpyFunctionOp);
 REGISTER_KERNEL_BUILDER(
     Name("PyfuncBridge>NumpyFunctionStateless").Device(tensorflow::DEVICE_CPU),
+    NumpyFunctionOp);
+// On a GPU numeric inputs and outputs stay in device memory; strings and int32
+// live in host memory as TF places them.
+REGISTER_KERNEL_BUILDER(
+    Name("PyfuncBridge>ArrayFunction").Device(tensorflow::DEVICE_CPU),
+    NumpyFunctionOp);
+REGISTER_KERNEL_BUILDER(
+    Name("PyfuncBridge>ArrayFunctionStateless").Device(tensorflow::DEVICE_CPU),
+    NumpyFunctionOp);
+REGISTER_KERNEL_BUILDER(
+    Name("PyfuncBridge>ArrayFunction").Device(tensorflow::DEVICE_GPU),
+    NumpyFunctionOp);
+REGISTER_KERNEL_BUILDER(
+    Name("PyfuncBridge>ArrayFunctionStateless").Device(tensorflow::DEVICE_GPU),
     NumpyFunctionOp);
 
 }  // namespace

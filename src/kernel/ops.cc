@@ -85,6 +85,10 @@ absl::Status PyFunctionShapes(InferenceContext* c) {
 
 PFB_REGISTER_BRIDGE_OP("PyfuncBridge>NumpyFunction").SetIsStateful();
 PFB_REGISTER_BRIDGE_OP("PyfuncBridge>NumpyFunctionStateless");
+// array_function for frameworks that hold device memory (torch, JAX, CuPy):
+// the same op, with a GPU kernel too, so GPU tensors reach them in place.
+PFB_REGISTER_BRIDGE_OP("PyfuncBridge>ArrayFunction").SetIsStateful();
+PFB_REGISTER_BRIDGE_OP("PyfuncBridge>ArrayFunctionStateless");
 
 // py_function: the function receives EagerTensors.  `forward` holds what its
 // gradient needs (recorded only when something consumes it).
@@ -99,6 +103,12 @@ REGISTER_OP("PyfuncBridge>PyFunction")
     .Attr("out_shapes: list(shape) = []")
     .SetIsStateful()
     .SetShapeFn(::pyfunc_bridge::PyFunctionShapes);
+
+// The CUDA stream (its handle) of the GPU the op is placed on (gpu_stream.cc).
+REGISTER_OP("PyfuncBridge>GpuStream")
+    .Output("stream: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 // The gradient of one py_function call: `forward` is that call's forward
 // output, `grads` the gradients of its floating outputs, `input_grads` those
