@@ -23,6 +23,10 @@ import io
 import types
 
 _MARK = "autograph_info__"  # set on what autograph converted (autograph_artifact)
+# TensorFlow's numpy_function, py_func and py_function set this on the function
+# they are given (tying their registration's lifetime to it): TF's state, not
+# the user's, and it holds autograph's wrapper, which pickles with TensorFlow.
+_TF_WRAPPER = "ag_dnc_wrapper__"
 
 
 class NotRecoverable(TypeError):
@@ -77,6 +81,9 @@ def pickler_class():
     beyond it (the pool's by-value pickler, _pickling, builds on it):
 
     - an autograph-converted function is pickled as the user's;
+    - a function pickled by value leaves out the attribute TensorFlow's
+      builtins set on it (_TF_WRAPPER), so that a function that one of them
+      saw first still travels;
     - a code object keeps its file name, so that a traceback raised where
       the function is unpickled (a worker, a loaded SavedModel) names the
       user's file; cloudpickle 3.1.3 replaced it by "<dynamic-code>"."""
@@ -98,9 +105,24 @@ def pickler_class():
                         return constructor, tuple(
                             obj.co_filename if type(a) is str and a == _ANONYMOUS_FILE else a
                             for a in args)
-                return super().reducer_override(obj)
+                reduced = super().reducer_override(obj)
+                if type(obj) is types.FunctionType and _TF_WRAPPER in obj.__dict__:
+                    return _without_tf_wrapper(reduced)
+                return reduced
         _Pickler = Pickler
     return _Pickler
+
+
+def _without_tf_wrapper(reduced):
+    """cloudpickle's by-value reduction of a function, its __dict__ (the
+    first part of its state) without _TF_WRAPPER; anything else as it is."""
+    if type(reduced) is not tuple or len(reduced) < 3:
+        return reduced  # by name (NotImplemented): no __dict__ travels
+    state = reduced[2]
+    if type(state) is tuple and state and type(state[0]) is dict:
+        attributes = {k: v for k, v in state[0].items() if k != _TF_WRAPPER}
+        reduced = (*reduced[:2], (attributes, *state[1:]), *reduced[3:])
+    return reduced
 
 
 def _original_code(code, root, factory):

@@ -251,3 +251,28 @@ def test_functions_sent_by_value_keep_their_file_name_for_tracebacks(dumps):
         assert loaded.__code__.co_firstlineno == func.__code__.co_firstlineno
     inner = pickle.loads(pickled(_adder, 5))(1)
     assert inner.__code__.co_filename == __file__ and inner(1) == 2
+
+
+BUILTINS = {"numpy_function": tf.numpy_function, "py_func": tf.compat.v1.py_func,
+            "py_function": tf.py_function}
+
+
+@pytest.mark.parametrize("builtin", BUILTINS.values(), ids=BUILTINS.keys())
+def test_a_function_a_tensorflow_builtin_saw_first_still_travels(pool, builtin):
+    """TF's builtins tie their registration to the function they are given by
+    an attribute that holds autograph's wrapper (which pickles only with
+    TensorFlow): the function still goes to a worker, which does not import
+    TensorFlow for it, and still embeds in a graph with portable=True."""
+    def plus_one(x):
+        return np.int64(int(x) + 1)
+
+    def total(mapper):
+        ds = tf.data.Dataset.range(4).map(mapper, num_parallel_calls=tf.data.AUTOTUNE)
+        return int(tf.function(
+            lambda: ds.reduce(tf.constant(0, tf.int64), lambda a, v: a + v))())
+
+    assert total(lambda x: builtin(plus_one, [x], tf.int64)) == 10
+    assert total(lambda x: pfb.numpy_function(plus_one, [x], tf.int64, executor=pool)) == 10
+    assert worker_loaded(pool, "tensorflow") == [False]
+    portable = tf.function(lambda x: pfb.numpy_function(plus_one, [x], tf.int64, portable=True))
+    assert int(portable(tf.constant(1, tf.int64))) == 2
