@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record as _record
 from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
+from tensorflow.python.ops.resource_variable_ops import ResourceVariable as _ResourceVariable
 from tensorflow.python.util import nest as _nest
 
 from pyfunc_bridge import _library, _op, _tout
@@ -117,6 +118,13 @@ class _Signature:
                         f"{type(value).__name__} of spec {tf.type_spec_from_value(value)}; "
                         f"match the declared dtype, shape and ragged_rank")
                 flat.extend(_nest.flatten(value, expand_composites=True))
+            elif isinstance(value, _ResourceVariable):
+                # TF's class (RuntimeError: UnknownError) and its words first.
+                raise RuntimeError(
+                    f"Attempting to return a variable from an eagerly executed py_func: "
+                    f"output {i} is the tf.Variable {value.name!r} (shape {value.shape}, "
+                    f"{value.dtype.name}), and outputs are tensors, NumPy arrays or Python "
+                    f"values; return its value, variable.read_value()")
             elif isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
                 kind = type(value).__name__
                 raise ValueError(
