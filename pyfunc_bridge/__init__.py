@@ -23,6 +23,9 @@ _library.ops()  # registers the ops with TensorFlow
 
 from pyfunc_bridge._numpy_function import numpy_function, py_func  # noqa: E402
 from pyfunc_bridge._py_function import py_function  # noqa: E402
+# TensorFlow's own second name for py_function (script_ops.eager_py_func, TF1's
+# tf.contrib.eager.py_func): code written against it ports by changing the module.
+eager_py_func = py_function
 from pyfunc_bridge._array_function import array_function  # noqa: E402
 from pyfunc_bridge._stats import enable_stats, reset_stats, stats  # noqa: E402
 from pyfunc_bridge._portable import portable, trust_pickled  # noqa: E402
@@ -36,7 +39,7 @@ __version__ = "0.1.0"
 # The conversion API lives in the conversion layer (src/conversion/dlpack_api.pxi),
 # which is imported on first access.
 _CONVERSION_API = ("from_dlpack", "to_dlpack", "to_numpy", "from_numpy")
-__all__ = ["numpy_function", "py_func", "py_function", "array_function",
+__all__ = ["numpy_function", "py_func", "py_function", "eager_py_func", "array_function",
            "stats", "reset_stats", "enable_stats", "portable", "trust_pickled", "ProcessPool",
            *_CONVERSION_API]
 

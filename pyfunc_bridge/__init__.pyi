@@ -55,6 +55,7 @@ def py_function(
     func: Callable[..., Any], inp: Sequence[Any] | None, Tout: _PyTout | None,
     name: str | None = ..., *, portable: bool = ..., executor: None = ...,
 ) -> Any: ...
+eager_py_func = py_function
 
 _Framework = Literal["numpy", "torch", "jax", "cupy"]
 

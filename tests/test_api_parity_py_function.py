@@ -31,3 +31,22 @@ def test_returning_a_variable_raises_tfs_error(mode, func, Tout):
     assert type(got) is tf.errors.UnknownError and phrase in str(got)
     index = 0 if func is _returns_a_new_variable else 1
     assert f"output {index}" in str(got) and "read_value()" in str(got)
+
+
+def test_eager_py_func_is_py_function_under_tfs_other_name():
+    """Code written against script_ops.eager_py_func ports by changing the
+    module: same parameters, called positionally or by keyword, same results."""
+    import inspect
+
+    from tensorflow.python.ops import script_ops
+    ours = list(inspect.signature(pfb.eager_py_func).parameters)
+    theirs = list(inspect.signature(script_ops.eager_py_func).parameters)
+    assert ours[:len(theirs)] == theirs == ["func", "inp", "Tout", "name"]
+    assert pfb.eager_py_func is pfb.py_function
+    assert "eager_py_func" in pfb.__all__
+    x = tf.constant([1.0, 2.0])
+    for api in (script_ops.eager_py_func, pfb.eager_py_func):
+        eager = api(lambda a: a * 2, [x], tf.float32)
+        graph = tf.function(
+            lambda v: api(func=lambda a: a * 2, inp=[v], Tout=tf.float32, name="twice"))(x)
+        assert eager.numpy().tolist() == graph.numpy().tolist() == [2.0, 4.0]
