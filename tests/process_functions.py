@@ -428,6 +428,10 @@ def double_in_place(a):
     return a
 
 
+def writable(a):
+    return np.bool_(a.flags.writeable)
+
+
 def as_python_float(a):
     return float(a)
 

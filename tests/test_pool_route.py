@@ -166,3 +166,33 @@ def test_close_unmaps_the_input_arena_though_routes_live_on():
     with open("/proc/self/maps") as f:
         assert not [line for line in f if f"/memfd:{name}-inputs" in line]
     assert routes[0].counts()["calls"] > 0  # what they counted stays readable
+
+
+EMPTY = {  # empty inputs made as TF makes them: some have no memory at all
+    "zeros": lambda i: tf.zeros([0]) + tf.cast(i, tf.float32),
+    "fill": lambda i: tf.fill([tf.cast(i, tf.int32) * 0], 1.0),
+    "slice": lambda i: tf.range(5.0)[:tf.cast(i, tf.int32) * 0],
+    "2x0": lambda i: tf.zeros([2, 0], tf.float32) + tf.cast(i, tf.float32),
+}
+
+
+@pytest.mark.parametrize("copy", [None, False, True])
+def test_empty_inputs_are_writable_only_under_copy_true_on_every_path(copy):
+    """The inputs' rule (read-only views, copy=True: private writable copies)
+    holds for empty ones too: in-process, eagerly through a pool (the Python
+    path) and in a pool's parallel map (its first calls on the Python path,
+    the rest natively, except under copy=False)."""
+    with pfb.ProcessPool(1, name="empty route pool") as pool:
+        attached(pool)
+        for name, make in {"nonempty": lambda i: tf.fill([3], 1.0), **EMPTY}.items():
+            for executor in (None, pool):
+                eager = pfb.numpy_function(pf.writable, [make(tf.constant(0, tf.int64))],
+                                           tf.bool, copy=copy, executor=executor)
+                mapped = tf.data.Dataset.range(16).map(
+                    lambda i: pfb.numpy_function(pf.writable, [make(i)], tf.bool, copy=copy,
+                                                 executor=executor),
+                    num_parallel_calls=4)
+                seen = {bool(eager), *(bool(v) for v in mapped)}
+                assert seen == {copy is True}, (name, executor)
+        if copy is not False:  # copy=False keeps the Python path
+            assert route_counts(pool)["calls"] > 0

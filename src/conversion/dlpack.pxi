@@ -85,8 +85,11 @@ cdef object _view(_DLPackOwner owner, bint writable):
     cdef cnp.dtype descr = _numpy_dtype(t.dtype)
     cdef char* data = <char*>t.data + t.byte_offset
     if t.data == NULL:
-        # Only empty tensors may have no memory; NumPy allocates a stub.
-        return np.empty(tuple([dims[i] for i in range(t.ndim)]), descr)
+        # Only empty tensors may have no memory; NumPy allocates a stub,
+        # writable only where a view would be (one rule for every input).
+        stub = np.empty(tuple([dims[i] for i in range(t.ndim)]), descr)
+        stub.flags.writeable = writable
+        return stub
     cdef npy_intp* stride_ptr = NULL
     if t.strides != NULL:
         for i in range(t.ndim):
