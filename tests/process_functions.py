@@ -140,6 +140,17 @@ def keeper():
     return keep
 
 
+def hoarder():
+    """A function that keeps every input it is given and returns how many it
+    holds."""
+    kept = []
+
+    def hoard(x):
+        kept.append(x)
+        return np.int64(len(kept))
+    return hoard
+
+
 def deduplicator():
     """A function that flags inputs it has seen before (keeping each one)."""
     seen = []

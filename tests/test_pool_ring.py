@@ -288,6 +288,39 @@ def test_a_producer_sleeps_for_room_and_is_woken_by_the_consumer(echo):
     assert max(m.items[2] for m in got) >= 1  # the consumer woke the producer
 
 
+def test_a_producer_that_waits_for_room_wakes_the_sleeping_consumer_first(echo):
+    """Messages published without a notify fill the ring of a consumer that
+    sleeps: the post that then waits for room must ring it, since nothing
+    else will make room.  (The dispatcher's hand-backs once filled a sleeping
+    worker's request ring so, and the call posted after them waited out its
+    deadline.)  The consumer's replies come in one batch too, more than the
+    reply ring holds, before its notify: its own wait for room must ring
+    this reader the same way."""
+    channel, _ = echo
+    wait_until(lambda: channel.consumer_sleeping(R))
+    for i in range(8):  # 2 slots each: full, and no notify
+        assert channel.post(R, pw.MSG_WORDS, [i], call_id=i, timeout=0)
+    assert channel.room(R) == 0 and channel.wakes(R) == 0
+    got, failed = [], []
+
+    def read():
+        try:
+            got.extend(replies(channel, 9))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        wait_until(lambda: channel.consumer_sleeping(Q))  # the reader sleeps too
+        assert channel.post(R, pw.MSG_WORDS, [8], call_id=8, timeout=30)
+        assert channel.wakes(R) == 1  # rung once, by the wait for room
+        channel.notify(R)
+    finally:
+        reader.join(timeout=60)
+    assert not reader.is_alive() and not failed, failed
+    assert [m.call_id for m in got] == list(range(9))
+
+
 def test_round_trips_in_order_without_lost_wake_ups(echo):
     """Hundreds of small batches, each waited for before the next, so that
     either side may be asleep or about to sleep at every post: a lost

@@ -635,7 +635,11 @@ static int post_scratch(Worker* w, int64_t deadline) {
   uint32_t slots = w->scratch[0].message.slots;
   int64_t left = deadline < 0 ? -1 : deadline - pfb_now_ns();
   if (deadline >= 0 && left < 0) left = 0;
+  uint64_t rung = w->requests.wakes;
+  /* (A wait for room rings a sleeping worker first: the hand-backs that
+   * post_back left there may fill its ring.) */
   int rc = pfb_ring_wait_room(&w->requests, slots, left);
+  bump(&w->d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
   if (rc != 0) return rc;
   return pfb_ring_write(&w->requests, w->scratch);
 }

@@ -84,6 +84,9 @@ int pfb_ring_wait_room(PfbRing* ring, uint32_t slots, int64_t timeout_ns) {
     if (pfb_ring_room(ring) >= slots) return 0;
     int64_t left = time_left(deadline);
     if (left == 0) return ETIMEDOUT;
+    /* A consumer asleep with messages it was never rung for (a batch not
+     * notified yet) would never make the room this waits for. */
+    pfb_ring_notify(ring);
     uint32_t seen = LOAD(w->space_wake, SC);
     STORE(w->producer_sleeping, 1, SC);
     if (pfb_ring_room(ring) < slots && !pfb_ring_closed(ring)) {

@@ -54,7 +54,9 @@ void pfb_ring_reset(PfbRing* ring);
 uint32_t pfb_ring_room(const PfbRing* ring);
 /* Waits until `slots` slots are free: 0; ETIMEDOUT after `timeout_ns`
  * (negative: no limit; 0: no wait); EPIPE when the ring is closed; EMSGSIZE
- * when a message of `slots` can never fit. */
+ * when a message of `slots` can never fit.  Before it sleeps it notifies
+ * (pfb_ring_notify) for what was published since the last notify: only a
+ * consumer that reads can make room. */
 int pfb_ring_wait_room(PfbRing* ring, uint32_t slots, int64_t timeout_ns);
 /* Copies one message (`message[0].message.slots` slots) into the ring and
  * publishes it, without waking the consumer: 0, or EAGAIN when there is no

@@ -106,8 +106,10 @@
  * FUTEX_WAKE (a store of `tail` and a load of the flag on one side, a store
  * of the flag and a load of `tail` on the other, all sequentially consistent:
  * at least one side sees the other's store, so no wake-up is lost).  A
- * producer that finds no room sleeps the same way on `space_wake`, flagged by
- * `producer_sleeping`, and the consumer wakes it after consuming.
+ * producer that finds no room first wakes the consumer as above, if it
+ * sleeps (the messages of a batch not notified yet would otherwise never be
+ * read, and the room never come), then sleeps the same way on `space_wake`,
+ * flagged by `producer_sleeping`, and the consumer wakes it after consuming.
  * `closed` (set by either side when it ends the ring, then both words are
  * bumped and woken) ends every wait.
  */
