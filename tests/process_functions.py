@@ -180,6 +180,14 @@ def slow_double_in_place(a):
     return a
 
 
+def double_in_place_once_there(path, a):
+    """slow_double_in_place, holding the worker until the file `path`
+    exists (the test's state, not a time) rather than for a while."""
+    wait_for_file(path)
+    a *= 2
+    return a
+
+
 def briefly_double_in_place(*arrays):
     """slow_double_in_place of each of its inputs, for a few milliseconds;
     returns their sum."""

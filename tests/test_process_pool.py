@@ -180,11 +180,16 @@ def test_payloads_larger_than_the_arena_travel_pickled():
         assert [int(v[0]) for v in dataset.as_numpy_iterator()] == list(range(1, 65))
 
 
+# Only a hang's bound: a script of a few seconds took a minute on a machine
+# loaded four times over (TensorFlow's import and the workers' start alone).
+SCRIPT_TIMEOUT = 600
+
+
 def run_script(script, *args):
     """Runs `script` in a fresh interpreter (a hang there fails the test by
     its timeout); it prints "done" at its end."""
     run = subprocess.run([sys.executable, "-c", script, *args], cwd=TESTS,
-                         capture_output=True, text=True, timeout=120,
+                         capture_output=True, text=True, timeout=SCRIPT_TIMEOUT,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, TESTS])})
     assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-3000:]
 
@@ -571,18 +576,54 @@ def call(value):
     return pfb.array_function(pf.slow_double_in_place, [x], tf.float32, copy=True,
                               framework=FRAMEWORK, executor=pool)
 
+def settled(pool):
+    # Waits for the state every call leaves in the end: none in flight, the
+    # arena whole (a reply's blocks are freed just after its call leaves
+    # `pending`); bounded by the script's timeout.
+    while True:
+        with pool._arena_free:
+            if (not any(w.pending for w in pool._workers) and pool._holding == 0
+                    and pool._arena.free_bytes() == pool.arena_bytes):
+                return
+        time.sleep(0.01)
+
+def interrupt(moment, seen, gate, returned):
+    # SIGINT to the main thread at a moment of the call (a state it reaches,
+    # never a time, which a loaded machine stretches): at once (its inputs
+    # being placed), once it waits in the pool's queue or its worker has it,
+    # or once its worker has it; never once it returned.
+    def worker_has_it():
+        return bool(set(worker.pending) - seen)  # (set(): one step, under the GIL)
+    if moment == "at once":
+        ready = lambda: True
+    elif moment == "queued":
+        ready = lambda: bool(pool._queue) or worker_has_it()
+    else:
+        ready = worker_has_it
+    while True:
+        with gate:
+            if returned:
+                return
+            if ready():
+                signal.pthread_kill(main, signal.SIGINT)
+                return
+        time.sleep(0.001)
+
 with pfb.ProcessPool(1, arena_bytes=4 * BLOCK, name="interrupted pool") as pool:
     (worker,) = pool._workers
     interrupted, most_pending = 0, 0
     for i in range(12):
-        timer = threading.Timer(0.02 + 0.01 * (i % 5), signal.pthread_kill,
-                                (main, signal.SIGINT))
-        timer.start()
+        gate, returned = threading.Lock(), []
+        interrupter = threading.Thread(target=interrupt, args=(
+            ("at once", "queued", "worker")[i % 3], set(worker.pending), gate, returned))
         try:
+            interrupter.start()
             call(100 + i)
+            with gate:  # (a SIGINT sent before this lands inside the try)
+                returned.append(True)
         except KeyboardInterrupt:
             interrupted += 1
-        timer.join()
+        interrupter.join()
         with pool._arena_free:  # (the reader frees blocks under it)
             pending, free = len(worker.pending), pool._arena.free_bytes()
         most_pending = max(most_pending, pending)
@@ -604,12 +645,7 @@ with pfb.ProcessPool(1, arena_bytes=4 * BLOCK, name="interrupted pool") as pool:
                              executor=pool)
     address = pfb.to_numpy(out).ctypes.data
     assert worker.results_base <= address < worker.results_base + pool.arena_bytes
-    deadline = time.monotonic() + 30
-    while worker.pending and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not worker.pending
-    with pool._arena_free:
-        assert pool._arena.free_bytes() == pool.arena_bytes
+    settled(pool)
 print("done")
 """
 
@@ -649,13 +685,17 @@ with pfb.ProcessPool(2, arena_bytes=1 << 20, name="interrupted pool") as pool:
             break
         except KeyboardInterrupt:
             pass
-    deadline = time.monotonic() + 30
-    while any(w.pending for w in pool._workers) and time.monotonic() < deadline:
-        time.sleep(0.01)
     assert interrupted > 100, interrupted
-    with pool._arena_free:
-        assert pool._holding == 0 and not any(w.inputs for w in pool._workers)
-        assert pool._arena.free_bytes() == pool.arena_bytes
+    # The state every call leaves in the end (a reply's blocks are freed
+    # just after its call leaves `pending`): waited for, bounded by the
+    # script's timeout.
+    while True:
+        with pool._arena_free:
+            if (not any(w.pending or w.inputs for w in pool._workers)
+                    and pool._holding == 0
+                    and pool._arena.free_bytes() == pool.arena_bytes):
+                break
+        time.sleep(0.01)
     for _ in range(8):
         out = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=True,
                                  executor=pool)
@@ -669,7 +709,7 @@ print("done")
 # the reply's result blocks have owners.  Each window is a few bytecodes
 # wide; a signal sent from inside it lands there for sure.
 _INTERRUPTED_HANDOVER_SCRIPT = r"""
-import signal, threading, time
+import signal, sys, threading, time
 import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
 main = threading.main_thread().ident
@@ -685,11 +725,15 @@ def interrupted(*args, **kwargs):
     return False
 
 def settled(pool):
-    deadline = time.monotonic() + 30
-    while any(w.pending for w in pool._workers) and time.monotonic() < deadline:
+    # Waits for the arena to be whole once no call is in flight (a reply's
+    # blocks are freed just after its call leaves `pending`); bounded by the
+    # script's timeout.
+    while True:
+        with pool._arena_free:
+            if (not any(w.pending for w in pool._workers)
+                    and pool._arena.free_bytes() == pool.arena_bytes):
+                return pool.arena_bytes
         time.sleep(0.01)
-    with pool._arena_free:
-        return pool._arena.free_bytes()
 
 with pfb.ProcessPool(1, arena_bytes=1 << 20, name="handover pool") as pool:
     (worker,) = pool._workers
@@ -708,20 +752,31 @@ with pfb.ProcessPool(1, arena_bytes=1 << 20, name="handover pool") as pool:
     assert settled(pool) == pool.arena_bytes
 
     # 2. While the call is handed to the worker: its input block is the
-    # worker's from then on (not freed under it, not lost).
+    # worker's from then on (not freed under it, not lost).  The worker
+    # holds the call until the file `go` exists, and the next call's input
+    # is placed before that: were the block freed, the abandoned call would
+    # double the next call's input in place.
+    go = sys.argv[1]
     class Outbox(list):
         def append(self, request):
             super().append(request)
             sigint()
     worker.outbox = Outbox()
-    assert interrupted(pf.slow_double_in_place, [x], tf.float32, copy=True,
-                       executor=pool)
+    assert interrupted(pf.double_in_place_once_there, [tf.constant(go), x], tf.float32,
+                       copy=True, executor=pool)
     worker.outbox = []
     with pool._arena_free:
         pending, free = len(worker.pending), pool._arena.free_bytes()
     assert pending == 1 and free == pool.arena_bytes - BLOCK, (pending, free)
+    def release_once_queued():
+        while not pool._queue:
+            time.sleep(0.001)
+        open(go, "w").close()
+    releaser = threading.Thread(target=release_once_queued)
+    releaser.start()
     out = pfb.numpy_function(pf.slow_double_in_place, [tf.fill([64 << 10], 3.0)],
                              tf.float32, copy=True, executor=pool)
+    releaser.join()
     np.testing.assert_array_equal(out.numpy(), np.full(64 << 10, 6.0))
     assert settled(pool) == pool.arena_bytes
 
@@ -742,8 +797,8 @@ print("done")
 """
 
 
-def test_ctrl_c_where_blocks_change_hands_leaves_every_block_an_owner():
-    run_script(_INTERRUPTED_HANDOVER_SCRIPT)
+def test_ctrl_c_where_blocks_change_hands_leaves_every_block_an_owner(tmp_path):
+    run_script(_INTERRUPTED_HANDOVER_SCRIPT, str(tmp_path / "go"))
 
 
 def test_ctrl_c_at_any_moment_of_a_call_leaves_every_block_an_owner():
