@@ -210,7 +210,10 @@ cdef DLManagedTensorVersioned* _export_owner(
     `ranges`: the inputs' memory ranges (read only when `foreign`)."""
     tp = type(value)
     cdef DLTensor* t = &owner.managed.dl_tensor
-    if not _same_memory(t.device, spec.device):
+    # Host memory for a device output is copied there by the kernel (a GPU
+    # keeps int32 in host memory; NumPy results).
+    if not _same_memory(t.device, spec.device) and not (
+            t.device.device_type == kDLCPU and spec.device.device_type == kDLCUDA):
         raise _OutputError(
             f"output {index}: the function returned a {tp.__name__} on "
             f"{_device_name(t.device)}, but this output must be on the op's device "

@@ -223,6 +223,24 @@ struct OutputRef {
   }
 };
 
+// Output `index` in device memory, copied from `nbytes` of host memory on
+// the op's stream; waits for the copy, since the host memory goes after.
+absl::Status CopyToDevice(OpKernelContext* ctx, int index, const TensorShape& shape,
+                          const char* data, size_t nbytes) {
+  Tensor* out = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &out));
+  stream_executor::Stream* stream =
+      ctx->op_device_context() != nullptr ? ctx->op_device_context()->stream() : nullptr;
+  if (stream == nullptr) {
+    return absl::InternalError("pyfunc_bridge: output " + std::to_string(index) +
+                               " must go to the GPU, which has no stream here");
+  }
+  stream_executor::DeviceAddressBase dst(
+      const_cast<char*>(out->tensor_data().data()), nbytes);
+  TF_RETURN_IF_ERROR(stream->Memcpy(&dst, data, nbytes));
+  return stream->BlockHostUntilDone();
+}
+
 absl::Status MakeOutput(OpKernelContext* ctx, int index,
                         const PfbOutputSpec& spec,
                         DLManagedTensorVersioned* managed) {
@@ -233,7 +251,11 @@ absl::Status MakeOutput(OpKernelContext* ctx, int index,
     return absl::InternalError(where() + ": the conversion layer returned no tensor");
   }
   const DLTensor& t = managed->dl_tensor;
-  if (!SameMemory(t.device, spec.device)) {
+  // A result in host memory for an output in device memory (a NumPy array, an
+  // int32 tensor, which TF keeps in host memory on a GPU): copied there below.
+  const bool to_device =
+      t.device.device_type == kDLCPU && spec.device.device_type == kDLCUDA;
+  if (!to_device && !SameMemory(t.device, spec.device)) {
     return absl::InternalError(
         where() + " came back on DLPack device (" +
         std::to_string(t.device.device_type) + ", " +
@@ -267,7 +289,7 @@ absl::Status MakeOutput(OpKernelContext* ctx, int index,
   // A TF tensor the kernel exported (an EagerTensor's, PfbEagerApi): the
   // output is that tensor itself, sharing its buffer as TF's own kernels do.
   if (const Tensor* own = ExportedTensor(managed);
-      own != nullptr && own->dtype() == dtype) {
+      !to_device && own != nullptr && own->dtype() == dtype) {
     ctx->set_output(index, *own);
     return absl::OkStatus();
   }
@@ -287,6 +309,7 @@ absl::Status MakeOutput(OpKernelContext* ctx, int index,
         (t.strides != nullptr ? "with strides" : "not 64-byte aligned") +
         "; the conversion layer hands over compact, aligned memory only");
   }
+  if (to_device) return CopyToDevice(ctx, index, shape, data, nbytes);
   // Zero copy: a view of an input shares that input's TF buffer (the Python
   // view is released now); other memory stays with its producer.
   tensorflow::TensorBuffer* buffer;

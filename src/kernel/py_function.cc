@@ -64,6 +64,16 @@ absl::Status ZerosLikeForwardState(OpKernelContext*, const ForwardState&,
   return absl::OkStatus();
 }
 
+// TF moves a variant between host and device when a function's output or
+// input lives on a GPU (an eager op on a GPU runs as one): the state is a
+// host object, so the "copy" shares it.
+absl::Status CopyForwardState(
+    const ForwardState& from, ForwardState* to,
+    tensorflow::UnaryVariantOpRegistry::AsyncTensorDeviceCopyFn) {
+  *to = from;
+  return absl::OkStatus();
+}
+
 class PyFunctionOp : public BridgeKernel {
  public:
   explicit PyFunctionOp(OpKernelConstruction* ctx)
@@ -140,4 +150,17 @@ REGISTER_UNARY_VARIANT_UNARY_OP_FUNCTION(ZEROS_LIKE_VARIANT_UNARY_OP,
                                          DEVICE_CPU,
                                          ::pyfunc_bridge::ForwardState,
                                          ::pyfunc_bridge::ZerosLikeForwardState);
+REGISTER_UNARY_VARIANT_UNARY_OP_FUNCTION(ZEROS_LIKE_VARIANT_UNARY_OP,
+                                         DEVICE_GPU,
+                                         ::pyfunc_bridge::ForwardState,
+                                         ::pyfunc_bridge::ZerosLikeForwardState);
+INTERNAL_REGISTER_UNARY_VARIANT_DEVICE_COPY_FUNCTION(
+    ::pyfunc_bridge::ForwardState, VariantDeviceCopyDirection::HOST_TO_DEVICE,
+    ::pyfunc_bridge::CopyForwardState);
+INTERNAL_REGISTER_UNARY_VARIANT_DEVICE_COPY_FUNCTION(
+    ::pyfunc_bridge::ForwardState, VariantDeviceCopyDirection::DEVICE_TO_HOST,
+    ::pyfunc_bridge::CopyForwardState);
+INTERNAL_REGISTER_UNARY_VARIANT_DEVICE_COPY_FUNCTION(
+    ::pyfunc_bridge::ForwardState, VariantDeviceCopyDirection::DEVICE_TO_DEVICE,
+    ::pyfunc_bridge::CopyForwardState);
 }  // namespace tensorflow
