@@ -28,6 +28,25 @@ except ImportError:  # the fuzz tests skip without hypothesis
     pass
 
 
+_GPUS = tf.config.list_physical_devices("GPU")
+# The scripts tests run in fresh interpreters check CPU kernels too: their
+# TensorFlow sees no GPU (this process's has initialized CUDA already).
+if _GPUS:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+@pytest.fixture(autouse=True)
+def _cpu_placement(request):
+    """Tests run on the CPU unless marked `gpu`: TF places ops on a GPU when
+    there is one, and most tests check what a CPU kernel does (host memory,
+    zero-copy addresses).  tests/test_gpu.py covers the GPU kernels."""
+    if not _GPUS or request.node.get_closest_marker("gpu") is not None:
+        yield
+        return
+    with tf.device("/CPU:0"):
+        yield
+
+
 @pytest.fixture
 def stats_on():
     """Statistics on and cleared for the test; the previous setting after it."""

@@ -8,8 +8,9 @@ import tensorflow as tf
 
 import pyfunc_bridge as pfb
 
-pytestmark = pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
-                                reason="needs a GPU (none visible)")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
+                                 reason="needs a GPU (none visible)")]
 
 # Dtypes TF keeps in device memory on a GPU (int32 lives in host memory).
 DEVICE_DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,

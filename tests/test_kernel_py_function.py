@@ -206,8 +206,9 @@ def test_kernels_registered_for_cpu_and_gpu(op):
     assert list(devices["GPU"].host_memory_arg) == ["forward"]
 
 
-gpu = pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
-                         reason="needs a GPU (none visible)")
+def gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(
+        not tf.config.list_physical_devices("GPU"), reason="needs a GPU (none visible)")(test))
 
 
 @gpu
