@@ -177,3 +177,40 @@ def test_gpu_inputs_reach_torch_finished_and_without_a_copy(cuda_torch):
     _, y = f(tf.constant(7.0))
     assert seen["min"] == 7.0
     assert seen["ptr"] == cuda_torch.from_dlpack(pfb.to_dlpack(y)).data_ptr()
+
+
+# ---------------------------------------------------- array_function on a GPU --
+
+def test_array_function_torch_gets_cuda_tensors_and_returns_them_without_a_copy(cuda_torch):
+    seen = {}
+
+    def double(a):
+        seen["device"], seen["ptr"] = str(a.device), a.data_ptr()
+        out = a * 2
+        seen["out"] = out.data_ptr()
+        return out
+
+    with tf.device("/GPU:0"):
+        x = tf.fill([1024], 3.0)
+        y = pfb.array_function(double, [x], tf.float32, framework="torch")
+    assert seen["device"] == "cuda:0"
+    assert seen["ptr"] == cuda_torch.from_dlpack(pfb.to_dlpack(x)).data_ptr()
+    assert "GPU" in y.device
+    assert cuda_torch.from_dlpack(pfb.to_dlpack(y)).data_ptr() == seen["out"]
+    np.testing.assert_array_equal(y.numpy(), np.full(1024, 6.0, np.float32))
+
+
+def test_array_function_cupy_and_jax_on_the_gpu():
+    cupy = pytest.importorskip("cupy")
+    with tf.device("/GPU:0"):
+        x = tf.fill([256], 2.0)
+        y = pfb.array_function(lambda a: cupy.sqrt(a * 8), [x], tf.float32,
+                               framework="cupy")
+    assert "GPU" in y.device
+    np.testing.assert_allclose(y.numpy(), np.full(256, 4.0))
+    jax = pytest.importorskip("jax")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        return
+    with tf.device("/GPU:0"):
+        z = pfb.array_function(lambda a: a + 1, [x], tf.float32, framework="jax")
+    np.testing.assert_allclose(z.numpy(), np.full(256, 3.0))
