@@ -234,8 +234,17 @@ cdef DLManagedTensorVersioned* _export_owner(
         if copy_mode == PFB_COPY_FALSE:
             _raise_copy_forbidden(index, reason)
         if _copy_needed(reason):
+            if t.device.device_type != kDLCPU:
+                return _device_copy(owner)
             return _private_copy(owner)
     return _hand_over(owner)
+
+
+cdef DLManagedTensorVersioned* _device_copy(_DLPackOwner owner) except NULL:
+    """A copy of a result in device memory, made by TensorFlow on its stream
+    (DeepCopy; TF owns the copy, and its next op on that stream reads it)."""
+    _load_tf()
+    return _consume_owner(_tf_export(_tf_deep_copy(x=_tf_tensor(owner)), None))
 
 
 _register_adapters()

@@ -5,14 +5,14 @@
 # Each is None until first use (module-level objects start as None).
 cdef object _tfe  # tensorflow.python.pywrap_tfe
 cdef object _tf_context, _eager_mode, _GradientTape, _unconnected_zero, _error_types
-cdef object _tf_constant, _tf_zeros, _tf_convert, _tf_string
+cdef object _tf_constant, _tf_zeros, _tf_convert, _tf_string, _tf_deep_copy
 cdef object _eager_tensor_type, _has_gpu, _sole_device_name
 
 
 cdef int _load_tf() except -1:
     """Looks TensorFlow's modules up (once) and initializes its eager context."""
     global _tfe, _tf_context, _eager_mode, _GradientTape, _tf_constant, _tf_zeros
-    global _tf_convert, _tf_string, _unconnected_zero, _error_types
+    global _tf_convert, _tf_string, _unconnected_zero, _error_types, _tf_deep_copy
     if _tfe is not None:
         return 0
     import tensorflow as tf
@@ -27,6 +27,7 @@ cdef int _load_tf() except -1:
     _tf_zeros = tf.zeros
     _tf_convert = tf.convert_to_tensor
     _tf_string = tf.string
+    _tf_deep_copy = tf.raw_ops.DeepCopy
     _unconnected_zero = tf.UnconnectedGradients.ZERO
     _error_types = errors.exception_type_from_error_code
     _tfe = pywrap_tfe
