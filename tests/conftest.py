@@ -47,6 +47,18 @@ def _cpu_placement(request):
         yield
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Fixtures (of any scope: a module's is set up outside its tests' scope)
+    compute on the CPU too, unless the test asking is marked `gpu`."""
+    node = getattr(request, "node", None)
+    if not _GPUS or (node is not None and node.get_closest_marker("gpu") is not None):
+        yield
+        return
+    with tf.device("/CPU:0"):
+        yield
+
+
 @pytest.fixture
 def stats_on():
     """Statistics on and cleared for the test; the previous setting after it."""
