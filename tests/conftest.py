@@ -52,7 +52,9 @@ def pytest_fixture_setup(fixturedef, request):
     """Fixtures (of any scope: a module's is set up outside its tests' scope)
     compute on the CPU too, unless the test asking is marked `gpu`."""
     node = getattr(request, "node", None)
-    if not _GPUS or (node is not None and node.get_closest_marker("gpu") is not None):
+    # _cpu_placement enters its own scope, which must stay open after its setup.
+    if (not _GPUS or fixturedef.argname == "_cpu_placement"
+            or (node is not None and node.get_closest_marker("gpu") is not None)):
         yield
         return
     with tf.device("/CPU:0"):

@@ -244,7 +244,7 @@ cdef DLManagedTensorVersioned* _device_copy(_DLPackOwner owner) except NULL:
     """A copy of a result in device memory, made by TensorFlow on its stream
     (DeepCopy; TF owns the copy, and its next op on that stream reads it)."""
     _load_tf()
-    return _consume_owner(_tf_export(_tf_deep_copy(x=_tf_tensor(owner)), None))
+    return _hand_over(_tf_export(_tf_deep_copy(x=_tf_tensor(owner)), None))  # compact
 
 
 _register_adapters()
