@@ -86,7 +86,11 @@ conversion = Extension(
     "pyfunc_bridge._conversion",
     sources=["src/conversion/_conversion.pyx"],
     include_dirs=[np.get_include(), DLPACK_INCLUDE, "src"],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
+    # PyDataMem_SetHandler/GetHandler (alloc.pxi) are NumPy 1.22 API: NumPy
+    # 2.0-2.2's headers (the newest on Python 3.10) target 1.21 by default and
+    # leave them undeclared.
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
+                   ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
     extra_compile_args=OPT + SANITIZER_FLAGS,
     extra_link_args=SANITIZER_FLAGS,
 )
