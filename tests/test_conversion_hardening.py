@@ -245,7 +245,7 @@ def test_aligned_byte_offset_is_folded_into_the_pointer(versioned, offset):
     assert producer.deleted == 1  # the producer's deleter ran, once
 
 
-def test_byte_offset_in_array_function_result():
+def test_byte_offset_in_array_function_result(torch):
     producer = dl.Producer()
     a = aligned(np.arange(32))
 
@@ -258,7 +258,7 @@ def test_byte_offset_in_array_function_result():
 
 # ------------------------------------------- hole 5: class without a module
 
-def test_producer_class_whose_module_is_none():
+def test_producer_class_whose_module_is_none(torch):
     a = aligned([1.0, 2.0])
 
     class Producer:
@@ -416,7 +416,7 @@ def test_handler_cache_judges_each_class_after_purges(torch):
 
 @pytest.mark.parametrize("device", [(1,), (1, 0, 0), None, "cpu", (1.5, 0), ("1", "0")],
                          ids=str)
-def test_dlpack_device_must_be_a_pair_of_ints(device):
+def test_dlpack_device_must_be_a_pair_of_ints(device, torch):
     a = aligned([1.0, 2.0])
 
     class Producer:

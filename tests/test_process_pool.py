@@ -134,7 +134,7 @@ def test_objects_that_export_an_array_come_back_as_in_process(pool, func, tout):
     with pytest.raises(tf.errors.InvalidArgumentError, match="still reachable from Python"):
         pfb.numpy_function(func, [x], tout, copy=False, executor=pool)
 
-def test_torch_bfloat16_inputs_and_results(pool):
+def test_torch_bfloat16_inputs_and_results(pool, torch):
     """torch has no NumPy type for bfloat16 (TensorFlow's is ml_dtypes'):
     tensor.numpy() and torch.from_numpy refuse it."""
     x = tf.cast(tf.range(100_000.0), tf.bfloat16)
@@ -151,7 +151,7 @@ def test_torch_bfloat16_inputs_and_results(pool):
                                copy=False, executor=executor)
 
 @pytest.mark.parametrize("shape", [[1000], [0]])
-def test_a_torch_function_that_writes_its_input_fails_as_in_process(pool, shape):
+def test_a_torch_function_that_writes_its_input_fails_as_in_process(pool, shape, torch):
     """Without copy=True a torch input is TensorFlow's memory in-process, and
     a write to it fails the call; in a worker the block is the call's own,
     but the function is as wrong."""
@@ -160,7 +160,7 @@ def test_a_torch_function_that_writes_its_input_fails_as_in_process(pool, shape)
             pfb.array_function(pf.briefly_double_in_place, [tf.ones(shape)], tf.float32,
                                framework="torch", executor=executor)
 
-def test_a_torch_result_that_requires_grad_fails_as_in_process(pool):
+def test_a_torch_result_that_requires_grad_fails_as_in_process(pool, torch):
     for executor in (None, pool):
         with pytest.raises(tf.errors.UnknownError, match="require gradient"):
             pfb.array_function(pf.torch_requires_grad, [tf.constant(1000)], tf.float32,
@@ -228,7 +228,7 @@ _PICKLED_INPUTS = [pytest.param([0, 3], id="empty"), pytest.param([512 << 10], i
 
 
 @pytest.mark.parametrize("shape", _PICKLED_INPUTS)
-def test_array_function_gives_torch_tensors_for_inputs_that_travel_pickled(shape):
+def test_array_function_gives_torch_tensors_for_inputs_that_travel_pickled(shape, torch):
     with pfb.ProcessPool(1, arena_bytes=1 << 20, name="pickled torch pool") as pool:
         for executor in (None, pool):
             got = pfb.array_function(pf.type_name, [tf.ones(shape)], tf.string,
