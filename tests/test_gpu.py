@@ -126,11 +126,17 @@ def _slow_fill(torch, value):
     return t
 
 
+def _side_stream_result(a, value):
+    import torch
+    return _slow_fill(torch, float(value))
+
+
 def test_a_result_from_another_stream_is_complete_before_tf_reads_it(cuda_torch):
+    # The function is defined outside the traced one: autograph would turn
+    # its float() into a tf.cast.
     @tf.function
     def f(x, v):
-        r = pfb.py_function(lambda a, value: _slow_fill(cuda_torch, float(value)), [x, v],
-                            tf.TensorSpec([N], tf.float32))
+        r = pfb.py_function(_side_stream_result, [x, v], tf.TensorSpec([N], tf.float32))
         return tf.reduce_min(r), tf.reduce_max(r)
 
     with tf.device("/GPU:0"):
