@@ -57,15 +57,35 @@ def unaligned_floats(n):
     return buf[start:start + n]
 
 
-def test_output_on_the_wrong_device_is_an_error(api, registered):
+def test_device_memory_for_a_host_output_is_an_error(api, registered):
+    producer = dl.Producer()
+    x = unaligned_floats(4)
+    on_gpu = dl.Exporter(None, device=(dl.kDLCUDA, 0))
+    code, message, outs = dl.call(
+        api, registered(lambda a: [on_gpu]), [producer.tensor(x)],
+        [dl.spec()], flags=dl.PFB_CALL_TENSORS)
+    assert code == 3  # InvalidArgument
+    assert "output 0" in message and "device memory" in message
+    assert all(not m for m in outs)
+    assert on_gpu.calls == []  # refused before the producer exported anything
+    collect()
+    assert producer.deleted == 1
+
+
+def test_host_memory_for_a_device_output_goes_to_the_kernel_to_copy(api, registered):
+    # A GPU keeps int32 in host memory, and NumPy results live there: the
+    # kernel copies them into its device output.
     producer = dl.Producer()
     x = unaligned_floats(4)
     code, message, outs = dl.call(
         api, registered(lambda a: [a + 1]), [producer.tensor(x)],
         [dl.spec(device=(dl.kDLCUDA, 0))], flags=dl.PFB_CALL_TENSORS)
-    assert code == 3  # InvalidArgument
-    assert "output 0" in message and "op's device" in message
-    assert all(not m for m in outs)
+    assert code == 0, message
+    out = outs[0].contents.dl_tensor
+    assert out.device.device_type == dl.kDLCPU
+    assert np.ctypeslib.as_array(ctypes.cast(out.data, ctypes.POINTER(ctypes.c_float)),
+                                 (4,)).tolist() == [1.0, 1.0, 1.0, 1.0]
+    release(outs)
     collect()
     assert producer.deleted == 1
 

@@ -71,11 +71,20 @@ def test_readme_commands_install_the_cpu_extra(readme):
         assert "cpu" in extras, command
 
 
-def test_ci_runs_the_readme_test_command(readme):
+def test_ci_runs_the_readme_test_command_on_two_pythons(readme):
     (test_command,) = [c for c in _readme_commands(readme) if "pytest" in c]
     with open(os.path.join(ROOT, ".ci", "run")) as f:
         script = f.read()
-    assert test_command in script
+    # Each leg is the README's command in a venv of its own Python.
+    steps = [re.sub(r"\.venv/bin/|\.venv\b", "", step).strip()
+             for step in test_command.split("&&")]
+    assert steps == ["python3 -m venv", 'pip install -e ".[cpu,test]"', "python -m pytest"]
+    assert '-m venv "$venv"' in script
+    assert '"$venv/bin/pip" install -e ".[cpu,test]"' in script
+    assert '"$venv/bin/python" -m pytest' in script
+    legs = re.findall(r"^leg (3\.\d+) (2\.\d+)$", script, re.M)
+    assert legs == [("3.11", "2.4"), ("3.12", "2.5")]
+    assert "3.11" in readme and "3.12" in readme
 
 
 def _import_in_subprocess(prelude):
