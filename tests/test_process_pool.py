@@ -241,6 +241,8 @@ def test_array_function_gives_torch_tensors_for_inputs_that_travel_pickled(shape
 def test_copy_true_gives_writable_inputs_that_travel_pickled(shape, framework):
     """copy=True promises private writable inputs; an array unpickled from
     the worker's frame is read-only."""
+    if framework == "torch":
+        pytest.importorskip("torch")
     with pfb.ProcessPool(1, arena_bytes=1 << 20, name="pickled copy pool") as pool:
         out = pfb.array_function(pf.briefly_double_in_place, [tf.fill(shape, 3.0)],
                                  tf.float32, framework=framework, copy=True, executor=pool)
