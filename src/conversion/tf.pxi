@@ -77,8 +77,7 @@ cdef object _tf_gpu_stream(int device_id):
             stream = _stream_source(device_id) if _stream_source is not None else 1
         except Exception:
             stream = 1
-        _tf_streams[device_id] = stream or 1  # 0 is not a valid DLPack stream
-        stream = _tf_streams[device_id]
+        stream = _tf_streams[device_id] = stream or 1  # 0 is not a valid DLPack stream
     return stream
 
 
