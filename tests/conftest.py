@@ -1,4 +1,5 @@
 """Shared test setup: quiet TF logs, one import of TF and of the package."""
+import contextlib
 import gc
 import os
 import time
@@ -35,15 +36,45 @@ if _GPUS:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+# PFB_PIN_CPU=1 pins as on a GPU machine, to check the pinning where there is none.
+_PIN = bool(_GPUS) or os.environ.get("PFB_PIN_CPU") == "1"
+_graph_as_default = tf.Graph.as_default
+
+
+@contextlib.contextmanager
+def _as_default_on_cpu(graph):
+    """Graph.as_default that pins the graph's ops: a graph starts with no
+    device scope, whatever scope was open when it was made."""
+    with _graph_as_default(graph), graph.device("/CPU:0"):
+        yield graph
+
+
+@contextlib.contextmanager
+def _on_cpu():
+    """The CPU for eager ops, tf.function traces and graphs made meanwhile
+    (TF1 graphs and Sessions)."""
+    saved = tf.Graph.as_default
+    tf.Graph.as_default = _as_default_on_cpu
+    try:
+        with tf.device("/CPU:0"):
+            yield
+    finally:
+        tf.Graph.as_default = saved
+
+
+def _pins(node):
+    return _PIN and (node is None or node.get_closest_marker("gpu") is None)
+
+
 @pytest.fixture(autouse=True)
 def _cpu_placement(request):
     """Tests run on the CPU unless marked `gpu`: TF places ops on a GPU when
     there is one, and most tests check what a CPU kernel does (host memory,
     zero-copy addresses).  tests/test_gpu.py covers the GPU kernels."""
-    if not _GPUS or request.node.get_closest_marker("gpu") is not None:
+    if not _pins(request.node):
         yield
         return
-    with tf.device("/CPU:0"):
+    with _on_cpu():
         yield
 
 
@@ -51,13 +82,11 @@ def _cpu_placement(request):
 def pytest_fixture_setup(fixturedef, request):
     """Fixtures (of any scope: a module's is set up outside its tests' scope)
     compute on the CPU too, unless the test asking is marked `gpu`."""
-    node = getattr(request, "node", None)
     # _cpu_placement enters its own scope, which must stay open after its setup.
-    if (not _GPUS or fixturedef.argname == "_cpu_placement"
-            or (node is not None and node.get_closest_marker("gpu") is not None)):
+    if fixturedef.argname == "_cpu_placement" or not _pins(getattr(request, "node", None)):
         yield
         return
-    with tf.device("/CPU:0"):
+    with _on_cpu():
         yield
 
 
