@@ -24,7 +24,8 @@ import textwrap
 
 import pytest
 
-RUNS = 20
+# PFB_FAULT_RUNS raises it for a soak run (the issue's 200 exits under load).
+RUNS = int(os.environ.get("PFB_FAULT_RUNS", "20"))
 PARALLEL = max(2, min(4, os.cpu_count() or 2))
 
 # Scenario name -> (program, expected exit status, expected stderr).
@@ -173,7 +174,6 @@ scenario("daemon_threads_in_tf_function")(_DAEMON_THREADS.format(
 
     v = tf"""))
 
-# TF1 programs: py_function enters eager mode on TF's worker threads.
 scenario("tf1_session_py_function")("""
     import tensorflow as tf, pyfunc_bridge as pfb
 
@@ -349,9 +349,41 @@ def test_the_exit_hook_silences_only_refused_calls_of_daemon_threads(
     assert [args.exc_value for args in printed] == ([error] if reported else [])
 
 
-def test_the_refused_call_message_is_the_one_the_hook_looks_for():
-    import pathlib
+# ------------------------------------ daemon threads in TF's graph building --
 
-    import pyfunc_bridge as pfb
-    kernel = pathlib.Path(__file__).parent.parent / "src" / "kernel" / "bridge.cc"
-    assert pfb._library._SHUTDOWN_ERROR in kernel.read_text()
+# Two daemon threads build graphs without pause, as tracing does, when the
+# program ends: they are in TF's graph-building wrappers, which take the GIL
+# back in a noexcept destructor.  In a fresh interpreter every run aborted
+# before the kernel parked such threads (forked runs finalize too fast to
+# show it).
+_BUILDING_GRAPHS = """
+import threading, time
+import tensorflow as tf, pyfunc_bridge as pfb
+
+def build():
+    while True:
+        with tf.Graph().as_default():
+            x = pfb.numpy_function(lambda a: a + 1, [tf.constant([1.0, 2.0])], tf.float32)
+            for _ in range(50):
+                x = x + 1.0
+
+for _ in range(2):
+    threading.Thread(target=build, daemon=True).start()
+time.sleep(0.5)
+"""
+
+
+def test_daemon_threads_building_graphs_at_exit_let_it_end_cleanly():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    runs = [subprocess.Popen([sys.executable, "-c", _BUILDING_GRAPHS], env=env, text=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for _ in range(3)]
+    ended = []
+    for proc in runs:
+        try:
+            ended.append((proc.wait(timeout=300), _noise(proc.stderr.read())))
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stderr.close()
+    assert ended == [(0, "")] * 3

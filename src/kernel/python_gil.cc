@@ -3,10 +3,14 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <cxxabi.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <system_error>
@@ -162,6 +166,33 @@ absl::Status PythonErrorToStatus(const char* what) {
   return absl::InternalError(message);
 }
 
+// What std::terminate did before exit installed ParkOrTerminate.
+std::terminate_handler g_previous_terminate = nullptr;
+// Set while this thread's ParkOrTerminate looks at the exception, so that a
+// terminate without one (the rethrow below then terminates) is passed on.
+thread_local bool t_terminating = false;
+
+// During finalization CPython ends a thread that asks for the GIL (a daemon
+// thread coming back from TF's C++) with pthread_exit.  Where that forced
+// unwinding meets a noexcept frame of TF's (pybind11's gil_scoped_release
+// destructor, around every graph-building call), C++ calls std::terminate,
+// which would abort the process; that thread is parked until the process
+// exits instead, since it was ending anyway.  Any other terminate is passed on.
+[[noreturn]] void ParkOrTerminate() {
+  if (!t_terminating && g_shutting_down.load() &&
+      std::this_thread::get_id() != g_exit_thread.load() && InterpreterFinalizing()) {
+    t_terminating = true;
+    try {
+      throw;
+    } catch (abi::__forced_unwind&) {
+      for (;;) pause();
+    } catch (...) {
+    }
+  }
+  if (g_previous_terminate != nullptr) g_previous_terminate();
+  std::abort();
+}
+
 }  // namespace
 
 bool GilScope::OnWorkerThread() { return t_pinned.worker; }
@@ -264,6 +295,9 @@ extern "C" __attribute__((visibility("default"))) int PyfuncBridge_BeginShutdown
   using namespace pyfunc_bridge;
   g_exit_thread.store(std::this_thread::get_id());
   g_shutting_down.store(true);
+  if (g_previous_terminate == nullptr) {
+    g_previous_terminate = std::set_terminate(ParkOrTerminate);
+  }
   const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
   const int own = t_in_flight;  // scopes this thread is inside of (none, usually)
   int left = 0;
