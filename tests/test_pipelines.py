@@ -297,3 +297,22 @@ def test_maps_on_tf_data_threads_finish_in_every_api_and_parallelism():
     done = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("DONE")]
     assert len(done) == 12, proc.stdout
 
+
+
+@pytest.mark.parametrize("api", ["numpy_function", "py_function"])
+def test_a_python_error_another_kernel_left_on_a_tf_thread_does_not_fail_later_calls(api):
+    # TF's own PyFunc kernel, given a token it cannot decode, releases the GIL
+    # with a UnicodeDecodeError still set (TF's script_ops_test provokes it).
+    # On a thread whose Python thread state the bridge keeps, that error
+    # outlived TF's call, and the bridge's next call there was a SystemError.
+    from tensorflow.python.ops import gen_script_ops
+    ours = {"numpy_function": pfb.numpy_function, "py_function": pfb.py_function}[api]
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        y = ours(lambda a: a + 1, [tf.constant(1)], tf.int32)
+        bad = gen_script_ops.py_func(input=[tf.constant([1, 2])], token=b"\xb0",
+                                     Tout=[tf.int32])
+        for _ in range(20):
+            assert sess.run(y) == 2
+            with pytest.raises(tf.errors.InternalError):
+                sess.run(bad)
+        assert [sess.run(y) for _ in range(20)] == [2] * 20

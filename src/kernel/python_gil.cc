@@ -223,6 +223,15 @@ GilScope::GilScope() {
     pin.state = PyGILState_GetThisThreadState();
     first_on_thread_ = true;
   }
+  // A TF worker runs no Python frame below us, so an exception set here is
+  // stale: another library's kernel (TF's PyFunc with a token it cannot
+  // decode) released the GIL without clearing it, and the thread state we
+  // keep pinned carried it over.  Left set, our next call is a SystemError.
+  if (pin.worker &&
+      static_cast<PyGILState_STATE>(state_) == PyGILState_UNLOCKED &&
+      PyErr_Occurred() != nullptr) {
+    PyErr_Clear();
+  }
   ok_ = true;
   BuryExitedThreadStates();
 }
