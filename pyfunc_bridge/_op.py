@@ -65,7 +65,10 @@ def decorator(api, api_name, inp, *args, **kwargs):
     declares a module-level function portable (_portable.declare_if_nameable),
     so that graphs built elsewhere may run it by name."""
     if inp is not None:
-        raise TypeError(f"{api_name} used as a decorator takes no `inp`")
+        # TF's words first (code matches on them).
+        raise TypeError(
+            f"Don't set the `inp` argument when using {api_name} as a decorator "
+            f"(`func=None`): the decorated function's arguments are its inputs")
 
     def decorate(func):
         _portable.declare_if_nameable(func)  # graphs from elsewhere may name it

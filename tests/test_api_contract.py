@@ -320,8 +320,27 @@ def test_inp_not_a_list_is_type_error(api, inp):
 @pytest.mark.parametrize("api", [a for a in APIS if a.decorator],
                          ids=[a.name for a in APIS if a.decorator])
 def test_decorator_with_inp_is_type_error(api):
-    with pytest.raises(TypeError, match="decorator takes no `inp`"):
+    with pytest.raises(TypeError, match="Don't set the `inp` argument"):
         api.ours(inp=[X], Tout=tf.float32)
+
+
+# TF's script_ops_test (test_bad_args): the argument errors of TF's decorator
+# forms, each with the pattern TF's test matches.
+BAD_ARGS = {
+    "decorator_with_inp": (lambda api: api(inp=[], Tout=tf.int32),
+                           r"Don't.*inp.*decorator"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ARGS))
+@pytest.mark.parametrize("api", [a for a in APIS if a.decorator],
+                         ids=[a.name for a in APIS if a.decorator])
+def test_bad_args_raise_what_tf_raises(api, case):
+    call, pattern = BAD_ARGS[case]
+    with pytest.raises(TypeError, match=pattern):
+        call(api.reference)  # the oracle
+    with pytest.raises(TypeError, match=pattern):
+        call(api.ours)
 
 
 # --------------------------------------------------------------------------
