@@ -140,6 +140,7 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
         return _op.decorator(numpy_function, "numpy_function", inp, Tout,
                              stateful=stateful, name=name, copy=copy, portable=portable,
                              executor=executor)
+    _op.require_inp(inp, "numpy_function")
     return _bridge_op(func, inp, Tout, stateful, name, copy, portable=portable,
                       executor=executor)
 

@@ -39,6 +39,15 @@ def check_callable(func):
             f"pass a function or an object with __call__")
 
 
+def require_inp(inp, api_name):
+    """TF's TypeError for a function given without `inp` (only a decorator
+    takes none)."""
+    if inp is None:
+        raise TypeError(
+            f"Missing argument `inp`: the list of the function's inputs ([] for none); "
+            f"only {api_name} used as a decorator (`func=None`) takes no `inp`")
+
+
 def input_list(inp):
     """`inp` as a list (None: no inputs), or a TypeError."""
     if inp is None:

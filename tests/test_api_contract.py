@@ -329,6 +329,9 @@ def test_decorator_with_inp_is_type_error(api):
 BAD_ARGS = {
     "decorator_with_inp": (lambda api: api(inp=[], Tout=tf.int32),
                            r"Don't.*inp.*decorator"),
+    "func_without_inp": (lambda api: api(lambda a, b: a - b, Tout=tf.int32), r"Missing.*inp"),
+    "func_by_name_without_inp": (lambda api: api(func=lambda a, b: a - b, Tout=tf.int32),
+                                 r"Missing.*inp"),
 }
 
 
