@@ -136,6 +136,8 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
     ...     [int(v) for v in dataset]
     [0, 10, 20, 30]
     """
+    if Tout is None:  # before `func`, as TF: `@numpy_function(tf.int32)` forgot the name
+        raise TypeError(_tout.MISSING_TOUT)
     if func is None:
         return _op.decorator(numpy_function, "numpy_function", inp, Tout,
                              stateful=stateful, name=name, copy=copy, portable=portable,

@@ -81,11 +81,15 @@ def normalize(Tout):
     return cached(_normalize, Tout)
 
 
+# TF's words first (code matches on them).
+MISSING_TOUT = ("Missing required argument: 'Tout': a dtype, a tf.TensorSpec, or a list of "
+                "them ([] for no outputs); a decorator takes it by name, "
+                "`@numpy_function(Tout=...)`")
+
+
 def _normalize(Tout):
     if Tout is None:
-        raise TypeError(
-            "Tout is required: a dtype, a tf.TensorSpec, or a list of them ([] for "
-            "no outputs)")
+        raise TypeError(MISSING_TOUT)
     single = not isinstance(Tout, (list, tuple))
     items = [Tout] if single else list(Tout)
     dtypes, shapes, declared = [], [], False

@@ -199,7 +199,7 @@ def test_bare_decorator_without_tout_is_type_error():
 
 @pytest.mark.parametrize("api", [pfb.numpy_function, pfb.py_func])
 def test_tout_none_is_type_error(api):
-    with pytest.raises(TypeError, match="Tout is required"):
+    with pytest.raises(TypeError, match="Missing required argument: 'Tout'"):
         api(lambda a: a, [X], None)
 
 

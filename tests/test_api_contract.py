@@ -335,6 +335,21 @@ BAD_ARGS = {
 }
 
 
+# numpy_function only: pfb's py_function takes Tout=None for no outputs (README).
+NO_TOUT = {
+    "bare_decorator": lambda api: api(lambda a, b: a + b),
+    "dtype_not_by_name": lambda api: api(tf.int32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NO_TOUT))
+def test_numpy_function_without_tout_raises_what_tf_raises(case):
+    with pytest.raises(TypeError, match=r"Missing.*Tout"):
+        NO_TOUT[case](tf.numpy_function)  # the oracle
+    with pytest.raises(TypeError, match=r"Missing.*Tout"):
+        NO_TOUT[case](pfb.numpy_function)
+
+
 @pytest.mark.parametrize("case", sorted(BAD_ARGS))
 @pytest.mark.parametrize("api", [a for a in APIS if a.decorator],
                          ids=[a.name for a in APIS if a.decorator])
