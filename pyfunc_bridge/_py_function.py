@@ -276,5 +276,4 @@ def py_function(func=None, inp=None, Tout=None, name=None, *, portable=False,
             f"a function in worker processes")
     if func is None:
         return _op.decorator(_py_function, "py_function", inp, Tout, name, portable)
-    _op.require_inp(inp, "py_function")
     return _py_function(func, inp, Tout, name, portable)
