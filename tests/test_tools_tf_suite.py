@@ -34,10 +34,11 @@ def test_events_give_results_and_the_test_left_unfinished(tmp_path):
 def test_verdicts():
     tf_side = {"A.same": result("pass"), "A.listed": result("pass"),
                "A.other": result("pass"), "A.pkg": result("skip"),
-               "A.only_tf": result("fail")}
+               "A.only_tf": result("fail"), "A.pkg_pfb": result("pass")}
     pfb_side = {"A.same": result("pass"), "A.listed": result("fail", "AssertionError: x"),
                 "A.other": result("error", "TypeError: y"),
-                "A.pkg": result("error", "ModuleNotFoundError: z", missing="scipy")}
+                "A.pkg": result("error", "ModuleNotFoundError: z", missing="scipy"),
+                "A.pkg_pfb": result("error", "ModuleNotFoundError: z", missing="scipy")}
     rows = tf_suite.compare(tf_side, pfb_side, expected={"A.listed": "by design"})
     verdicts = {test: (verdict, note) for test, _, _, verdict, note in rows}
     assert verdicts == {
@@ -46,13 +47,14 @@ def test_verdicts():
         "A.other": ("DIFFERS", "TypeError: y"),
         "A.pkg": ("needs scipy", ""),
         "A.only_tf": ("DIFFERS", ""),  # pfb's side never ran it: "not run"
+        "A.pkg_pfb": ("DIFFERS", "ModuleNotFoundError: z"),  # TF's side did without it
     }
-    assert tf_suite.summary(rows) == {"tests": 5, "equal": 1, "expected": 1,
-                                      "needs package": 1, "differs": 2}
+    assert tf_suite.summary(rows) == {"tests": 6, "equal": 1, "expected": 1,
+                                      "needs package": 1, "differs": 3}
     report = tf_suite.format_report(rows, expected={"A.listed": "by design", "A.same": "old"})
     assert "A.same is listed as an expected difference but was equal" in report
-    assert report.splitlines()[-1] == ("5 tests: equal on 1, expected differences 1, needing "
-                                       "a missing package 1, differing 2")
+    assert report.splitlines()[-1] == ("6 tests: equal on 1, expected differences 1, needing "
+                                       "a missing package 1, differing 3")
 
 
 def test_missing_package_follows_the_chain():
