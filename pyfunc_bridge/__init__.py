@@ -13,8 +13,8 @@ built on the project's own op kernel and a Cython DLPack bridge:
 1.381097...
 
 Importing registers the ops, so graphs that name them (SavedModels, imported
-GraphDefs, tf.data service jobs) load and run; the conversion module and any
-framework load on first use.
+GraphDefs, tf.data service jobs) load and run; the conversion module, any
+framework and the process pool load on first use.
 """
 from pyfunc_bridge import _library
 
@@ -29,7 +29,6 @@ eager_py_func = py_function
 from pyfunc_bridge._array_function import array_function  # noqa: E402
 from pyfunc_bridge._stats import enable_stats, reset_stats, stats  # noqa: E402
 from pyfunc_bridge._portable import portable, trust_pickled  # noqa: E402
-from pyfunc_bridge._process import ProcessPool  # noqa: E402
 # Above the APIs: it rebuilds loaded py_function ops as _py_function builds
 # them.  The conversion layer calls it on a registry miss (graphs from
 # elsewhere); imported here so that no kernel thread imports it.
@@ -37,7 +36,8 @@ from pyfunc_bridge import _resolve  # noqa: E402,F401
 
 __version__ = "0.1.0"
 # The conversion API lives in the conversion layer (src/conversion/dlpack_api.pxi),
-# which is imported on first access.
+# which is imported on first access; so is the pool (_process, its worker
+# module, cloudpickle), which executor= also imports on first use.
 _CONVERSION_API = ("from_dlpack", "to_dlpack", "to_numpy", "from_numpy")
 __all__ = ["numpy_function", "py_func", "py_function", "eager_py_func", "array_function",
            "stats", "reset_stats", "enable_stats", "portable", "trust_pickled", "ProcessPool",
@@ -54,4 +54,8 @@ def __getattr__(name):
         function = getattr(_library.conversion(), name)
         globals()[name] = function  # later lookups skip this hook
         return function
+    if name == "ProcessPool":
+        from pyfunc_bridge._process import ProcessPool
+        globals()[name] = ProcessPool
+        return ProcessPool
     raise AttributeError(f"module 'pyfunc_bridge' has no attribute {name!r}")

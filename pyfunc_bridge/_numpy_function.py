@@ -2,7 +2,7 @@
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops
 
-from pyfunc_bridge import _library, _op, _process, _tout
+from pyfunc_bridge import _library, _op, _tout
 
 STATEFUL_OP = "PyfuncBridge>NumpyFunction"
 STATELESS_OP = "PyfuncBridge>NumpyFunctionStateless"
@@ -36,7 +36,11 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=F
     `portable`: embed the pickled function in graph ops (_portable.py);
     `executor`: where the calls run (_process.executor)."""
     _op.check_callable(func)
-    pool = _process.executor(executor, api)
+    if executor is None:
+        pool = None
+    else:  # the pool's modules load with its first use (import stays cheap)
+        from pyfunc_bridge import _process
+        pool = _process.executor(executor, api)
     copy_attr, copy_mode = _library.conversion().copy_policy(copy)
     signature = _tout.normalize(Tout)
     inputs = _inputs(inp)

@@ -30,8 +30,7 @@ pool (``snapshot.pools``, by the pool's name):
 import dataclasses
 import sys
 
-from pyfunc_bridge import _library, _pool_stats
-from pyfunc_bridge._pool_stats import PoolStats  # noqa: F401 - a snapshot's type
+from pyfunc_bridge import _library
 
 
 def _copy_reasons():
@@ -175,13 +174,20 @@ def stats():
         total = _add(total, entry)
     missing = _library.eager_api_missing()
     return StatsSnapshot(functions, total, conversion.stats_enabled(),
-                         "dlpack" if missing else "kernel", missing, _pool_stats.snapshot())
+                         "dlpack" if missing else "kernel", missing, _pools("snapshot", {}))
 
 
 def reset_stats():
     """Clears every function's and every pool's counters."""
     _library.conversion().reset_stats()
-    _pool_stats.reset()
+    _pools("reset", None)
+
+
+def _pools(what, none):
+    """`what` of the pools' statistics (_pool_stats), or `none` while no pool
+    was used: that module loads with the pool's (import stays cheap)."""
+    pool_stats = sys.modules.get("pyfunc_bridge._pool_stats")
+    return none if pool_stats is None else getattr(pool_stats, what)()
 
 
 def enable_stats(flag=True):

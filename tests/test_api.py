@@ -490,8 +490,11 @@ _SUBPROCESS = textwrap.dedent("""
     import json, os, sys
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
-    # TensorFlow itself imports jax when it is installed: only new imports count.
-    already = {m for m in ("torch", "jax", "jaxlib") if m in sys.modules}
+    # TensorFlow itself imports jax when it is installed (and cloudpickle):
+    # only new imports count.
+    already = {m for m in ("torch", "jax", "jaxlib", "cloudpickle") if m in sys.modules}
+    POOL = ("pyfunc_bridge._process", "pyfunc_bridge._worker", "pyfunc_bridge._pool_stats",
+            "pyfunc_bridge._pool_worker", "pyfunc_bridge._pickling", "cloudpickle")
 
     def state():
         with open("/proc/self/maps") as f:
@@ -501,6 +504,7 @@ _SUBPROCESS = textwrap.dedent("""
             "kernels": kernels,
             "heavy": sorted(m for m in ("torch", "jax", "jaxlib")
                             if m in sys.modules and m not in already),
+            "pool": sorted(m for m in POOL if m in sys.modules and m not in already),
         }
 
     real = tf.__version__
@@ -518,8 +522,16 @@ _SUBPROCESS = textwrap.dedent("""
     after_import = state()
     y = pfb.numpy_function(lambda a: a + 1, [tf.constant(1.0)], tf.float32)
     after_use = state()
+    stats = pfb.stats()  # (no pool used: the pools' statistics are not loaded for it)
+    after_stats = state()
+    import numpy as np
+    with pfb.ProcessPool(1) as pool:
+        z = pfb.numpy_function(np.negative, [tf.constant(1.0)], tf.float32, executor=pool)
+    after_pool = state()
     print(json.dumps({"mismatch": mismatch, "after_import": after_import,
-                      "after_use": after_use, "value": float(y)}))
+                      "after_use": after_use, "value": float(y), "after_stats": after_stats,
+                      "pools": list(stats.pools), "after_pool": after_pool,
+                      "pool_value": float(z)}))
 """)
 
 
@@ -538,6 +550,7 @@ def test_import_is_cheap(fresh_interpreter):
     assert state["conversion"] is False
     assert len(state["kernels"]) == 1
     assert state["heavy"] == []
+    assert state["pool"] == []  # the process pool loads on first use (pfb.ProcessPool)
 
 
 def test_first_use_loads_the_libraries(fresh_interpreter):
@@ -547,6 +560,17 @@ def test_first_use_loads_the_libraries(fresh_interpreter):
     assert state["conversion"] is True
     assert len(state["kernels"]) == 1
     assert state["heavy"] == []
+    # In-process calls and the statistics need no pool module.
+    assert state["pool"] == [] and fresh_interpreter["after_stats"]["pool"] == []
+    assert fresh_interpreter["pools"] == []
+
+
+def test_a_pool_loads_its_modules_on_first_use(fresh_interpreter):
+    state = fresh_interpreter["after_pool"]
+    assert fresh_interpreter["pool_value"] == -1.0
+    # (cloudpickle counts where TensorFlow did not import it already.)
+    assert {"pyfunc_bridge._process", "pyfunc_bridge._worker", "pyfunc_bridge._pool_stats",
+            "pyfunc_bridge._pool_worker", "pyfunc_bridge._pickling"} <= set(state["pool"])
 
 
 def test_import_with_mismatched_tf_fails(fresh_interpreter):
