@@ -313,7 +313,9 @@ class _Worker:
             self.sock_fd = parent.fileno()
             self.pid = self.proc.pid
             parent.sendall(_worker.frame(hello, pickle.dumps))
-            self.reader = threading.Thread(target=pool._read, args=(self,), daemon=True,
+            # (The pool weakly: a pool dropped without close() is collected.)
+            self.reader = threading.Thread(target=ProcessPool._read,
+                                           args=(weakref.ref(pool), self), daemon=True,
                                            name=f"{pool.name} reader {index}")
             self.reader.start()
         except BaseException:
@@ -1056,26 +1058,35 @@ class ProcessPool:
 
     # ------------------------------------------------------ reader threads --
 
-    def _read(self, worker):
+    @staticmethod
+    def _read(pool_ref, worker):
         """The reader thread of one worker: wakes the callers of its replies
         and gives the worker, once free, its share of the queue; at the end
-        of the stream, settles the calls it still held (_lost)."""
+        of the stream, settles the calls it still held (_lost).  It holds
+        the pool only while it hands out a read: a pool dropped without
+        close() is collected, and __del__ closes it (its stream then ends)."""
         frames = _worker.FrameReader(worker.sock)
+        unreadable = None
         try:
             # No local keeps a reply while the next is awaited (a large
             # pickled result would stay alive until then).
-            while self._receive(worker, frames.read(pickle.loads)):
-                pass
+            while True:
+                received = frames.read(pickle.loads)
+                pool = pool_ref()
+                if pool is None or not pool._receive(worker, received):
+                    break
+                del pool, received
         except (OSError, EOFError):
             pass
         except Exception as exc:  # noqa: BLE001 - a reply this process cannot load
             # Its calls are unknown and the stream is lost: end the worker, so
             # that every call it held fails rather than waits for ever.
             worker.proc.kill()
-            self._lost(worker, f"sent a reply this process cannot unpickle "
-                               f"({type(exc).__name__}: {exc}), so it was ended")
-            return
-        self._lost(worker)
+            unreadable = (f"sent a reply this process cannot unpickle "
+                          f"({type(exc).__name__}: {exc}), so it was ended")
+        pool = pool_ref()
+        if pool is not None:
+            pool._lost(worker, unreadable)
 
     def _receive(self, worker, received):
         """Hands out the messages of one read; False at the end of the stream."""
@@ -1281,6 +1292,10 @@ class ProcessPool:
             self._start(index)
 
     # --------------------------------------------------------------- close --
+
+    def __del__(self):
+        if not getattr(self, "_closed", True) and hasattr(self, "_workers"):
+            self.close()  # dropped without close(): its workers end with it
 
     def close(self):
         """Ends the workers and frees the shared memory; calls in flight fail

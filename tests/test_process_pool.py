@@ -1643,31 +1643,45 @@ def test_a_result_a_forked_child_inherited_keeps_its_values():
 
 
 # A pool that its user drops without close() (executor=pfb.ProcessPool()
-# inline) is never collected: its reader threads hold it, so its workers,
-# threads and shared memory stay until exit.
+# inline) is collected, and its collection ends its workers and reader
+# threads.  Waits for states, by pid, with the script's timeout.
 _DROPPED_POOL_SCRIPT = r"""
-import gc, os
-import tensorflow as tf, pyfunc_bridge as pfb
+import gc, threading, time, weakref
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
-pool = pfb.ProcessPool(1, name="dropped pool")
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"_worker.py" in f.read()
+    except OSError:
+        return False
+
+def until(condition, what):
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+pool = pfb.ProcessPool(2, name="dropped pool")
+# Both paths: an eager call (Python's), a tf.data map (the kernel's rings).
 pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool)
-(pid,) = pool.pids()
-del pool
+ds = tf.data.Dataset.range(20).map(
+    lambda x: pfb.numpy_function(pf.plus_one, [x], tf.int64, executor=pool))
+assert list(ds.as_numpy_iterator()) == list(range(1, 21))
+pids = pool.pids()
+ref = weakref.ref(pool)
+del pool, ds
 gc.collect()
-try:
-    os.waitpid(pid, os.WNOHANG)  # (reaped, if the pool ended it without waiting)
-except ChildProcessError:
-    pass
-alive = os.path.exists(f"/proc/{pid}")
-assert not alive, f"worker {pid} of a dropped pool still runs"
+assert ref() is None, gc.get_referrers(ref())
+until(lambda: not [p for p in pids if alive(p)], f"workers {pids} of a dropped pool still run")
+until(lambda: not [t for t in threading.enumerate() if t.name.startswith("dropped pool")],
+      "the dropped pool's threads still run")
 print("done")
 """
 
 
-@pytest.mark.xfail(strict=False, reason="the reader threads hold the pool (bound method, "
-                   "frames), so a pool dropped without close() is never collected; closing "
-                   "it on collection needs the readers to hold it weakly between frames")
-def test_a_pool_dropped_without_close_ends_its_workers():
+def test_a_pool_dropped_without_close_is_collected_and_ends_its_workers():
     run_script(_DROPPED_POOL_SCRIPT)
 
 def test_workers_do_not_import_tensorflow(pool):
