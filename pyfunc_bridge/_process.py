@@ -30,7 +30,7 @@ its module imports TensorFlow, else as cloudpickle does; the user's
 function for one autograph converted), then its token does.
 
 Lifetime: workers die with this process (PR_SET_PDEATHSIG, set in the
-worker; _Spawner starts them all from one thread); a pool with a timeout
+worker; _pool_spawn starts them all from one thread); a pool with a timeout
 ends a worker whose call runs past it (_Deadlines); a fork of this process
 finds the pools closed (_after_fork_in_child).
 """
@@ -42,7 +42,6 @@ import math
 import mmap
 import os
 import pickle
-import queue
 import signal
 import socket
 import subprocess
@@ -55,6 +54,7 @@ from numbers import Real
 import numpy as np
 
 from pyfunc_bridge import _pickling, _pool_stats, _worker
+from pyfunc_bridge._pool_spawn import spawner as _spawner
 from pyfunc_bridge._errors import CallTimeoutError
 
 DEFAULT_ARENA_BYTES = 64 << 20
@@ -189,60 +189,8 @@ class _Call:
         self.times = None
 
 
-class _Spawner:
-    """Starts the worker processes, all from one thread that lives as long as
-    this process.  A worker asks the kernel to kill it when its parent dies
-    (PR_SET_PDEATHSIG, pyfunc_bridge/_worker.py); the kernel's "parent" is
-    the *thread* that started it, and the threads that start workers come
-    and go (a tf.data thread's first call, a reader thread replacing a dead
-    worker): a worker started by one of them would be killed with it."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._requests = None
-        self._thread = None
-
-    def popen(self, args, **kwargs):
-        """subprocess.Popen(args, **kwargs), run by the spawning thread."""
-        done = threading.Event()
-        box = []
-        with self._lock:
-            if self._thread is None:
-                self._requests = queue.SimpleQueue()
-                self._thread = threading.Thread(target=self._serve, args=(self._requests,),
-                                                name="pyfunc_bridge worker spawner",
-                                                daemon=True)
-                self._thread.start()
-            self._requests.put((args, kwargs, box, done))
-        done.wait()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
-
-    @staticmethod
-    def _serve(requests):
-        while True:
-            args, kwargs, box, done = requests.get()
-            try:
-                box.append((True, subprocess.Popen(args, **kwargs)))
-            except BaseException as exc:  # noqa: BLE001 - raised in the caller
-                box.append((False, exc))
-            done.set()
-
-    def after_fork_in_child(self):
-        """The spawning thread is not in a forked child: the child starts its own."""
-        self._lock = threading.Lock()
-        self._requests = None
-        self._thread = None
-
-
 # Dispatchers of pools inherited by a fork (ProcessPool._forked): never freed.
 _forked_dispatchers = []
-
-_spawner = _Spawner()
-os.register_at_fork(after_in_child=_spawner.after_fork_in_child)
-
 
 class _Worker:
     """The parent's side of one worker process."""

@@ -1,0 +1,58 @@
+"""The thread that starts every worker process of this process's pools
+(_process.py's workers are started through ``spawner.popen``)."""
+import os
+import queue
+import subprocess
+import threading
+
+
+class Spawner:
+    """Starts the worker processes, all from one thread that lives as long as
+    this process.  A worker asks the kernel to kill it when its parent dies
+    (PR_SET_PDEATHSIG, pyfunc_bridge/_worker.py); the kernel's "parent" is
+    the *thread* that started it, and the threads that start workers come
+    and go (a tf.data thread's first call, a reader thread replacing a dead
+    worker): a worker started by one of them would be killed with it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._requests = None
+        self._thread = None
+
+    def popen(self, args, **kwargs):
+        """subprocess.Popen(args, **kwargs), run by the spawning thread."""
+        done = threading.Event()
+        box = []
+        with self._lock:
+            if self._thread is None:
+                self._requests = queue.SimpleQueue()
+                self._thread = threading.Thread(target=self._serve, args=(self._requests,),
+                                                name="pyfunc_bridge worker spawner",
+                                                daemon=True)
+                self._thread.start()
+            self._requests.put((args, kwargs, box, done))
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    @staticmethod
+    def _serve(requests):
+        while True:
+            args, kwargs, box, done = requests.get()
+            try:
+                box.append((True, subprocess.Popen(args, **kwargs)))
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller
+                box.append((False, exc))
+            done.set()
+
+    def after_fork_in_child(self):
+        """The spawning thread is not in a forked child: the child starts its own."""
+        self._lock = threading.Lock()
+        self._requests = None
+        self._thread = None
+
+
+spawner = Spawner()
+os.register_at_fork(after_in_child=spawner.after_fork_in_child)
