@@ -31,8 +31,9 @@ function for one autograph converted), then its token does.
 
 Lifetime: workers die with this process (PR_SET_PDEATHSIG, set in the
 worker; _pool_spawn starts them all from one thread); a pool with a timeout
-ends a worker whose call runs past it (_Deadlines); a fork of this process
-finds the pools closed (_after_fork_in_child).
+ends a worker whose call runs past it (_Deadlines); the calls a dead worker
+had not started go to another (_lost); a fork of this process finds the
+pools closed (_after_fork_in_child).
 """
 import atexit
 import builtins
@@ -177,7 +178,7 @@ class _Call:
     are time.time_ns(): one clock for every process, and TF's profiler's,
     for the pool's statistics and the trace."""
     __slots__ = ("lock", "reply", "holds", "claims", "id", "token", "pickled",
-                 "framework", "args", "writable", "blocks", "queued_at", "times")
+                 "framework", "args", "writable", "blocks", "queued_at", "times", "sequence")
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -203,6 +204,7 @@ class _Worker:
         self.inputs = {}      # offset -> size: input blocks handed to this worker, until it frees them
         self.forget = []      # tokens of functions the parent dropped
         self.known = set()    # tokens this worker has the function of
+        self.sent = 0         # requests assigned to it (their order is the order it starts them)
         self.write_lock = threading.Lock()
         self.alive = True
         self.ready = False
@@ -894,6 +896,8 @@ class ProcessPool:
         not alive."""
         for call in calls:
             worker.pending[call.id] = call
+            worker.sent += 1
+            call.sequence = worker.sent
             function = None
             if call.token not in worker.known:
                 worker.known.add(call.token)
@@ -1084,7 +1088,9 @@ class ProcessPool:
         if worker.channel is not None:
             worker.channel.close()
         text = f"{type(error).__module__}.{type(error).__qualname__}: {error}"
-        dispatch.lost(worker.index, 2 if not isinstance(error, CallTimeoutError) else 4, text)
+        # (A worker that died: the ring calls it never started are sent anew.)
+        dispatch.lost(worker.index, 2 if not isinstance(error, CallTimeoutError) else 4, text,
+                      isinstance(error, WorkerError))
         worker.generation = None
 
     def _settle(self, worker, freed, answered):
@@ -1113,7 +1119,13 @@ class ProcessPool:
         else:
             death = self._death(worker, unreadable)
             if self._deadlines is None:
-                failed = [(call, WorkerError(death)) for call in held]
+                # Dead (reaped): the requests it started are counted for good
+                # (shm_layout.h); the later ones never ran.  (Without rings,
+                # which hold the count, every call it held fails.)
+                started = (worker.channel.socket_calls_started if worker.channel is not None
+                           else worker.sent)
+                again = [c for c in held if c.sequence > started and not c.claims]
+                failed = [(call, WorkerError(death)) for call in held if call not in again]
             else:  # the worker's slot tells which call it was running
                 running, waiting = self._deadlines.sort(worker, held)
                 # (One abandoned by its caller (claims) is not sent again.)

@@ -1001,7 +1001,8 @@ class _NoRoom(Exception):
 
 
 # The running call a socket request shows in the control segment (ring calls
-# show their own id; the parent's ids never reach this bit).
+# show their own id; the parent's ids never reach this bit): the worker
+# module's SOCKET_CALL, which counts it as a socket call started.
 _SOCKET_CALL = 1 << 63
 
 

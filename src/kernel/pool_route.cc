@@ -237,17 +237,25 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
   const PfbDispatchApi* api = route->api;
   const int64_t posted = ClockNs(CLOCK_REALTIME);
   PfbDispatchCall& call = native->call_;
-  const int rc = api->submit(route->d, route->token, route->flags, in.items.data(),
-                             static_cast<uint32_t>(in.items.size()), kRoomWaitNs, &call);
-  if (rc != 0) {
-    // EPIPE: the pool closed (or this is a fork of its process); ENOENT:
-    // the function was dropped.  Others (no worker ready yet, no room, an
-    // input that never fits) are for the Python path this time only.
-    return rc == EPIPE || rc == ENOENT ? NativeOutcome::kGone : NativeOutcome::kDeclined;
+  for (;;) {
+    const int rc = api->submit(route->d, route->token, route->flags, in.items.data(),
+                               static_cast<uint32_t>(in.items.size()), kRoomWaitNs, &call);
+    if (rc != 0) {
+      // EPIPE: the pool closed (or this is a fork of its process); ENOENT:
+      // the function was dropped.  Others (no worker ready yet, no room, an
+      // input that never fits) are for the Python path this time only.
+      return rc == EPIPE || rc == ENOENT ? NativeOutcome::kGone : NativeOutcome::kDeclined;
+    }
+    native->route_ = route;
+    native->submitted_ = true;
+    api->wait(&call, -1);  // a lost worker or a closed pool ends it: never for ever
+    if (call.state != PFB_DISPATCH_RESEND) break;
+    // Its worker died before it started the call: the function never ran,
+    // so it goes to another worker (or, while none is attached, to the
+    // Python path, whose queue waits for the replacement).
+    native->submitted_ = false;
+    api->finish(route->d, &call);
   }
-  native->route_ = route;
-  native->submitted_ = true;
-  api->wait(&call, -1);  // a lost worker or a closed pool fails it: never for ever
   const bool counting = __atomic_load_n(route->counting, __ATOMIC_RELAXED) != 0;
   PfbDispatchRouteCounts* counts = const_cast<PfbDispatchRouteCounts*>(&route->counts);
   if (call.state == PFB_DISPATCH_FAILED) {

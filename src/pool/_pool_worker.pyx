@@ -82,6 +82,10 @@ MAX_NDIM = PFB_POOL_MAX_NDIM
 DEFAULT_CHECKS = PFB_RING_CHECKS
 REQUESTS = 0
 REPLIES = 1
+# The running call a socket request shows (_worker.py _SOCKET_CALL): the
+# parent's ring call ids never reach this bit.
+cdef uint64_t _socket_call = (<uint64_t>1) << 63
+SOCKET_CALL = _socket_call
 MSG_LOAD = PFB_POOL_MSG_LOAD
 MSG_CALL = PFB_POOL_MSG_CALL
 MSG_RESULTS_BACK = PFB_POOL_MSG_RESULTS_BACK
@@ -291,9 +295,21 @@ cdef class Channel:
     def set_running(self, uint64_t call_id, uint64_t since_ns=0):
         """The worker's side: the call it runs now (0: none), and since when
         (CLOCK_MONOTONIC ns): the time first, so that a reader that sees the
-        call sees its time."""
+        call sees its time.  A call (a ring CALL's id, or SOCKET_CALL for a
+        socket request) counts as started here, before it runs."""
+        if call_id == _socket_call:
+            pfb_store64(&self._control.socket_calls_started,
+                        pfb_load64(&self._control.socket_calls_started) + 1)
+        elif call_id:
+            pfb_store64(&self._control.ring_calls_started,
+                        pfb_load64(&self._control.ring_calls_started) + 1)
         pfb_store64(&self._control.running_since, since_ns)
         pfb_store64(&self._control.running_call, call_id)
+
+    @property
+    def socket_calls_started(self):
+        """The socket requests the worker started (read once it is dead)."""
+        return pfb_load64(&self._control.socket_calls_started)
 
     @property
     def running_call(self):
@@ -692,11 +708,13 @@ cdef class Dispatcher:
             raise OSError(rc, f"pyfunc_bridge: attaching worker {index} failed")
         self._held[index] = (channel, held)
 
-    def lost(self, int index, int32_t code, str message):
+    def lost(self, int index, int32_t code, str message, bint resend=False):
+        """Worker `index` ended: its calls fail with (`code`, `message`);
+        with `resend` (it died), those it had not started end RESEND."""
         cdef bytes text = message.encode("utf-8", "replace")
         cdef const char* c_text = text
         with nogil:
-            pfb_dispatch_lost(self._d, index, code, c_text)
+            pfb_dispatch_lost(self._d, index, code, c_text, resend)
         # The channel (its control segment's mapping) stays until the slot
         # is attached again: a submit that read `attached` a moment before
         # lost() may still read the segment's running call (choose()).
@@ -751,10 +769,14 @@ cdef class Dispatcher:
         try:
             inputs = self._inputs_of(arrays, dims, keep)
             with nogil:
-                rc = pfb_dispatch_submit(self._d, token, flags, inputs, <uint32_t>n, limit,
-                                         &call)
-                if rc == 0:
-                    rc = pfb_dispatch_wait(&call, -1)
+                while True:
+                    rc = pfb_dispatch_submit(self._d, token, flags, inputs, <uint32_t>n,
+                                             limit, &call)
+                    if rc == 0:
+                        rc = pfb_dispatch_wait(&call, -1)
+                    if rc or call.state != PFB_DISPATCH_RESEND:
+                        break
+                    pfb_dispatch_finish(self._d, &call)  # never started: sent anew
             if rc:
                 raise OSError(rc, f"pyfunc_bridge: dispatching the call failed ({rc})")
             try:
@@ -827,7 +849,8 @@ cdef class Dispatcher:
         cdef PfbDispatchCounts c
         pfb_dispatch_counts(self._d, &c)
         return {"calls": c.calls, "loads": c.loads, "doorbells": c.doorbells,
-                "reply_sleeps": c.reply_sleeps, "input_blocks": c.input_blocks}
+                "reply_sleeps": c.reply_sleeps, "input_blocks": c.input_blocks,
+                "resent": c.resent}
 
 
 # ------------------------------------------------------------ ResultArena --

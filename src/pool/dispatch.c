@@ -97,6 +97,7 @@ typedef struct Worker {
   pthread_mutex_t calls;
   PfbDispatchCall* pending;
   uint32_t in_flight;
+  uint64_t posted;        /* CALLs posted to this attachment (guarded by `post`) */
   /* Guards `back`: result blocks to hand back with the next message. */
   pthread_mutex_t back_lock;
   Words back;
@@ -364,6 +365,7 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
   w->arena = arena;
   w->control = control;
   w->generation = generation;
+  w->posted = 0;
   w->known.count = 0;
   w->forget.count = 0;
   pthread_mutex_lock(&w->back_lock);
@@ -383,7 +385,8 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
   return rc;
 }
 
-void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message) {
+void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message,
+                       int resend) {
   if (index < 0 || index >= d->workers_count) return;
   Worker* w = &d->workers[index];
   pthread_mutex_lock(&w->post);  /* no producer is under way */
@@ -398,6 +401,12 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
     pfb_ring_close(&w->replies);  /* (the caller closed it too: idempotent) */
     pthread_join(thread, NULL);
   }
+  /* The worker is dead (Python reaped it): what it counted is final.  It
+   * starts CALLs in the order they were posted, so those posted after the
+   * last one it started never ran. */
+  uint64_t started = resend && w->control != NULL
+                         ? __atomic_load_n(&w->control->ring_calls_started, SC)
+                         : UINT64_MAX;
   pthread_mutex_lock(&w->calls);
   PfbDispatchCall* failed = w->pending;
   w->pending = NULL;
@@ -405,9 +414,14 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   pthread_mutex_unlock(&w->calls);
   while (failed != NULL) {
     PfbDispatchCall* next = failed->next;
-    failed->error = strdup(message ? message : "pyfunc_bridge: the worker ended");
-    failed->error_code = code;
-    complete(failed, PFB_DISPATCH_FAILED);
+    if (failed->sequence > started) {
+      bump(&d->counts.resent, 1);
+      complete(failed, PFB_DISPATCH_RESEND);  /* its blocks go below: it is sent anew */
+    } else {
+      failed->error = strdup(message ? message : "pyfunc_bridge: the worker ended");
+      failed->error_code = code;
+      complete(failed, PFB_DISPATCH_FAILED);
+    }
     failed = next;
   }
   free_inputs(d, w, NULL, 0, 1);  /* it holds nothing any more */
@@ -426,7 +440,7 @@ void pfb_dispatch_delete(PfbDispatch* d) {
   pthread_cond_broadcast(&d->room);  /* submits waiting for room: closed */
   pthread_mutex_unlock(&d->arena_lock);
   for (int i = 0; i < d->workers_count; ++i)
-    pfb_dispatch_lost(d, i, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed");
+    pfb_dispatch_lost(d, i, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed", 0);
   /* What only calls use goes now, not with the last reference (a route a
    * kernel or the statistics keep): the input mapping, once no submit
    * copies into it (each sees `closed`, or its ring closed, at once), and
@@ -810,6 +824,7 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
     if (rc == 0) {
       call->worker = w->index;
       call->generation = w->generation;
+      call->sequence = ++w->posted;
       call->state = PFB_DISPATCH_WAITING;
       /* Listed before it is posted: its DONE may come at once. */
       pthread_mutex_lock(&w->calls);
@@ -830,6 +845,7 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
           }
         }
         pthread_mutex_unlock(&w->calls);
+        --w->posted;  /* never posted */
       }
     }
     if (rc == 0) {
@@ -989,4 +1005,5 @@ void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out) {
   out->doorbells = __atomic_load_n(&d->counts.doorbells, SC);
   out->reply_sleeps = __atomic_load_n(&d->counts.reply_sleeps, SC);
   out->input_blocks = __atomic_load_n(&d->counts.input_blocks, SC);
+  out->resent = __atomic_load_n(&d->counts.resent, SC);
 }

@@ -71,7 +71,11 @@ typedef struct PfbDispatchInput {
 enum {
   PFB_DISPATCH_WAITING = 0,
   PFB_DISPATCH_DONE = 1,    /* `reply` holds the worker's DONE */
-  PFB_DISPATCH_FAILED = 2   /* the worker died or the pool closed: `error` */
+  PFB_DISPATCH_FAILED = 2,  /* the worker died or the pool closed: `error` */
+  /* The worker died before it started the call (its function never ran):
+   * the caller finishes it and submits it again (another worker, or the
+   * Python path while none is attached). */
+  PFB_DISPATCH_RESEND = 3
 };
 
 /* One call, in its caller's memory, from pfb_dispatch_submit until
@@ -86,6 +90,7 @@ typedef struct PfbDispatchCall {
   uint64_t id;
   int worker;            /* the worker that has it */
   uint64_t generation;   /* that worker's generation (RESULTS_BACK names it) */
+  uint64_t sequence;     /* its place among the CALLs posted to that worker */
   /* DONE: the message (header, records), malloc'd by the reply thread,
    * freed by pfb_dispatch_finish; and a reference on the arena its result
    * blocks are in, dropped by pfb_dispatch_finish.  The blocks themselves
@@ -127,8 +132,11 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
                         const char* result_base, uint64_t result_bytes, uint64_t generation);
 /* The worker of slot `index` ended: its calls in flight fail with
  * (`code`, `message`), its input blocks are free again (it holds nothing
- * now), its reply thread ends.  The caller closes the rings first. */
-void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message);
+ * now), its reply thread ends.  The caller closes the rings first.  With
+ * `resend` (a worker that died, not a pool that closes), the calls it had
+ * not started (shm_layout.h, ring_calls_started) end RESEND instead. */
+void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message,
+                       int resend);
 
 /* The function of `token`: the LOAD payload (shm_layout.h: the pickle of
  * (sys.path or None, the function's cloudpickle)), copied.  0, or ENOMEM. */
@@ -190,6 +198,7 @@ typedef struct PfbDispatchCounts {
   uint64_t doorbells;    /* doorbell rings (wake-ups of workers) */
   uint64_t reply_sleeps; /* reply threads' futex sleeps */
   uint64_t input_blocks; /* input blocks live now */
+  uint64_t resent;       /* calls a dead worker had not started, ended RESEND */
 } PfbDispatchCounts;
 void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out);
 

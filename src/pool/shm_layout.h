@@ -126,7 +126,7 @@
 #endif
 
 #define PFB_POOL_MAGIC 0x314c4f4f50424650ULL /* "PFBPOOL1", little-endian */
-#define PFB_POOL_LAYOUT_VERSION 1
+#define PFB_POOL_LAYOUT_VERSION 2
 
 /* Every block starts at a multiple of this and is a multiple of it long:
  * PFB_TENSOR_ALIGNMENT (bridge_abi.h), which TensorFlow needs to use memory
@@ -296,7 +296,13 @@ typedef struct PfbPoolControl {
   uint32_t worker_ready;        /* 1 once it serves its request ring */
   uint64_t running_call;        /* the call it runs now, 0 between calls */
   uint64_t running_since;       /* CLOCK_MONOTONIC ns that call started */
-  unsigned char worker_pad[PFB_POOL_SLOT_BYTES - 24];
+  /* The calls it started, ring CALLs and socket requests apart (each
+   * counted before it runs).  It runs each kind in the order it was sent,
+   * so when it dies, the parent tells the calls it never started (the
+   * later ones) from those it did, and sends them to another worker. */
+  uint64_t ring_calls_started;
+  uint64_t socket_calls_started;
+  unsigned char worker_pad[PFB_POOL_SLOT_BYTES - 40];
   PfbPoolRingWords requests;
   PfbPoolRingWords replies;
   /* Then: PfbPoolSlot request_slots[ring_slots];

@@ -27,6 +27,7 @@ cdef extern from "dispatch.h" nogil:
         PFB_DISPATCH_WAITING
         PFB_DISPATCH_DONE
         PFB_DISPATCH_FAILED
+        PFB_DISPATCH_RESEND
 
     ctypedef struct PfbDispatchCall:
         uint32_t state
@@ -45,6 +46,7 @@ cdef extern from "dispatch.h" nogil:
         uint64_t doorbells
         uint64_t reply_sleeps
         uint64_t input_blocks
+        uint64_t resent
 
     ctypedef struct PfbDispatchRouteCounts:
         uint64_t calls
@@ -83,7 +85,8 @@ cdef extern from "dispatch.h" nogil:
     void pfb_dispatch_set_counting(int on)
     int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int doorbell,
                             const char* result_base, uint64_t result_bytes, uint64_t generation)
-    void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message)
+    void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message,
+                           int resend)
     int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, uint64_t size)
     int pfb_dispatch_knows(PfbDispatch* d, uint64_t token)
     int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,

@@ -74,6 +74,8 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t worker_ready
         uint64_t running_call
         uint64_t running_since
+        uint64_t ring_calls_started
+        uint64_t socket_calls_started
         PfbPoolRingWords requests
         PfbPoolRingWords replies
 
