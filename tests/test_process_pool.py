@@ -1110,20 +1110,25 @@ def _call_in_thread(func, value, executor):
     return thread, box
 
 
-def test_a_killed_worker_fails_its_call_and_the_pool_recovers():
+def test_a_killed_worker_fails_its_call_and_the_pool_recovers(tmp_path, monkeypatch):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("PFB_TEST_MARKS", str(marks))  # the workers inherit it
     with pfb.ProcessPool(2, name="fault pool") as faulty:
-        thread, box = _call_in_thread(pf.slow_pid, 30.0, faulty)
-        wait_for(lambda: any(w.pending for w in faulty._workers))
-        victim = next(w for w in faulty._workers if w.pending)
-        os.kill(victim.pid, signal.SIGKILL)
+        thread, box = _call_in_thread(pf.hang, 30.0, faulty)
+        # Killed once the call runs (one it had not started would run in the
+        # other worker: tests/test_pool_resend.py).
+        wait_for(lambda: len(os.listdir(marks)) == 1, seconds=30)
+        victim = int(os.listdir(marks)[0])
+        os.kill(victim, signal.SIGKILL)
         thread.join(timeout=20)
         assert not thread.is_alive()
         message = str(box["error"])
         assert isinstance(box["error"], tf.errors.UnknownError)
         assert "'fault pool'" in message or "fault pool" in message
-        assert "killed by signal 9 (SIGKILL)" in message and str(victim.pid) in message
+        assert "killed by signal 9 (SIGKILL)" in message and str(victim) in message
         wait_for(lambda: len(faulty.pids()) == 2)
-        assert victim.pid not in faulty.pids()
+        assert victim not in faulty.pids()
         for _ in range(4):  # every worker serves again
             assert int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
                                           executor=faulty)) in faulty.pids()
