@@ -33,7 +33,7 @@ Lifetime: workers die with this process (PR_SET_PDEATHSIG, set in the
 worker; _pool_spawn starts them all from one thread); a pool with a timeout
 ends a worker whose call runs past it (_Deadlines); the calls a dead worker
 had not started go to another (_lost); a fork of this process finds the
-pools closed (_after_fork_in_child).
+pools closed and their shared memory its own (_after_fork_in_child).
 """
 import atexit
 import builtins
@@ -54,7 +54,7 @@ from numbers import Real
 
 import numpy as np
 
-from pyfunc_bridge import _pickling, _pool_stats, _worker
+from pyfunc_bridge import _pickling, _pool_fork, _pool_stats, _worker
 from pyfunc_bridge._pool_spawn import spawner as _spawner
 from pyfunc_bridge._errors import CallTimeoutError
 
@@ -574,6 +574,7 @@ class ProcessPool:
             raise ValueError(f"timeout must be a positive number of seconds, or None for "
                              f"no limit, got {timeout!r}")
         self.name = name or f"ProcessPool-{next(ProcessPool._numbers)}"
+        _memfd_names.add(self.name)  # before its first memfd (_pool_fork)
         self.workers = workers
         self.arena_bytes = arena_bytes
         self._lock = threading.Lock()
@@ -1457,6 +1458,7 @@ def _worker_exception(payload):
 # ------------------------------------------------------------- executors --
 
 _live_pools = weakref.WeakSet()
+_memfd_names = set()  # the names of every pool's memfds (_pool_fork)
 _default = None
 _default_lock = threading.Lock()
 
@@ -1469,11 +1471,16 @@ def _after_fork_in_child():
     for pool in list(_live_pools):
         pool._forked()
     _live_pools.clear()  # this process's atexit hook must not close them
+    # Their shared memory (and that of pools closed since, which results
+    # may still view) becomes the child's own.
+    _pool_fork.forget_shared_memory(_memfd_names)
     _default = None
     _default_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=lambda: _pool_fork.before_fork(_memfd_names),
+                    after_in_parent=_pool_fork.after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
 
 
 class _DefaultPool:

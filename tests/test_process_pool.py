@@ -1609,41 +1609,77 @@ def test_a_forked_child_gets_a_clear_error_and_the_parent_pool_is_unaffected():
     assert not [p for p in child["default_pids"] if _alive(p)]  # ended at the child's exit
 
 
-# A result tensor that a forked child inherited views the worker's result
-# arena through a MAP_SHARED mapping, which fork does not copy: when the
-# parent lets go of its tensor, the worker reuses the block, and the
-# child's tensor changes under it.
+# A forked child lets go of its parent's pools' shared memory: it holds no
+# descriptor of their memfds and maps none of them (their mappings are its
+# own memory now), the result tensors it inherited (from the Python path
+# and from a kernel's native route) keep their values while the parent
+# lets go of their blocks and the worker reuses them, and using the pool
+# there is a clear error.
 _FORK_KEEPS_RESULT_SCRIPT = r"""
-import os
+import json, os, signal, time
 import tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
-with pfb.ProcessPool(1, name="fork result pool") as pool:
-    t = pfb.numpy_function(pf.quarter_mib_of, [tf.constant(1.0)], tf.float32, executor=pool)
+NAME = "fork result pool"
+
+def shared():
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(f"/memfd:{NAME}"):
+            fds.append(target)
+    with open("/proc/self/maps") as f:
+        return fds, [line.strip() for line in f if f"/memfd:{NAME}" in line]
+
+with pfb.ProcessPool(1, name=NAME) as pool:
+    graph = tf.function(lambda x: pfb.numpy_function(pf.quarter_mib_of, [x], tf.float32,
+                                                     executor=pool))
+    graph(tf.constant(0.0))  # the kernel's first call sets up its route
+    eager = pfb.numpy_function(pf.quarter_mib_of, [tf.constant(1.0)], tf.float32,
+                               executor=pool)
+    native = graph(tf.constant(2.0))
+    addresses = {pfb.to_numpy(eager).ctypes.data, pfb.to_numpy(native).ctypes.data}
+    x = tf.constant(3.0)
+    fds, maps = shared()
+    assert fds and maps, (fds, maps)  # (the probe sees them)
     go_r, go_w = os.pipe()
     seen_r, seen_w = os.pipe()
     child = os.fork()
     if child == 0:
-        os.read(go_r, 1)  # the parent reused the block
-        v = pfb.to_numpy(t)
-        os.write(seen_w, f"{v[0]} {v[-1]}".encode())
-        os._exit(0)
-    del t
-    for _ in range(3):
-        u = pfb.numpy_function(pf.quarter_mib_of, [tf.constant(7.0)], tf.float32,
-                               executor=pool)
+        os.read(go_r, 1)  # the parent let go of the blocks, and the worker reused them
+        report = {"values": [float(v) for t in (eager, native)
+                             for v in (pfb.to_numpy(t)[0], pfb.to_numpy(t)[-1])]}
+        report["fds"], report["maps"] = shared()
+        try:
+            pfb.numpy_function(pf.quarter_mib_of, [x], tf.float32, executor=pool)
+        except ValueError as exc:
+            report["error"] = str(exc)
+        os.write(seen_w, json.dumps(report).encode())
+        os._exit(0)  # (TensorFlow's own exit hangs in a fork of a process that ran ops)
+    del eager, native
+    later = [pfb.numpy_function(pf.quarter_mib_of, [tf.constant(7.0)], tf.float32,
+                                executor=pool) for _ in range(2)]
+    later += [graph(tf.constant(7.0)) for _ in range(2)]
+    reused = addresses & {pfb.to_numpy(t).ctypes.data for t in later}
     os.write(go_w, b"x")
-    seen = os.read(seen_r, 100).decode()
-    os.waitpid(child, 0)
-    assert seen == "1.0 1.0", seen
+    report = json.loads(os.read(seen_r, 1 << 16).decode())
+    deadline = time.monotonic() + 60
+    while os.waitpid(child, os.WNOHANG) == (0, 0):
+        assert time.monotonic() < deadline, "the child hung"
+        time.sleep(0.01)
+    assert report["values"] == [1.0, 1.0, 2.0, 2.0], (report, reused)
+    assert report["fds"] == [] and report["maps"] == [], report
+    error = report.get("error", "")
+    assert f"'{NAME}'" in error and "is a fork of it" in error and \
+        "Start a ProcessPool in this process" in error, report
+    assert [float(t[0]) for t in later] == [7.0] * 4
 print("done")
 """
 
 
-@pytest.mark.xfail(strict=False, reason="a forked child's inherited result tensors view the "
-                   "worker's MAP_SHARED result arena, which the worker reuses once the parent "
-                   "lets go of the block; the child would need a private copy of the live "
-                   "result blocks at fork (their pages remapped), which the pool does not track")
-def test_a_result_a_forked_child_inherited_keeps_its_values():
+def test_a_forked_child_lets_go_of_the_pool_s_memory_and_keeps_its_results():
     run_script(_FORK_KEEPS_RESULT_SCRIPT)
 
 

@@ -463,6 +463,13 @@ void pfb_dispatch_delete(PfbDispatch* d) {
 void pfb_dispatch_disown(PfbDispatch* d) {
   __atomic_store_n(&d->closed, 1, SC);
   pfb_dispatch_retain(d);  /* never freed: its threads and rings are not this process's */
+  /* This process's copies of the doorbells: no submit rings one from now on. */
+  for (int i = 0; i < d->workers_count; ++i) {
+    Worker* w = &d->workers[i];
+    __atomic_store_n(&w->attached, 0, SC);
+    if (w->doorbell >= 0) close(w->doorbell);
+    w->doorbell = -1;
+  }
 }
 
 void pfb_dispatch_retain(PfbDispatch* d) { __atomic_add_fetch(&d->refs, 1, SC); }

@@ -118,8 +118,9 @@ void pfb_dispatch_retain(PfbDispatch* d);
 void pfb_dispatch_release(PfbDispatch* d);
 /* In a forked child: the dispatcher is its parent's (the rings, the
  * workers), and its reply threads are not in this process.  Refuses every
- * call from now on (EPIPE) without touching the rings or joining threads;
- * its memory is never freed. */
+ * call from now on (EPIPE) without touching the rings or joining threads,
+ * and closes this process's copies of the doorbells; its memory is never
+ * freed (its mappings the op layer makes private, _pool_fork.py). */
 void pfb_dispatch_disown(PfbDispatch* d);
 
 /* Worker slot `index` is served by a worker with this control segment
