@@ -22,12 +22,15 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 TF_COMPILE_FLAGS = tf.sysconfig.get_compile_flags()
 TF_LINK_FLAGS = tf.sysconfig.get_link_flags()
+TF_CC_LINK_FLAGS = ["-l:libtensorflow_cc.so.2"]
 TF_INCLUDES = [f[2:] for f in TF_COMPILE_FLAGS if f.startswith("-I")]
 DLPACK_INCLUDE = os.path.join(tf.sysconfig.get_include(), "external", "dlpack", "include")
 if not os.path.exists(os.path.join(DLPACK_INCLUDE, "dlpack", "dlpack.h")):
     sys.exit(f"pyfunc_bridge: dlpack.h not found under {DLPACK_INCLUDE}")
 # TF's eager TensorHandle header (src/kernel/eager_tensors.cc) includes farmhash.h.
 FARMHASH_INCLUDE = os.path.join(tf.sysconfig.get_include(), "external", "farmhash_archive", "src")
+# XLA's builder headers (src/kernel/xla_ops.cc) include highwayhash's.
+HIGHWAYHASH_INCLUDE = os.path.join(tf.sysconfig.get_include(), "external", "highwayhash")
 
 # Build toggles (not meaning-changing directives): PFB_DEBUG=1 for -O0 -g;
 # PFB_SANITIZE=address for AddressSanitizer + UndefinedBehaviorSanitizer on
@@ -74,11 +77,16 @@ kernels = Extension(
         "src/kernel/py_function.cc",
         "src/kernel/python_gil.cc",
         "src/kernel/trace.cc",
+        "src/kernel/xla_call.cc",
+        "src/kernel/xla_gpu.cc",
+        "src/kernel/xla_ops.cc",
     ],
-    include_dirs=TF_INCLUDES + [DLPACK_INCLUDE, FARMHASH_INCLUDE, "src"],
+    include_dirs=TF_INCLUDES + [DLPACK_INCLUDE, FARMHASH_INCLUDE, HIGHWAYHASH_INCLUDE, "src"],
     extra_compile_args=[f for f in TF_COMPILE_FLAGS if not f.startswith("-I")]
     + OPT + KERNEL_SANITIZER_FLAGS + ["-Wno-deprecated-declarations", "-Wno-sign-compare"],
-    extra_link_args=TF_LINK_FLAGS + KERNEL_SANITIZER_FLAGS,
+    # libtensorflow_cc.so.2 holds XLA (XlaOpKernel, the builder, the FFI
+    # registry); `import tensorflow` has loaded it before this library.
+    extra_link_args=TF_LINK_FLAGS + TF_CC_LINK_FLAGS + KERNEL_SANITIZER_FLAGS,
     language="c++",
 )
 

@@ -1,0 +1,349 @@
+"""The bridge ops inside XLA (tf.function(jit_compile=True), Keras
+jit_compile): each op lowers to an XLA custom call (src/kernel/xla_ops.cc)
+whose handler runs the conversion layer's driver (src/kernel/xla_call.cc).
+TF's own ops, and the bridge without XLA, are the oracles."""
+import ctypes
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import pyfunc_bridge as pfb
+from pyfunc_bridge import _library
+
+NUMERIC = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
+           tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool,
+           tf.complex64, tf.complex128]
+
+
+def _value(dtype, shape=(2, 3)):
+    n = int(np.prod(shape))
+    if dtype == tf.bool:
+        return tf.constant(np.arange(n).reshape(shape) % 3 == 0)
+    if dtype.is_complex:
+        return tf.cast(tf.reshape(tf.range(n, dtype=tf.float64), shape), dtype) * (1 + 2j)
+    return tf.cast(tf.reshape(tf.range(n), shape), dtype)
+
+
+def _flip(a):
+    # Reversed rows, a new array: for every dtype, bool and bfloat16 included.
+    return np.ascontiguousarray(a[::-1])
+
+
+def jit(fn):
+    return tf.function(fn, jit_compile=True)
+
+
+def hlo(fn, *args):
+    return fn.experimental_get_compiler_ir(*args)(stage="hlo")
+
+
+def test_ffi_handlers_registered():
+    lib = ctypes.CDLL(_library._KERNELS)
+    lib.PyfuncBridge_XlaRegistrationErrors.restype = ctypes.c_char_p
+    errors = lib.PyfuncBridge_XlaRegistrationErrors().decode()
+    # The CPU handlers must register; CUDA's may not where XLA has no CUDA.
+    assert "on Host" not in errors, errors
+
+
+@pytest.mark.parametrize("dtype", NUMERIC, ids=lambda d: d.name)
+def test_numpy_function_every_dtype_matches_non_xla(dtype):
+    x = _value(dtype)
+    spec = tf.TensorSpec(x.shape, dtype)
+    f = lambda x: pfb.numpy_function(_flip, [x], spec)  # noqa: E731
+    got = jit(f)(x)
+    assert got.dtype == dtype and got.shape == x.shape
+    np.testing.assert_array_equal(got.numpy(), tf.function(f)(x).numpy())
+    np.testing.assert_array_equal(got.numpy(), tf.reverse(x, [0]).numpy())
+
+
+def test_custom_call_is_in_the_compiled_program():
+    f = jit(lambda x: pfb.numpy_function(np.sinh, [x], tf.TensorSpec([4], tf.float32)) + 1)
+    x = tf.linspace(0.0, 1.0, 4)
+    text = hlo(f, x)
+    assert re.search(r'custom_call_target="pyfunc_bridge\.call"', text), text
+    assert "api_version=API_VERSION_TYPED_FFI" in text
+    assert "custom_call_has_side_effect=true" in text
+    np.testing.assert_allclose(f(x).numpy(), np.sinh(x.numpy()) + 1, rtol=1e-6)
+
+
+def test_several_inputs_and_outputs_with_tf_ops_around():
+    def both(a, b):
+        return a + b, (a * b).astype(np.float64)
+
+    @jit
+    def f(a, b):
+        s, p = pfb.numpy_function(both, [a * 2, b],
+                                  [tf.TensorSpec([3], tf.float32),
+                                   tf.TensorSpec([3], tf.float64)])
+        return s - 1, p * 2
+
+    a, b = tf.constant([1.0, 2.0, 3.0]), tf.constant([4.0, 5.0, 6.0])
+    s, p = f(a, b)
+    oracle = tf.numpy_function(both, [a * 2, b], [tf.float32, tf.float64])
+    np.testing.assert_allclose(s.numpy(), oracle[0].numpy() - 1)
+    np.testing.assert_allclose(p.numpy(), oracle[1].numpy() * 2)
+
+
+def test_no_inputs_and_scalar_output():
+    f = jit(lambda: pfb.numpy_function(lambda: np.float32(7), [], tf.TensorSpec([], tf.float32)))
+    assert f().numpy() == 7
+
+
+def test_py_func():
+    @jit
+    def f(x):
+        return pfb.py_func(np.cumsum, [x], tf.TensorSpec([5], tf.float64))
+
+    x = tf.constant([1.0, 2.0, 3.0, 4.0, 5.0], tf.float64)
+    np.testing.assert_array_equal(f(x).numpy(), np.cumsum(x.numpy()))
+
+
+def test_array_function_numpy():
+    f = jit(lambda x: pfb.array_function(lambda a: a.T.copy(), [x],
+                                         tf.TensorSpec([3, 2], tf.int32), framework="numpy"))
+    x = _value(tf.int32)
+    np.testing.assert_array_equal(f(x).numpy(), x.numpy().T)
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_array_function_frameworks(framework):
+    pytest.importorskip(framework)
+    if framework == "torch":
+        import torch
+        fn = lambda a: torch.flip(a, [0]) * 2  # noqa: E731
+    else:
+        import jax.numpy as jnp
+        fn = lambda a: jnp.flip(a, 0) * 2  # noqa: E731
+    x = _value(tf.float32)
+    f = lambda x: pfb.array_function(fn, [x], tf.TensorSpec([2, 3], tf.float32),  # noqa: E731
+                                     framework=framework)
+    np.testing.assert_array_equal(jit(f)(x).numpy(), tf.function(f)(x).numpy())
+
+
+def test_results_are_copied_into_xla_buffers():
+    """A result that keeps the input's memory (a pass-through) reaches the
+    output by XLA's copy, and the input is XLA's, read-only to the function."""
+    seen = {}
+
+    def keep(a):
+        seen["writeable"] = a.flags.writeable
+        return a
+
+    f = jit(lambda x: pfb.numpy_function(keep, [x + 0], tf.TensorSpec([3], tf.float32)) * 2)
+    np.testing.assert_array_equal(f(tf.constant([1.0, 2.0, 3.0])).numpy(), [2, 4, 6])
+    assert seen["writeable"] is False
+
+
+# ------------------------------------------------------------------ errors --
+
+def test_exception_reaches_the_caller_with_its_traceback():
+    def boom(a):
+        raise ValueError("boom from inside XLA")
+
+    f = jit(lambda x: pfb.numpy_function(boom, [x], tf.TensorSpec([2], tf.float32)))
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        f(tf.constant([1.0, 2.0]))
+    message = str(info.value)
+    assert "ValueError: boom from inside XLA" in message
+    assert "in boom" in message  # the traceback's frame
+
+
+def test_exception_class_maps_as_without_xla():
+    def missing(a):
+        raise KeyError("k")
+
+    spec = tf.TensorSpec([2], tf.float32)
+    x = tf.constant([1.0, 2.0])
+    f = lambda x: pfb.numpy_function(missing, [x], spec)  # noqa: E731
+    with pytest.raises(tf.errors.OpError) as plain:
+        tf.function(f)(x)
+    with pytest.raises(tf.errors.OpError) as compiled:
+        jit(f)(x)
+    assert type(compiled.value) is type(plain.value)
+
+
+@pytest.mark.parametrize("result, words", [
+    (lambda a: a.astype(np.float64), "float64"),
+    (lambda a: np.zeros([3], np.float32), "shape"),
+    (lambda a: np.zeros([2, 1], np.float32), "shape"),
+])
+def test_wrong_result_is_the_usual_error(result, words):
+    spec = tf.TensorSpec([2], tf.float32)
+    x = tf.constant([1.0, 2.0])
+    f = lambda x: pfb.numpy_function(result, [x], spec)  # noqa: E731
+    with pytest.raises(tf.errors.OpError) as plain:
+        tf.function(f)(x)
+    with pytest.raises(tf.errors.OpError) as compiled:
+        jit(f)(x)
+    assert type(compiled.value) is type(plain.value)
+    assert words in str(compiled.value)
+    # The bridge's own words, as without XLA.
+    words = re.search(r"pyfunc_bridge: [^\[\n]*", str(plain.value)).group(0).strip()
+    assert words in str(compiled.value)
+
+
+@pytest.mark.parametrize("Tout, words", [
+    (tf.float32, "declares no shape"),
+    (tf.TensorSpec(None, tf.float32), "declares no shape"),
+    (tf.TensorSpec([None], tf.float32), "unknown dimensions"),
+])
+def test_undeclared_shape_fails_at_compile_time(Tout, words):
+    calls = []
+
+    def fn(a):
+        calls.append(1)
+        return a
+
+    f = jit(lambda x: pfb.numpy_function(fn, [x], Tout, name="undeclared"))
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        f(tf.constant([1.0, 2.0]))
+    message = str(info.value)
+    assert words in message
+    assert "undeclared" in message  # the node
+    assert "Tout=tf.TensorSpec(shape, dtype)" in message
+    assert calls == []  # never ran: compiling failed
+
+
+def test_strings_are_refused_at_compile_time():
+    f = jit(lambda s: pfb.numpy_function(lambda a: a, [s], tf.TensorSpec([1], tf.string)))
+    with pytest.raises(tf.errors.OpError, match="XLA_CPU_JIT|string"):
+        f(tf.constant(["a"]))
+
+
+def test_keeping_an_input_past_the_call_is_an_error():
+    kept = []
+
+    def keep(a):
+        kept.append(a)
+        return a + 1
+
+    f = jit(lambda x: pfb.numpy_function(keep, [x], tf.TensorSpec([2], tf.float32)))
+    with pytest.raises(tf.errors.FailedPreconditionError, match="kept a reference"):
+        f(tf.constant([1.0, 2.0]))
+    kept.clear()
+    copied = jit(lambda x: pfb.numpy_function(keep, [x], tf.TensorSpec([2], tf.float32),
+                                              copy=True))
+    np.testing.assert_array_equal(copied(tf.constant([1.0, 2.0])).numpy(), [2, 3])
+
+
+# ------------------------------------------------------------ side effects --
+
+def test_stateful_calls_are_neither_merged_nor_dropped():
+    count = []
+
+    def tick(a):
+        count.append(1)
+        return a
+
+    spec = tf.TensorSpec([2], tf.float32)
+
+    @jit
+    def f(x):
+        pfb.numpy_function(tick, [x], spec)  # result unused
+        a = pfb.numpy_function(tick, [x], spec)
+        b = pfb.numpy_function(tick, [x], spec)  # equal to `a`'s call
+        return a + b
+
+    x = tf.constant([1.0, 2.0])
+    np.testing.assert_array_equal(f(x).numpy(), [2, 4])
+    assert len(count) == 3
+    f(x)
+    assert len(count) == 6
+    assert hlo(f, x).count('custom_call_target="pyfunc_bridge.call"') == 3
+
+
+def test_dependent_calls_run_in_order():
+    order = []
+
+    def step(name):
+        def fn(a):
+            order.append(name)
+            return a + 1
+        return fn
+
+    spec = tf.TensorSpec([], tf.int32)
+
+    @jit
+    def f(x):
+        a = pfb.numpy_function(step("first"), [x], spec)
+        b = pfb.numpy_function(step("second"), [a], spec)
+        return pfb.numpy_function(step("third"), [b * 2], spec)
+
+    assert f(tf.constant(1)).numpy() == 7
+    assert order == ["first", "second", "third"]
+
+
+# -------------------------------------------------------------- py_function --
+
+def test_py_function_receives_eager_tensors():
+    kinds = []
+
+    def fn(a, b):
+        kinds.append((type(a).__name__, a.device))
+        return tf.matmul(a, b), tf.reduce_sum(a)
+
+    @jit
+    def f(a, b):
+        return pfb.py_function(fn, [a, b], [tf.TensorSpec([2, 2], tf.float32),
+                                            tf.TensorSpec([], tf.float32)])
+
+    a = tf.constant([[1.0, 2.0], [3.0, 4.0]])
+    m, s = f(a, a)
+    np.testing.assert_allclose(m.numpy(), (a @ a).numpy())
+    assert s.numpy() == 10
+    assert kinds[0][0] == "EagerTensor" and "CPU" in kinds[0][1]
+
+
+# ------------------------------------------------------------------- Keras --
+
+def test_keras_fit_jit_compile_same_losses():
+    keras = pytest.importorskip("keras")
+
+    class Scale(keras.layers.Layer):
+        def call(self, x):
+            # A shape-declared function: the batch is fixed (8), XLA needs it.
+            return pfb.numpy_function(lambda a: a * np.float32(0.5), [x],
+                                      tf.TensorSpec([8, 4], tf.float32))
+
+    def losses(jit_compile):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,), batch_size=8), Scale(),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse",
+                      jit_compile=jit_compile)
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(32, 4)).astype(np.float32)
+        y = rng.normal(size=(32, 1)).astype(np.float32)
+        history = model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+        return history.history["loss"]
+
+    compiled, plain = losses(True), losses(False)
+    np.testing.assert_allclose(compiled, plain, rtol=1e-5)
+
+
+# -------------------------------------------------------------- statistics --
+
+def test_xla_calls_are_counted(stats_on):
+    def counted(a):
+        return a * 2
+
+    f = jit(lambda x: pfb.numpy_function(counted, [x], tf.TensorSpec([4], tf.float32)))
+    f(tf.ones([4]))
+    f(tf.ones([4]))
+    entry = pfb.stats().functions[counted.__qualname__]
+    assert entry.calls == 2
+    assert entry.bytes_zero_copy + entry.bytes_copied_total == 2 * (16 + 16)
+
+
+def test_executor_calls_run_in_the_pool():
+    import os
+
+    with pfb.ProcessPool(1) as pool:
+        f = jit(lambda x: pfb.numpy_function(lambda a: np.full(2, os.getpid(), np.int64) + a,
+                                             [x], tf.TensorSpec([2], tf.int64),
+                                             executor=pool))
+        pids = f(tf.constant([0, 0], tf.int64)).numpy()
+    assert pids[0] == pids[1] != os.getpid()
