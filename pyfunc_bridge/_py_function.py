@@ -14,6 +14,7 @@ import functools
 import tensorflow as tf
 from tensorflow.python.eager import record as _record
 from tensorflow.python.framework import ops as _tf_ops
+from tensorflow.python.ops import control_flow_util as _control_flow_util
 from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
 from tensorflow.python.ops.resource_variable_ops import ResourceVariable as _ResourceVariable
 from tensorflow.python.util import nest as _nest
@@ -28,12 +29,12 @@ def _floating(dtype):
     return dtype.is_floating or dtype.is_complex
 
 
-@_tf_ops.RegisterGradient(OP)
-def _py_function_grad(op, *grads):
-    """The gradient of one call: its own recorded state, its own gradients."""
+def _input_grads(op, grads):
+    """The input gradients of the call `op`, from `grads`: one per output of
+    the function (None where none flows back)."""
     outputs = op.outputs[:-1]
     output_grads = []
-    for output, grad in zip(outputs, grads[:-1]):
+    for output, grad in zip(outputs, grads):
         if not _floating(output.dtype):
             continue
         if grad is None:
@@ -51,6 +52,26 @@ def _py_function_grad(op, *grads):
             forward=op.outputs[-1], grads=output_grads, Tdx=floating,
             name=None if tf.executing_eagerly() else _op.node_name(GRAD_OP)))
     return [next(input_grads) if _floating(dtype) else None for dtype in input_dtypes]
+
+
+@_tf_ops.RegisterGradient(OP)
+def _py_function_grad(op, *grads):
+    """The gradient of one call: its own recorded state, its own gradients."""
+    return _input_grads(op, grads[:-1])
+
+
+def _build_for_xla(build, inputs):
+    """build() in a graph XLA compiles (jit_compile=True), with the call put
+    on the tapes by hand: recorded as usual, the tape would ask for zeros of
+    the forward-state output (a variant), which XLA's ZerosLike cannot make
+    (TF 2.21 aborts the process), even though nothing uses them."""
+    with _record.stop_recording():
+        outputs, forward = build()
+    if outputs:
+        op = forward.op
+        _record.record_operation(OP, list(outputs), inputs,
+                                 lambda *grads: _input_grads(op, grads))
+    return outputs, forward
 
 
 @_tf_ops.RegisterGradient(GRAD_OP)
@@ -207,9 +228,13 @@ def _py_function(func, inp, Tout, name, portable=False):
         # A reference names `func`; another process rebuilds the caller around
         # it for dense inputs and outputs only (_resolve._dense_caller).
         dense = not signature.composite and all(isinstance(v, tf.Tensor) for v in structure)
-        outputs, forward = _op.build_graph_op(OP, op, func, inputs, signature, name,
-                                              portable=portable, runs=call,
-                                              nameable=dense)
+        def build():
+            return _op.build_graph_op(OP, op, func, inputs, signature, name,
+                                      portable=portable, runs=call, nameable=dense)
+        if _control_flow_util.GraphOrParentsInXlaContext(_tf_ops.get_default_graph()):
+            outputs, forward = _build_for_xla(build, inputs)
+        else:
+            outputs, forward = build()
         if not signature.specs:
             # No outputs: the op itself, for Session.run and control
             # dependencies (TF's py_function returns its Operation too).

@@ -297,6 +297,42 @@ def test_py_function_receives_eager_tensors():
     assert kinds[0][0] == "EagerTensor" and "CPU" in kinds[0][1]
 
 
+def test_py_function_gradient_under_a_tape():
+    def cube(x):
+        return x * x * x
+
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = pfb.py_function(cube, [x], tf.TensorSpec([3], tf.float32))
+            loss = tf.reduce_sum(y * tf.constant([1.0, 2.0, 3.0]))
+        return loss, tape.gradient(loss, x)
+
+    x = tf.constant([1.0, 2.0, 3.0])
+    loss, grad = jit(run)(x)
+    plain_loss, plain_grad = tf.function(run)(x)
+    np.testing.assert_allclose(loss.numpy(), plain_loss.numpy())
+    np.testing.assert_allclose(grad.numpy(), plain_grad.numpy())
+    np.testing.assert_allclose(grad.numpy(), 3 * x.numpy() ** 2 * [1, 2, 3])
+
+
+def test_py_function_gradient_with_integer_input_and_two_outputs():
+    def fn(x, n):
+        return x * tf.cast(n, tf.float32), tf.sin(x)
+
+    def run(x, n):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            a, b = pfb.py_function(fn, [x, n], [tf.TensorSpec([2], tf.float32),
+                                                tf.TensorSpec([2], tf.float32)])
+            loss = tf.reduce_sum(a) + tf.reduce_sum(b)
+        return tape.gradient(loss, x)
+
+    x, n = tf.constant([0.5, 1.0]), tf.constant(3)
+    np.testing.assert_allclose(jit(run)(x, n).numpy(), tf.function(run)(x, n).numpy(),
+                               rtol=1e-6)
+
+
 # ------------------------------------------------------------------- Keras --
 
 def test_keras_fit_jit_compile_same_losses():

@@ -236,6 +236,12 @@ cdef class _TensorConverter(_Converter):
         if not ((call.flags & PFB_CALL_RECORD) and entry.record):
             return entry.func(*args)
         tape = _GradientTape(persistent=True)
+        # A thread whose tapes TF stopped (a tf.function's caller runs its
+        # body so, and an XLA custom call runs there) records nothing: this
+        # call's own tape records anyway, for the duration of the function.
+        stopped = _tfe.TFE_Py_TapeSetIsStopped()
+        if stopped:
+            _tfe.TFE_Py_TapeSetRestartOnThread()
         tape.__enter__()
         try:
             sources = tuple([a for a in args if _differentiable(a)])
@@ -243,6 +249,8 @@ cdef class _TensorConverter(_Converter):
             results = entry.func(*args)
         finally:
             tape.__exit__(None, None, None)
+            if stopped:
+                _tfe.TFE_Py_TapeSetStopOnThread()
         if len(results) != call.num_outputs:
             _check_count(results, call.num_outputs, _ONE_TENSOR)
         cdef _Forward forward = _Forward.__new__(_Forward)
