@@ -3,7 +3,11 @@ jit_compile): each op lowers to an XLA custom call (src/kernel/xla_ops.cc)
 whose handler runs the conversion layer's driver (src/kernel/xla_call.cc).
 TF's own ops, and the bridge without XLA, are the oracles."""
 import ctypes
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import ml_dtypes
 import numpy as np
@@ -38,6 +42,28 @@ def jit(fn):
 
 def hlo(fn, *args):
     return fn.experimental_get_compiler_ir(*args)(stage="hlo")
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_ops_compile_when_xla_compiled_before_the_import():
+    """tf2xla makes its JIT kernels once, at the first compilation: the
+    library registers its own where that happened before it loaded."""
+    code = textwrap.dedent("""
+        import numpy as np, tensorflow as tf
+        tf.function(lambda x: x * 2, jit_compile=True)(tf.ones([2]))
+        import pyfunc_bridge as pfb
+        f = tf.function(lambda x: pfb.numpy_function(
+            np.negative, [x], tf.TensorSpec([2], tf.float32)), jit_compile=True)
+        print(f(tf.ones([2])).numpy().tolist())
+        """)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[-1.0, -1.0]"
 
 
 def test_ffi_handlers_registered():

@@ -13,6 +13,11 @@
 #include "absl/status/status.h"
 #include "bridge_abi.h"
 
+namespace tensorflow {
+class OpKernel;
+class OpKernelConstruction;
+}  // namespace tensorflow
+
 namespace pyfunc_bridge {
 
 // Custom-call targets, registered with XLA's FFI for the CPU ("Host") and
@@ -46,6 +51,25 @@ struct ForwardSite {
   std::vector<DLDataType> dtypes;
   std::vector<std::vector<int64_t>> dims;
 };
+
+// The ops that have an XLA kernel (xla_ops.cc), and whether it is also
+// registered for XLA_GPU_JIT (numpy_function's reads host memory only).
+struct XlaKernelSpec {
+  const char* op;
+  bool gpu;
+};
+inline constexpr XlaKernelSpec kXlaKernels[] = {
+    {"PyfuncBridge>NumpyFunction", false},
+    {"PyfuncBridge>NumpyFunctionStateless", false},
+    {"PyfuncBridge>ArrayFunction", true},
+    {"PyfuncBridge>ArrayFunctionStateless", true},
+    {"PyfuncBridge>PyFunction", true},
+    {"PyfuncBridge>PyFunctionGrad", true},
+};
+
+// A new XLA kernel of the op `ctx` builds (one of kXlaKernels), for
+// registrations outside REGISTER_XLA_OP (xla_late.cc).
+tensorflow::OpKernel* NewXlaKernel(tensorflow::OpKernelConstruction* ctx);
 
 // The id of `site` (a new one, or that of an equal site already held).
 int64_t RegisterForwardSite(ForwardSite site);

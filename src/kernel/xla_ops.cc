@@ -284,4 +284,10 @@ REGISTER_XLA_OP(Name("PyfuncBridge>PyFunctionGrad")
                 XlaBridgeGradOp);
 
 }  // namespace
+
+tensorflow::OpKernel* NewXlaKernel(tensorflow::OpKernelConstruction* ctx) {
+  if (ctx->def().op() == "PyfuncBridge>PyFunctionGrad") return new XlaBridgeGradOp(ctx);
+  return new XlaBridgeOp(ctx);
+}
+
 }  // namespace pyfunc_bridge
