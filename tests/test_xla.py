@@ -47,10 +47,47 @@ def hlo(fn, *args):
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _run_script(code, PYTHONPATH=None, **env):
+    """`code` in a fresh interpreter (this checkout's package first on its
+    path, then `PYTHONPATH`); its stdout's lines."""
+    paths = (ROOT, PYTHONPATH, os.environ.get("PYTHONPATH"))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **env,
+               PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()
+
+
+def test_auto_clustering_compiles_the_op_into_the_cluster():
+    """With auto-clustering (on the CPU: --tf_xla_cpu_global_jit) the op
+    joins the XLA cluster: its input is XLA's buffer, which a function may
+    not keep (only under XLA is that an error)."""
+    lines = _run_script("""
+        import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+        tf.config.optimizer.set_jit("autoclustering")
+        kept = []
+        def keep(a):
+            kept.append(a)
+            return a + 1
+        def step(fn):
+            @tf.function
+            def f(x):
+                return pfb.numpy_function(fn, [x * 2], tf.TensorSpec([2], tf.float32)) * 3
+            return f
+        print(step(lambda a: a + 1)(tf.ones([2])).numpy().tolist())
+        try:
+            step(keep)(tf.ones([2]))
+        except tf.errors.FailedPreconditionError as e:
+            print("kept a reference" in str(e))
+        """, TF_XLA_FLAGS="--tf_xla_cpu_global_jit --tf_xla_min_cluster_size=1")
+    assert lines[-2:] == ["[9.0, 9.0]", "True"]
+
+
 def test_ops_compile_when_xla_compiled_before_the_import():
     """tf2xla makes its JIT kernels once, at the first compilation: the
     library registers its own where that happened before it loaded."""
-    code = textwrap.dedent("""
+    lines = _run_script("""
         import numpy as np, tensorflow as tf
         tf.function(lambda x: x * 2, jit_compile=True)(tf.ones([2]))
         import pyfunc_bridge as pfb
@@ -58,12 +95,7 @@ def test_ops_compile_when_xla_compiled_before_the_import():
             np.negative, [x], tf.TensorSpec([2], tf.float32)), jit_compile=True)
         print(f(tf.ones([2])).numpy().tolist())
         """)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "[-1.0, -1.0]"
+    assert lines[-1] == "[-1.0, -1.0]"
 
 
 def test_ffi_handlers_registered():
@@ -409,3 +441,37 @@ def test_executor_calls_run_in_the_pool():
                                              executor=pool))
         pids = f(tf.constant([0, 0], tf.int64)).numpy()
     assert pids[0] == pids[1] != os.getpid()
+
+
+def test_saved_model_with_jit_compile_runs_in_a_fresh_process(tmp_path):
+    """Saved with jit_compile=True functions, loaded where only the declared
+    (portable) functions are known: XLA compiles in the loading process and
+    the custom call resolves the function from the op's attributes."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    path = str(tmp_path / "model")
+    _run_script(f"""
+        import tensorflow as tf, pyfunc_bridge as pfb
+        import travel_functions as tfn
+        spec = tf.TensorSpec([3], tf.float32)
+        module = tf.Module()
+        module.numpy = tf.function(
+            lambda x: pfb.numpy_function(tfn.times2, [x], spec) + 1,
+            input_signature=[spec], jit_compile=True)
+        def grad(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = pfb.py_function(tfn.cube, [x], spec)
+            return y, tape.gradient(y, x)
+        module.grad = tf.function(grad, input_signature=[spec], jit_compile=True)
+        tf.saved_model.save(module, {path!r})
+        """, PYTHONPATH=tests)
+    lines = _run_script(f"""
+        import tensorflow as tf, pyfunc_bridge as pfb
+        import travel_functions  # declares the functions portable
+        module = tf.saved_model.load({path!r})
+        x = tf.constant([1.0, 2.0, 3.0])
+        print(module.numpy(x).numpy().tolist())
+        y, dy = module.grad(x)
+        print(y.numpy().tolist(), dy.numpy().tolist())
+        """, PYTHONPATH=tests)
+    assert lines[-2:] == ["[3.0, 5.0, 7.0]", "[1.0, 8.0, 27.0] [3.0, 12.0, 27.0]"]
