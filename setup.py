@@ -80,6 +80,7 @@ kernels = Extension(
         "src/kernel/xla_call.cc",
         "src/kernel/xla_gpu.cc",
         "src/kernel/xla_late.cc",
+        "src/kernel/xla_sites.cc",
         "src/kernel/xla_ops.cc",
     ],
     include_dirs=TF_INCLUDES + [DLPACK_INCLUDE, FARMHASH_INCLUDE, HIGHWAYHASH_INCLUDE, "src"],
