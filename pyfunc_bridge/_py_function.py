@@ -60,13 +60,28 @@ def _py_function_grad(op, *grads):
     return _input_grads(op, grads[:-1])
 
 
+def _not_trainable(forward):
+    """Marks the forward-state output as no trainable tensor (TF reads a
+    variant's trainability from its handle data), so that symbolic
+    tf.gradients adds no ZerosLike of it either; imported here, where XLA
+    compiles, not when the package is."""
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.python.framework import cpp_shape_inference_pb2
+    from tensorflow.python.ops import handle_data_util
+    result = cpp_shape_inference_pb2.CppShapeInferenceResult
+    handle_data_util.set_handle_data(forward, result.HandleData(
+        is_set=True, shape_and_type=[result.HandleShapeAndType(dtype=types_pb2.DT_INT32)]))
+
+
 def _build_for_xla(build, inputs):
     """build() in a graph XLA compiles (jit_compile=True), with the call put
     on the tapes by hand: recorded as usual, the tape would ask for zeros of
     the forward-state output (a variant), which XLA's ZerosLike cannot make
-    (TF 2.21 aborts the process), even though nothing uses them."""
+    (TF 2.21 aborts the process), even though nothing uses them.  Symbolic
+    tf.gradients is kept from making them by _not_trainable."""
     with _record.stop_recording():
         outputs, forward = build()
+    _not_trainable(forward)
     if outputs:
         op = forward.op
         _record.record_operation(OP, list(outputs), inputs,

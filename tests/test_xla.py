@@ -391,6 +391,17 @@ def test_py_function_gradient_with_integer_input_and_two_outputs():
                                rtol=1e-6)
 
 
+def test_py_function_symbolic_gradients():
+    """tf.gradients (no tape) inside a jit_compile=True function."""
+    def run(x):
+        y = pfb.py_function(lambda a: a * a, [x], tf.TensorSpec([2], tf.float32))
+        return tf.gradients(y, x)[0]
+
+    x = tf.constant([1.0, 2.0])
+    np.testing.assert_allclose(jit(run)(x).numpy(), tf.function(run)(x).numpy())
+    np.testing.assert_allclose(jit(run)(x).numpy(), [2.0, 4.0])
+
+
 # ------------------------------------------------------------------- Keras --
 
 def test_keras_fit_jit_compile_same_losses():
