@@ -234,3 +234,11 @@ def test_interleaved_keeps_the_least_disturbed_attempt():
                             "bare", repeats=1, attempts=3)
     # Variants faster than the bare op are kept last; then the smallest drift.
     assert samples["v"] == [T.Bracketed(2.0, 1.2, pytest.approx(0.4))]
+
+
+def test_xla_loop_compares_a_call_under_xla_with_a_plain_tf_function():
+    run = subprocess.run([sys.executable, "-m", "benchmarks.xla_loop", "--mode", "smoke"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"jit_compile=True [\d.]+ us, plain tf.function [\d.]+ us, "
+                     r"plain / XLA [\d.]+", run.stdout), run.stdout
