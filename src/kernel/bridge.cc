@@ -100,6 +100,16 @@ const Tensor* ExportedTensor(const DLManagedTensorVersioned* managed) {
   return &static_cast<const InputExport*>(managed->manager_ctx)->tensor;
 }
 
+absl::Status ReadCopyMode(tensorflow::OpKernelConstruction* ctx, int32_t* mode) {
+  *mode = PFB_COPY_NONE;
+  if (!ctx->HasAttr("copy")) return absl::OkStatus();
+  std::string copy;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("copy", &copy));
+  if (copy == "true") *mode = PFB_COPY_TRUE;
+  if (copy == "false") *mode = PFB_COPY_FALSE;
+  return absl::OkStatus();
+}
+
 absl::Status ExportInput(const Tensor& tensor, DLDevice device,
                          DLManagedTensorVersioned** out) {
   auto* e = new InputExport;
@@ -336,13 +346,7 @@ BridgeKernel::BridgeKernel(OpKernelConstruction* ctx, int num_bridge_outputs)
                              std::pair{"framework", &framework_}}) {
     if (ctx->HasAttr(name)) OP_REQUIRES_OK(ctx, ctx->GetAttr(name, value));
   }
-  if (ctx->HasAttr("copy")) {
-    std::string copy;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("copy", &copy));
-    copy_mode_ = copy == "true"    ? PFB_COPY_TRUE
-                 : copy == "false" ? PFB_COPY_FALSE
-                                   : PFB_COPY_NONE;
-  }
+  OP_REQUIRES_OK(ctx, ReadCopyMode(ctx, &copy_mode_));
   std::vector<PartialTensorShape> shapes;
   if (ctx->HasAttr("out_shapes")) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("out_shapes", &shapes));

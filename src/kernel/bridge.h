@@ -28,6 +28,10 @@ absl::Status ExportInput(const tensorflow::Tensor& tensor, DLDevice device,
 // any other producer's.
 const tensorflow::Tensor* ExportedTensor(const DLManagedTensorVersioned* managed);
 
+// The op's `copy` attribute ("true", "false", else none) as a PfbCopyMode;
+// PFB_COPY_NONE when the op has no such attribute.
+absl::Status ReadCopyMode(tensorflow::OpKernelConstruction* ctx, int32_t* mode);
+
 // A kernel that runs the Python function named by its `key` attribute.
 // Attributes read when present: key, reference, pickled, framework, Tout (or
 // Tdx), out_shapes, copy.

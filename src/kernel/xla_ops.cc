@@ -110,13 +110,7 @@ class XlaBridgeOp : public tensorflow::XlaOpKernel {
                                std::pair{"framework", &framework_}}) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr(name, value));
     }
-    if (ctx->HasAttr("copy")) {
-      std::string copy;
-      OP_REQUIRES_OK(ctx, ctx->GetAttr("copy", &copy));
-      copy_mode_ = copy == "true"    ? PFB_COPY_TRUE
-                   : copy == "false" ? PFB_COPY_FALSE
-                                     : PFB_COPY_NONE;
-    }
+    OP_REQUIRES_OK(ctx, ReadCopyMode(ctx, &copy_mode_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("out_shapes", &shapes_));
     const std::string& type = ctx->def().op();
     tensors_ = type == "PyfuncBridge>PyFunction";
