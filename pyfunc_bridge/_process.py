@@ -38,6 +38,7 @@ pools closed and their shared memory its own (_after_fork_in_child).
 import atexit
 import builtins
 import collections
+import errno
 import itertools
 import math
 import mmap
@@ -607,6 +608,7 @@ class ProcessPool:
         self._arena = (_SharedArena(self._dispatch) if self._dispatch is not None
                        else _worker.Arena(0))
         self._arena_free = threading.Condition()  # guards _holding, workers' inputs
+        self._attached = threading.Condition()  # a worker joined the dispatcher (ring_call)
         # Calls staged and not yet answered that hold input blocks: blocks
         # they will free or keep.  At 0, waiting for room would wait for ever
         # (functions keep the rest): a call takes the room that is free now.
@@ -807,6 +809,51 @@ class ProcessPool:
             raise
         finally:
             self.release(descs)  # the blocks of a call that did not reach the pool
+
+    def ring_call(self, func, framework, args, writable, scalars):
+        """Runs `func` on `args` (the values _input_arrays made) in a worker
+        over the rings, as a kernel's native call runs (Route.call): returns
+        run()'s answer, or None where the call must take the socket path (no
+        route for it, or its inputs do not fit the input arena).  Waits for a
+        worker while none is attached (the pool is starting or replacing
+        them), with the GIL released."""
+        route = self.native_route(func, framework, writable, scalars)
+        if route is None:
+            return None
+        pw = _worker.pool_module()
+        from pyfunc_bridge import _library
+        conversion = _library.conversion()
+        traced = conversion.trace_now()  # 0 unless a profiler records (trace.pxi)
+        while True:
+            if self._broken:
+                self._revive()
+                if self._broken:
+                    raise WorkerError(self._broken)
+            try:
+                message, arena, index, _ = route.call(args)
+                break
+            except pw.Declined as declined:
+                if declined.errno == errno.EAGAIN and not self._closed:
+                    self._wait_for_worker()
+                    continue
+                if declined.errno == errno.EPIPE or self._closed:
+                    raise PoolClosedError(
+                        f"pyfunc_bridge: {self.name} {self._why_closed()}") from None
+                return None  # no room, never room, or an input the rings do not carry
+            except pw.DispatchFailed as failed:
+                code, text = failed.args
+                failed = None
+                _raise_acyclic(_dispatch_error(code, text))
+        if traced:
+            worker = self._workers[index]
+            conversion.trace_worker(traced, message.stamp, message.ended, worker.pid)
+        return _answer(self.name, message, arena, writable, self._counters)
+
+    def _wait_for_worker(self):
+        """Sleeps until a worker may have been attached (or the pool broke or
+        closed): _attach, _lost and close notify."""
+        with self._attached:
+            self._attached.wait(_wait_timeout() or 0.05)
 
     def native_route(self, func, framework, writable, scalars):
         """A Route that lets a kernel run `func`'s later calls without
@@ -1078,6 +1125,8 @@ class ProcessPool:
             worker.generation = next(self._generations)
             dispatch.attach(worker.index, worker.channel, worker.doorbell, worker.result_map,
                             worker.generation)
+        with self._attached:
+            self._attached.notify_all()
 
     def _detach(self, worker, error):
         """Its native calls fail with `error` (as the Python path's would:
@@ -1373,8 +1422,14 @@ def native_reply(pool_name, address, writable=False, counters=None):
     the call for the pool; `counters` (the pool's record) get its results'
     share here, as _count_call's on the Python path (`writable`: copy=True,
     which saves no copy)."""
+    message, arena = _worker.pool_module().native_reply(address)
+    return _answer(pool_name, message, arena, writable, counters)
+
+
+def _answer(pool_name, message, arena, writable, counters):
+    """run()'s answer of a DONE (a Message, and the NativeArena its result
+    blocks are in): native_reply's, and ring_call's."""
     pw = _worker.pool_module()
-    message, arena = pw.native_reply(address)
     from pyfunc_bridge import _library
     result_view = _library.conversion().worker_result
     results = arena.array() if arena is not None else None
@@ -1424,6 +1479,17 @@ def native_reply(pool_name, address, writable=False, counters=None):
     if message.flags == pw.DONE_ONE and len(values) == 1:
         return values[0], moved, facts
     return (values if message.flags == pw.DONE_LIST else tuple(values)), moved, facts
+
+
+def _dispatch_error(code, text):
+    """The exception of a call the dispatcher failed (its worker died, or the
+    pool closed): `text` is the one the pool gave it (_detach), "module.Class:
+    message", rebuilt as that class where it is one of the pool's."""
+    name, _, message = text.partition(": ")
+    for cls in (WorkerError, PoolClosedError, CallTimeoutError):
+        if name == f"{cls.__module__}.{cls.__qualname__}":
+            return cls(message)
+    return WorkerError(text)
 
 
 def _raise_acyclic(error):
@@ -1515,6 +1581,9 @@ class _DefaultPool:
         if pool is None:  # collected: it was closed, and its blocks went with it
             raise PoolClosedError(f"pyfunc_bridge: {self!r} was closed")
         return pool.run(func, framework, descs, writable)
+
+    def ring_call(self, func, framework, args, writable, scalars):
+        return default_pool().ring_call(func, framework, args, writable, scalars)
 
     def native_route(self, func, framework, writable, scalars):
         """The current default pool's (a route to a pool closed since

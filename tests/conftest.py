@@ -181,10 +181,18 @@ def collect():
 
 
 def in_arena(pool, tensor):
-    """Whether `tensor`'s memory is a block of one of `pool`'s result arenas."""
+    """Whether `tensor`'s memory is a block of one of `pool`'s result arenas:
+    a mapping of a memfd the pool named "<name>-results" (the
+    pool's own mapping, or the dispatcher's second one)."""
     data = pfb.to_numpy(tensor).ctypes.data
-    return any(w.results_base <= data < w.results_base + pool.arena_bytes
-               for w in pool._workers)
+    prefix = f"/memfd:{pool.name}-results"
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, _, rest = line.partition(" ")
+            low, high = (int(v, 16) for v in span.split("-"))
+            if low <= data < high:
+                return rest.split(None, 4)[-1].strip().startswith(prefix)
+    return False
 
 
 def wait_for(condition, seconds=10):

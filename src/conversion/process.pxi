@@ -88,35 +88,41 @@ cdef class _ProcessConverter(_NumpyConverter):
     cdef readonly object framework   # array_function's framework name; None: NumPy
 
     cdef list inputs(self, PfbCall* call, tuple args, _CallCounts* counts):
-        # Read-only views suffice: the worker's copy is the call's own.
+        # Read-only views suffice: the worker's copy is the call's own.  The
+        # call goes (call()) over the rings, whose route counts its inputs as
+        # a kernel's does (dispatch.h, PfbDispatchRouteCounts), or else over
+        # the socket (counted there).
         _input_arrays(args, PFB_COPY_NONE, self.scalars, NULL)
-        if call.reply != NULL:
-            # The kernel ran the call natively: its inputs went already, and
-            # its route counted them (dispatch.h, PfbDispatchRouteCounts).
-            return None
-        if counts != NULL:
-            _count_inputs(counts, args, &counts.copied[_WORKER])  # numbers: to shared memory
-        descs = self.pool.stage(args)
-        for i in range(len(args)):
-            _swap(args, i, descs[i])
         return None
 
     cdef object call(self, PfbCall* call, object entry, tuple args, _CallCounts* counts):
+        cdef bint writable = call.copy_mode == PFB_COPY_TRUE
         if call.reply != NULL:
             # The kernel ran it natively; its reply's result blocks are ours.
             address = <uintptr_t>call.reply
             call.reply = NULL
-            result, moved, facts = self.pool.native_reply(
-                address, call.copy_mode == PFB_COPY_TRUE)
+            result, moved, facts = self.pool.native_reply(address, writable)
         else:
-            result, moved, facts = self._run_in_pool(call, entry, args)
+            # (copy=False's refusals need the worker's copy facts, which only
+            # the socket carries.)
+            answer = (self.pool.ring_call(entry.func, self.framework, args, writable,
+                                          self.scalars)
+                      if call.copy_mode != PFB_COPY_FALSE else None)
+            if answer is None:
+                if counts != NULL:  # numbers: to shared memory
+                    _count_inputs(counts, args, &counts.copied[_WORKER])
+                descs = self.pool.stage(args)
+                for i in range(len(args)):
+                    _swap(args, i, descs[i])
+                answer = self._run_in_pool(call, entry, args)
+            result, moved, facts = answer
+            answer = None
             if (call.route != NULL and call.route[0] == NULL
                     and call.copy_mode != PFB_COPY_FALSE):
                 # Later calls of this kernel go without Python (copy=False's
                 # refusals need the worker's copy facts, which only this
                 # path carries).
-                route = self.pool.native_route(entry.func, self.framework,
-                                               call.copy_mode == PFB_COPY_TRUE, self.scalars)
+                route = self.pool.native_route(entry.func, self.framework, writable, self.scalars)
                 if route is not None:
                     _count_route(entry, route)
                     call.route[0] = <void*><uintptr_t>route.share()

@@ -591,40 +591,7 @@ cdef NativeArena _native_arena(PfbDispatchArena* a):
     return made
 
 
-cdef class Route:
-    """A kernel's native way to one function of a pool (PfbDispatchRoute):
-    ``share()`` hands the kernel a reference of its own (an address, for
-    PfbCall.route); this object's reference is Python's, for ``counts()``
-    (pfb.stats())."""
-    cdef PfbDispatchRoute* _r
-
-    def __dealloc__(self):
-        pfb_dispatch_route_drop(self._r)
-
-    @property
-    def token(self):
-        return self._r.token
-
-    def share(self):
-        pfb_dispatch_route_keep(self._r)
-        return <uintptr_t>self._r
-
-    def counts(self):
-        """What the route's native calls added up (dispatch.h,
-        PfbDispatchRouteCounts)."""
-        cdef PfbDispatchRouteCounts c = self._r.counts
-        return {"calls": c.calls, "replied": c.replied, "errors": c.errors,
-                "bytes_in": c.bytes_in,
-                "bytes_out": c.bytes_out, "shared_out": c.shared_out,
-                "copied_out": c.copied_out, "copies_saved": c.copies_saved,
-                "queued_ns": c.queued_ns, "worker_ns": c.worker_ns, "total_ns": c.total_ns,
-                "worker_copied": c.worker_copied, "strings_in": c.strings_in,
-                "worker_in": c.worker_in}
-
-    def clear(self):
-        """Zeroes the counts (pfb.reset_stats); a call counting meanwhile may
-        keep a part of its figures."""
-        memset(&self._r.counts, 0, sizeof(PfbDispatchRouteCounts))
+include "route.pxi"
 
 
 def native_reply(uintptr_t address):

@@ -66,8 +66,10 @@ cdef extern from "dispatch.h" nogil:
 
     ctypedef struct PfbDispatchRoute:
         uint32_t refs
+        PfbDispatch* d
         uint64_t token
         uint32_t flags
+        const int* counting
         PfbDispatchRouteCounts counts
 
     PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers)

@@ -1,0 +1,227 @@
+# A pool's way to one function (PfbDispatchRoute, dispatch.h).  Kernels call
+# through it without Python (src/kernel/pool_route.cc); Python calls through
+# it with Route.call: eager calls and a kernel's first call, which so take the
+# same rings, scheduler and statistics as the kernel's native calls.
+
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+
+import numpy as np
+
+cdef extern from *:
+    """
+    /* A route's counters are added to by kernels' threads too: atomic. */
+    static inline void pfb_route_add(uint64_t* counter, uint64_t value) {
+      __atomic_add_fetch(counter, value, __ATOMIC_RELAXED);
+    }
+    static inline int pfb_route_counting(const int* flag) {
+      return __atomic_load_n(flag, __ATOMIC_RELAXED);
+    }
+    """
+    void pfb_route_add(uint64_t* counter, uint64_t value) nogil
+    int pfb_route_counting(const int* flag) nogil
+
+
+class Declined(OSError):
+    """The dispatcher did not take a call (dispatch.h, pfb_dispatch_submit),
+    by errno: EAGAIN, no worker attached now; ENOSPC or E2BIG, no room for
+    its inputs; EPIPE, the pool is closed; ENOENT, its function was dropped;
+    EINVAL, an input that is neither numbers nor bytes."""
+
+
+cdef int64_t _clock_ns(int clock) noexcept:
+    cdef timespec t
+    clock_gettime(clock, &t)
+    return <int64_t>t.tv_sec * 1000000000 + t.tv_nsec
+
+
+# DLPack's DLDataTypeCode of a NumPy dtype kind whose values travel as memory.
+cdef dict _DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+
+
+cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list keep,
+                     bint scalars, uint64_t* sizes) except -1:
+    """Fills `item` (and `dims`) for one input as the dispatcher takes it,
+    numbers as they are and bytes as a strings block (shm_layout.h), keeping
+    what it points to in `keep`; adds to `sizes` what the statistics count of
+    it, as the kernel does (pool_route.cc MakeInputs): [0] its data, [1]
+    strings' bytes, [2] numbers copied for the worker.  0, or EINVAL."""
+    cdef Py_ssize_t d
+    if isinstance(value, bytes):
+        arr = np.empty((), dtype=object)
+        arr[()] = value
+    elif isinstance(value, np.ndarray):
+        arr = value
+    elif isinstance(value, np.generic):
+        arr = np.asarray(value)
+    else:
+        return EINVAL
+    if arr.ndim > PFB_POOL_MAX_NDIM:
+        return EINVAL
+    kind = arr.dtype.kind
+    if kind == "O":
+        parts = []
+        total = 0
+        for element in arr.flat:
+            if not isinstance(element, bytes):
+                return EINVAL
+            parts.append(len(element).to_bytes(8, "little"))
+            parts.append(element)
+            total += len(element)
+        block = b"".join(parts)
+        keep.append(block)
+        item.data = <const char*>block
+        item.nbytes = len(block)
+        item.code = item.bits = 0
+        item.flags = PFB_POOL_TENSOR_STRINGS
+        sizes[0] += total
+        sizes[1] += total
+    else:
+        code = _DL_CODES.get(kind)
+        if code is not None and (arr.dtype.isnative or arr.dtype.itemsize == 1):
+            item.code = code
+        elif kind == "V" and arr.dtype.name == "bfloat16" and arr.dtype.names is None:
+            item.code = 4  # kDLBfloat
+        else:
+            return EINVAL
+        if not arr.flags.c_contiguous:
+            arr = arr.copy(order="C")  # (ascontiguousarray would make a 0-d array 1-d)
+        keep.append(arr)
+        item.data = cnp.PyArray_DATA(arr)
+        item.nbytes = cnp.PyArray_NBYTES(arr)
+        item.bits = arr.dtype.itemsize * 8
+        item.flags = 0
+        sizes[0] += item.nbytes
+        if not (scalars and arr.ndim == 0):
+            sizes[2] += item.nbytes
+    item.lanes = 1
+    item.ndim = arr.ndim
+    item.dims = dims
+    for d in range(arr.ndim):
+        dims[d] = arr.shape[d]
+    return 0
+
+
+cdef class Route:
+    """A native way to one function of a pool (PfbDispatchRoute): ``share()``
+    hands a kernel a reference of its own (an address, for PfbCall.route);
+    this object's reference is Python's, for ``call`` and ``counts()``
+    (pfb.stats())."""
+    cdef PfbDispatchRoute* _r
+
+    def __dealloc__(self):
+        pfb_dispatch_route_drop(self._r)
+
+    @property
+    def token(self):
+        return self._r.token
+
+    def share(self):
+        pfb_dispatch_route_keep(self._r)
+        return <uintptr_t>self._r
+
+    def call(self, values):
+        """Runs the function on `values` (arrays of numbers or of bytes, NumPy
+        scalars, bytes) in a worker: (Message of its DONE, NativeArena of its
+        result blocks or None, the worker's slot, when it was posted: ns,
+        CLOCK_REALTIME).  The result blocks are the caller's from then on.
+
+        Waits without the GIL, in slices, and handles signals between them:
+        an exception there (Ctrl-C) abandons the call as a kernel that stops
+        waiting does (its blocks stay its worker's until it is done with
+        them).  A call whose worker died before starting it is submitted
+        again.  Raises Declined, or DispatchFailed (its worker died with it,
+        or the pool closed).  Counted as a kernel counts a call whose reply
+        it hands to Python (pool_route.cc): the caller counts the rest."""
+        cdef PfbDispatchRoute* r = self._r
+        cdef Py_ssize_t n = len(values), i
+        cdef int64_t* dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
+        cdef PfbDispatchInput* inputs = <PfbDispatchInput*>calloc(max(n, 1),
+                                                                  sizeof(PfbDispatchInput))
+        cdef PfbDispatchCall call
+        cdef uint64_t sizes[3]
+        cdef int64_t posted = 0
+        cdef int rc = 0
+        cdef bint submitted = False
+        cdef bint scalars = (r.flags & PFB_POOL_CALL_SCALARS) != 0
+        keep = []
+        sizes[0] = sizes[1] = sizes[2] = 0
+        try:
+            if dims == NULL or inputs == NULL:
+                raise MemoryError()
+            for i in range(n):
+                rc = _ring_input(values[i], &inputs[i], &dims[i * PFB_POOL_MAX_NDIM], keep,
+                                 scalars, sizes)
+                if rc:
+                    raise Declined(rc, f"pyfunc_bridge: input {i} ({type(values[i]).__name__}) "
+                                       f"is neither numbers nor bytes")
+            while True:
+                posted = _clock_ns(CLOCK_REALTIME)
+                while True:  # waits for room in slices
+                    with nogil:
+                        rc = pfb_dispatch_submit(r.d, r.token, r.flags, inputs, <uint32_t>n,
+                                                 _SLICE_NS, &call)
+                    if rc != ETIMEDOUT:
+                        break
+                    PyErr_CheckSignals()
+                if rc:
+                    raise Declined(rc, f"pyfunc_bridge: the dispatcher declined the call "
+                                       f"({os.strerror(rc)})")
+                submitted = True
+                while True:
+                    with nogil:
+                        rc = pfb_dispatch_wait(&call, _SLICE_NS)
+                    if rc == 0:
+                        break
+                    PyErr_CheckSignals()
+                if call.state != PFB_DISPATCH_RESEND:
+                    break
+                submitted = False
+                pfb_dispatch_finish(r.d, &call)  # it never started: submitted anew
+            counting = pfb_route_counting(r.counting)
+            if call.state == PFB_DISPATCH_FAILED:
+                # The caller counts the call and its error (the function's);
+                # the inputs' copies count here, as the kernel counts them.
+                if counting:
+                    pfb_route_add(&r.counts.strings_in, sizes[1])
+                    pfb_route_add(&r.counts.worker_in, sizes[2])
+                raise DispatchFailed(call.error_code,
+                                     call.error.decode("utf-8", "replace") if call.error != NULL
+                                     else "pyfunc_bridge: the pool call failed")
+            try:
+                message = _decode_message(call.reply)
+                arena = _native_arena(call.arena) if call.arena != NULL else None
+            except BaseException:
+                pfb_dispatch_reply_back(&call)
+                raise
+            if counting:
+                pfb_route_add(&r.counts.calls, 1)
+                pfb_route_add(&r.counts.replied, 1)
+                pfb_route_add(&r.counts.bytes_in, sizes[0])
+                pfb_route_add(&r.counts.strings_in, sizes[1])
+                pfb_route_add(&r.counts.worker_in, sizes[2])
+                if message.stamp >= <uint64_t>posted:
+                    pfb_route_add(&r.counts.queued_ns, message.stamp - posted)
+                if message.ended >= message.stamp:
+                    pfb_route_add(&r.counts.worker_ns, message.ended - message.stamp)
+            return message, arena, call.worker, posted
+        finally:
+            if submitted:
+                pfb_dispatch_finish(r.d, &call)
+            free(inputs)
+            free(dims)
+
+    def counts(self):
+        """What the route's calls added up (dispatch.h, PfbDispatchRouteCounts)."""
+        cdef PfbDispatchRouteCounts c = self._r.counts
+        return {"calls": c.calls, "replied": c.replied, "errors": c.errors,
+                "bytes_in": c.bytes_in,
+                "bytes_out": c.bytes_out, "shared_out": c.shared_out,
+                "copied_out": c.copied_out, "copies_saved": c.copies_saved,
+                "queued_ns": c.queued_ns, "worker_ns": c.worker_ns, "total_ns": c.total_ns,
+                "worker_copied": c.worker_copied, "strings_in": c.strings_in,
+                "worker_in": c.worker_in}
+
+    def clear(self):
+        """Zeroes the counts (pfb.reset_stats); a call counting meanwhile may
+        keep a part of its figures."""
+        memset(&self._r.counts, 0, sizeof(PfbDispatchRouteCounts))
