@@ -790,14 +790,13 @@ class ProcessPool:
     def native_route(self, func, framework, writable, scalars):
         """A Route that lets a kernel run `func`'s later calls without
         Python (dispatch.h), or None where they must take this Python path:
-        a pool without arenas or with a timeout (the dispatcher keeps no
-        deadline), a closed one, and array_function's frameworks (their
-        conversions run in the worker's Python path).  Registered with the
+        a pool without arenas, a closed one, and array_function's frameworks
+        (their conversions run in the worker's Python path).  A pool's
+        timeout watches native calls as it does the others (_Deadlines).  Registered with the
         dispatcher once per function: the LOAD carries this process's
         sys.path, as the socket's first function does."""
         dispatch = self._dispatch
-        if (dispatch is None or self._deadlines is not None or framework is not None
-                or self._closed):
+        if dispatch is None or framework is not None or self._closed:
             return None
         pw = _worker.pool_module()
         flags = (pw.CALL_WRITABLE if writable else 0) | (pw.CALL_SCALARS if scalars else 0)
