@@ -14,7 +14,7 @@ the block and its worker reused it.  So, in the child:
   with a copy of its pages that hold data (``mincore``; a page never
   written reads as zeros, as it did), taken by the parent just before the
   fork, so that inherited results keep the values they had then; the input
-  arenas, control segments and status arrays, which nothing in the child
+  arenas and control segments, which nothing in the child
   reads, with zeros;
 - each descriptor of a pool's memfd (an mmap object owns one) is made to
   name /dev/null instead, so that the object that owns the number closes
@@ -31,7 +31,7 @@ import os
 _PROT = {"r": mmap.PROT_READ, "w": mmap.PROT_WRITE, "x": mmap.PROT_EXEC}
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
 _MAP_FAILED = ctypes.c_void_p(-1).value
-_KINDS = ("-results", "-inputs", "-control", "-status")
+_KINDS = ("-results", "-inputs", "-control")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p

@@ -65,7 +65,6 @@ _START_FAILURES = 3          # workers in a row that die before they are ready
 _RETRY_SECONDS = 1.0         # then calls fail this long, before the pool tries again
 _RETRY_MAX_SECONDS = 60.0    # (the wait doubles while it keeps failing, up to this)
 _STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then SIGKILL
-_SLOT = _worker.STATUS_SLOT  # a worker's status slot: (running call id or -1, start ns)
 _RING_SLOTS = 256            # per ring of a worker's control segment (16 KiB each)
 
 
@@ -209,9 +208,9 @@ class _Worker:
         self.write_lock = threading.Lock()
         self.alive = True
         self.ready = False
-        # With a timeout: the call this worker runs, and where it writes its
-        # stack when told to (_Deadlines).
-        self.timed_out = None  # the id of the call it was ended for
+        # With a timeout: the call this worker was told off for, and where it
+        # writes its stack when told to (_Deadlines).
+        self.timed_out = None  # that call's running_call (shm_layout.h)
         self.kill_at = None    # when it gets SIGKILL if its stack has not ended it
         self.trace_fd = None
         self.path = list(sys.path)  # the sys.path this worker has
@@ -236,20 +235,21 @@ class _Worker:
                      "input_bytes": pool.arena_bytes if pool._input_fd else 0}
             extra_fds = []
             if pool._deadlines is not None:
-                self.trace_fd = pool._deadlines.prepare(self, hello)
-                extra_fds = [self.trace_fd, pool._deadlines.status_fd]
-            if result_fd is not None and pool._input_fd is not None:
-                pw = _worker.pool_module()
-                control_fd, control = _shared_memory(pw.control_bytes(_RING_SLOTS),
-                                                     f"{pool.name}-control")
-                self.doorbell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-                self.channel = pw.Channel(control, create=True, ring_slots=_RING_SLOTS,
-                                          input_bytes=pool.arena_bytes,
-                                          result_bytes=pool.arena_bytes,
-                                          worker_index=index, doorbell=self.doorbell)
-                hello["ring"] = {"control_fd": control_fd, "doorbell_fd": self.doorbell,
-                                 "ring_slots": _RING_SLOTS}
-                extra_fds += [control_fd, self.doorbell]
+                self.trace_fd = pool._deadlines.prepare(hello)
+                extra_fds = [self.trace_fd]
+            # Every worker has one, arenas or not: the call it runs shows
+            # there (_Deadlines reads it); its rings serve only with arenas.
+            pw = _worker.pool_module()
+            control_fd, control = _shared_memory(pw.control_bytes(_RING_SLOTS),
+                                                 f"{pool.name}-control")
+            self.doorbell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self.channel = pw.Channel(control, create=True, ring_slots=_RING_SLOTS,
+                                      input_bytes=pool.arena_bytes,
+                                      result_bytes=pool.arena_bytes,
+                                      worker_index=index, doorbell=self.doorbell)
+            hello["ring"] = {"control_fd": control_fd, "doorbell_fd": self.doorbell,
+                             "ring_slots": _RING_SLOTS}
+            extra_fds += [control_fd, self.doorbell]
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             fds = [child.fileno(), pool._input_fd or -1, result_fd or -1]
             # This process's pid: the worker checks it after asking to die with
@@ -369,44 +369,34 @@ def _pickle_function(func):
 class _Deadlines:
     """A pool's per-call timeout.
 
-    Each worker writes, in its slot of a shared status array, the id of the
-    call it starts and when (CLOCK_MONOTONIC, the same clock in every
-    process), and answers each call at once rather than once per batch.  A
-    watchdog thread sleeps until the earliest deadline of a running call
-    (at most `timeout`: a call that starts meanwhile ends later).  A worker
-    whose call is past its deadline gets SIGUSR1, on which ``faulthandler``
-    writes its Python stack to the worker's trace file and then lets the
-    signal end it (``chain=True`` over the default action); one that does
-    not end within _STACK_GRACE_SECONDS gets SIGKILL.  The worker's reader
-    then finds the end of its stream (_lost): the call the slot names fails
-    with CallTimeoutError and the stack, and the calls it held but had not
-    started go back to the pool's queue, since they never ran."""
+    Each worker writes the call it starts and when (CLOCK_MONOTONIC, the
+    same clock in every process) in its control segment's running call
+    (shm_layout.h), for ring and socket calls alike, and answers each socket
+    call at once rather than once per batch.  A watchdog thread sleeps until
+    the earliest deadline of a running call (at most `timeout`: a call that
+    starts meanwhile ends later).  A worker whose call is past its deadline
+    gets SIGUSR1, on which ``faulthandler`` writes its Python stack to the
+    worker's trace file and then lets the signal end it (``chain=True`` over
+    the default action); one that does not end within _STACK_GRACE_SECONDS
+    gets SIGKILL.  The worker's reader then finds the end of its stream
+    (_lost): the call it was told off for fails with CallTimeoutError and the
+    stack, whichever path carried it, and the calls it held but had not
+    started go to another worker, since they never ran."""
 
     def __init__(self, pool, timeout):
         self.timeout_ns = int(timeout * 1e9)
         self.timeout = timeout
-        size = max(mmap.PAGESIZE, pool.workers * _SLOT.size)
-        self.status_fd, self.status = _shared_memory(size, f"{pool.name}-status")
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._watch, args=(weakref.ref(pool),),
                                        daemon=True, name=f"{pool.name} watchdog")
 
-    def prepare(self, worker, hello):
-        """Before `worker` starts: its slot is cleared and the hello names
-        it; returns the worker's trace file (a memfd this process reads)."""
-        _SLOT.pack_into(self.status, worker.index * _SLOT.size, -1, 0)
+    @staticmethod
+    def prepare(hello):
+        """Before a worker starts: the hello names its trace file (a memfd
+        this process reads), which is returned."""
         trace_fd = os.memfd_create(f"{hello['name']}-stack", os.MFD_CLOEXEC)
-        hello["deadlines"] = {"status_fd": self.status_fd, "status_bytes": len(self.status),
-                              "slot": worker.index * _SLOT.size, "trace_fd": trace_fd}
+        hello["deadlines"] = {"trace_fd": trace_fd}
         return trace_fd
-
-    def running(self, worker):
-        """(id, start ns) of the call `worker` runs or ran last (-1: none)."""
-        offset = worker.index * _SLOT.size
-        while True:
-            call_id, start = _SLOT.unpack_from(self.status, offset)
-            if _SLOT.unpack_from(self.status, offset)[0] == call_id:
-                return call_id, start  # not torn by a write in between
 
     def _watch(self, pool_ref):
         while not self.stop.is_set():
@@ -426,16 +416,16 @@ class _Deadlines:
             if pool._closed:
                 return None  # close() reaps the workers, then stops this thread
             # Under the lock, a worker marked alive has not been reaped, so
-            # its pid is still its own.
+            # its pid is still its own, and its control segment mapped.
             for worker in pool._workers:
-                if (worker.kill_at is not None and worker.alive
-                        and self.running(worker)[0] != worker.timed_out):
+                if not worker.alive or worker.channel is None:
+                    continue
+                running, start = worker.channel.running()
+                if worker.kill_at is not None and running != worker.timed_out:
                     # The call it was told off for answered after all (its
                     # function handled SIGUSR1): the worker lives on, and its
                     # later calls have deadlines of their own.
                     worker.kill_at = worker.timed_out = None
-                if not worker.alive or not worker.pending:
-                    continue
                 if worker.kill_at is not None:  # told to write its stack
                     if now >= worker.kill_at:
                         os.kill(worker.pid, signal.SIGKILL)
@@ -443,11 +433,10 @@ class _Deadlines:
                     else:
                         wait = min(wait, worker.kill_at - now)
                     continue
-                call_id, start = self.running(worker)
-                if call_id not in worker.pending:
-                    continue  # answered, or not started
+                if not running:
+                    continue  # between calls
                 if now - start >= self.timeout_ns:
-                    worker.timed_out = call_id
+                    worker.timed_out = running
                     worker.kill_at = now + int(_STACK_GRACE_SECONDS * 1e9)
                     os.kill(worker.pid, signal.SIGUSR1)
                     wait = min(wait, worker.kill_at - now)
@@ -455,15 +444,12 @@ class _Deadlines:
                     wait = min(wait, start + self.timeout_ns - now)
         return max(wait, 0) / 1e9
 
-    def sort(self, worker, held):
-        """`held` (the calls of a worker that ended) as (the call it was
-        running, if any, and the calls it had not started)."""
-        running, _ = self.running(worker)
-        return ([c for c in held if c.id == running], [c for c in held if c.id != running])
-
-    def error(self, pool, worker, call, death):
-        """The exception of `call`, which `worker` was running when it ended."""
-        if worker.timed_out != call.id:
+    def error(self, pool, worker, running, death):
+        """The exception of the call whose running call (shm_layout.h: a ring
+        call's id, or a socket call's with _worker._SOCKET_CALL) is
+        `running`, which `worker` had started when it ended (0: none of its
+        ring calls was told off)."""
+        if worker.timed_out is None or worker.timed_out != running:
             if worker.timed_out is None:
                 return WorkerError(death)
             return WorkerError(
@@ -504,10 +490,6 @@ class _Deadlines:
         self.stop.set()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout=5)
-        if self.status_fd is not None:
-            os.close(self.status_fd)
-            self.status_fd = None
-            self.status.close()
 
 
 class ProcessPool:
@@ -687,9 +669,6 @@ class ProcessPool:
             self._input_fd = None
         if self._deadlines is not None:
             self._deadlines.stop.set()
-            if self._deadlines.status_fd is not None:
-                os.close(self._deadlines.status_fd)
-                self._deadlines.status_fd = None
 
     def pids(self):
         """The process ids of the current workers."""
@@ -858,14 +837,13 @@ class ProcessPool:
     def native_route(self, func, framework, writable, scalars):
         """A Route that lets a kernel run `func`'s later calls without
         Python (dispatch.h), or None where they must take this Python path:
-        a pool without arenas or with a timeout (the dispatcher keeps no
-        deadline), a closed one, and array_function's frameworks (their
-        conversions run in the worker's Python path).  Registered with the
+        a pool without arenas, a closed one, and array_function's frameworks
+        (their conversions run in the worker's Python path).  A pool's
+        timeout watches native calls as it does the others (_Deadlines).  Registered with the
         dispatcher once per function: the LOAD carries this process's
         sys.path, as the socket's first function does."""
         dispatch = self._dispatch
-        if (dispatch is None or self._deadlines is not None or framework is not None
-                or self._closed):
+        if dispatch is None or framework is not None or self._closed:
             return None
         pw = _worker.pool_module()
         flags = (pw.CALL_WRITABLE if writable else 0) | (pw.CALL_SCALARS if scalars else 0)
@@ -1138,9 +1116,10 @@ class ProcessPool:
         if worker.channel is not None:
             worker.channel.close()
         text = f"{type(error).__module__}.{type(error).__qualname__}: {error}"
-        # (A worker that died: the ring calls it never started are sent anew.)
+        # (A worker that died, or was ended for a timeout: the ring calls it
+        # never started are sent anew.)
         dispatch.lost(worker.index, 2 if not isinstance(error, CallTimeoutError) else 4, text,
-                      isinstance(error, WorkerError))
+                      isinstance(error, (WorkerError, CallTimeoutError)))
         worker.generation = None
 
     def _settle(self, worker, freed, answered):
@@ -1168,21 +1147,14 @@ class ProcessPool:
             failed = [(call, error) for call in held]
         else:
             death = self._death(worker, unreadable)
-            if self._deadlines is None:
-                # Dead (reaped): the requests it started are counted for good
-                # (shm_layout.h); the later ones never ran.  (Without rings,
-                # which hold the count, every call it held fails.)
-                started = (worker.channel.socket_calls_started if worker.channel is not None
-                           else worker.sent)
-                again = [c for c in held if c.sequence > started and not c.claims]
-                failed = [(call, WorkerError(death)) for call in held if call not in again]
-            else:  # the worker's slot tells which call it was running
-                running, waiting = self._deadlines.sort(worker, held)
-                # (One abandoned by its caller (claims) is not sent again.)
-                again = [call for call in waiting if not call.claims]
-                failed = [(call, self._deadlines.error(self, worker, call, death))
-                          for call in running]
-                failed += [(call, WorkerError(death)) for call in waiting if call.claims]
+            # Dead (reaped): the requests it started are counted for good
+            # (shm_layout.h); the later ones never ran.  (One abandoned by
+            # its caller (claims) is not sent again.)
+            channel = worker.channel  # (None once a close() meanwhile ended it)
+            started = channel.socket_calls_started if channel is not None else worker.sent
+            again = [c for c in held if c.sequence > started and not c.claims]
+            failed = [(call, self._died(worker, _worker._SOCKET_CALL | call.id, death))
+                      for call in held if call not in again]
         # The process is gone (reaped above, or being ended by close()): the
         # blocks it held are nobody's, but those of the calls sent again,
         # which go with them to their next worker.
@@ -1195,8 +1167,10 @@ class ProcessPool:
             native = PoolClosedError(f"pyfunc_bridge: {self.name} "
                                      f"{_EXIT_TEXT if _exiting else 'was closed'} while the "
                                      f"call ran in worker process {worker.pid}")
-        else:
-            native = WorkerError(death)
+        else:  # its ring call told off for the timeout, if that is what ended it
+            timed_out = worker.timed_out or 0
+            native = self._died(worker, 0 if timed_out & _worker._SOCKET_CALL else timed_out,
+                                death)
         self._detach(worker, native)
         if not closing:  # (close() ends its workers itself)
             worker.ended()
@@ -1214,6 +1188,13 @@ class ProcessPool:
             self._deadlines.forget(worker)
         if not closing:
             self._replace(worker)
+
+    def _died(self, worker, running, death):
+        """The error of a call that `worker` had started when it died
+        (`running`: that call as the worker showed it, shm_layout.h)."""
+        if self._deadlines is None:
+            return WorkerError(death)
+        return self._deadlines.error(self, worker, running, death)
 
     def _how(self, worker, unreadable=None):
         """How `worker` ended (it is reaped here, if it was not)."""

@@ -19,8 +19,8 @@ copy facts are computed first, from what the function returned.
 The protocol, one length-prefixed pickle per frame:
 
 * parent -> worker, first: ``{"path": sys.path, "input_bytes": n,
-  "result_bytes": n, "name": pool name}``, and with a pool timeout
-  ``"deadlines": {"status_fd", "status_bytes", "slot", "trace_fd"}``;
+  "result_bytes": n, "name": pool name, "ring": {...}}``, and with a pool
+  timeout ``"deadlines": {"trace_fd"}``;
 * worker -> parent, first: ``("ready", pid)``;
 * then parent -> worker: ``(freed, forget, requests)``, every request that was
   waiting when the parent wrote: ``freed`` are result blocks the parent's
@@ -32,8 +32,7 @@ The protocol, one length-prefixed pickle per frame:
 * worker -> parent: ``("done", replies, freed_inputs)``, one reply
   ``(call_id, ok, payload, bytes_out, (started_ns, ended_ns))`` per request
   of the frame it answers (with a timeout: one message per call, sent as
-  soon as the call returns, and the call it runs written in its status
-  slot), and the input blocks that nothing in this worker refers to any more
+  soon as the call returns), and the input blocks that nothing in this worker refers to any more
   (see below).  ``(started_ns, ended_ns)`` is the worker's time on the call,
   by ``time.time_ns()`` (one clock for every process, and TF's profiler's:
   the parent puts it on its trace and in the pool's statistics).
@@ -48,7 +47,9 @@ The request ring of the worker's control segment (src/pool/shm_layout.h,
 named in the hello's ``"ring"``: the segment's descriptor, its slots per ring
 and the eventfd the parent rings) carries calls too, served by _RingServer
 on the same thread, one call at a time: the worker polls its socket and that
-doorbell at once.  A function loaded either way serves calls of both.
+doorbell at once.  A function loaded either way serves calls of both.  Every
+call, ring or socket, shows in the segment's running_call while it runs:
+the parent's scheduling and its timeout watchdog read that one record.
 
 Who owns a block: an input block is the parent's until it writes the request
 that carries it, then this worker's until the worker reports it in
@@ -68,12 +69,6 @@ import weakref
 
 ALIGN = 64  # PFB_TENSOR_ALIGNMENT (src/bridge_abi.h): TF's Eigen kernels need it
 _HEADER = struct.Struct("<Q")
-# A worker's status slot, with a pool timeout: (the id of the call it runs,
-# or -1; that call's start, CLOCK_MONOTONIC ns).  The parent's watchdog
-# (_Deadlines, pyfunc_bridge/_process.py) reads it whole; the worker writes
-# it field by field (_SLOT_FIELD), the start first.
-STATUS_SLOT = struct.Struct("<qq")
-_SLOT_FIELD = struct.Struct("<q")
 _PICKLE_PROTOCOL = 5
 
 
@@ -378,7 +373,8 @@ class _Worker:
         # The same for blocks that came in CALL or LOAD messages of the
         # request ring: they go back in INPUTS_BACK, not on the socket.
         self.ring_inputs_freed = []
-        self.status = None   # with a pool timeout: (shared status array, this worker's slot)
+        self.control = None  # its control segment's Channel: the running call shows there
+        self.timed = False   # a pool timeout: each socket reply goes as its call returns
 
     def input_block(self, offset, size, ring=False):
         """A uint8 ndarray over one input block, the base of every view of it.
@@ -398,15 +394,6 @@ class _Worker:
             self.ring_inputs_freed.append(offset)
         else:
             self.inputs_freed.append((offset, size))
-
-    def begin(self, call_id):
-        """Writes the call this worker starts (-1: none) in its status slot,
-        which the parent's watchdog reads: the start time first, then the id,
-        so that a reader that sees the id sees its time."""
-        status, slot = self.status
-        if call_id >= 0:
-            _SLOT_FIELD.pack_into(status, slot + _SLOT_FIELD.size, time.monotonic_ns())
-        _SLOT_FIELD.pack_into(status, slot, call_id)
 
     def arg(self, item, writable, framework):
         if item[0] == "v":
@@ -627,15 +614,16 @@ class _Worker:
                 # Ring blocks these requests let go of (a FORGET on the
                 # socket drops a function that kept ring inputs).
                 ring.inputs_back()
-            if self.status is None:
+            if not self.timed:
                 send(self.sock, self.sendable(replies, pickle))
             replies = frames = None
 
     def answer(self, frames, pickle, ring=None):
         """Runs the requests of `frames` (emptied); returns their replies
         (none with a timeout: each has gone already).  Each call shows in
-        `ring`'s control segment while it runs, so that the parent's native
-        dispatch does not queue behind it (src/pool/dispatch.c, choose)."""
+        the control segment while it runs, so that the parent's native
+        dispatch does not queue behind it (src/pool/dispatch.c, choose) and
+        its watchdog sees its deadline (_Deadlines)."""
         replies = []
         while frames:
             freed, forget, requests = frames.pop(0)
@@ -645,26 +633,22 @@ class _Worker:
                 self.functions.pop(token, None)
             while requests:
                 request = requests.pop(0)
-                if ring is not None:
-                    ring.channel.set_running(_SOCKET_CALL, time.monotonic_ns())
-                if self.status is None:
-                    try:
-                        replies.append(self.run(request))
-                    finally:
-                        if ring is not None:
-                            ring.channel.set_running(0)
+                control = self.control
+                if control is not None:
+                    control.set_running(_SOCKET_CALL | request[0], time.monotonic_ns())
+                try:
+                    reply = self.run(request)
+                finally:
+                    if control is not None:
+                        control.set_running(0)
+                if not self.timed:
+                    replies.append(reply)
                     continue
                 # With a timeout, each reply goes at once: a call that
                 # times out must not take the results of the calls run
                 # before it with it.
-                self.begin(request[0])
-                try:
-                    reply = self.run(request)
-                finally:
-                    if ring is not None:
-                        ring.channel.set_running(0)
                 send(self.sock, self.sendable([reply], pickle))
-                self.begin(-1)
+                reply = None
         return replies
 
     def sendable(self, replies, pickle):
@@ -1000,8 +984,8 @@ class _NoRoom(Exception):
     """A ring call's result does not fit the result arena."""
 
 
-# The running call a socket request shows in the control segment (ring calls
-# show their own id; the parent's ids never reach this bit): the worker
+# The bit a socket request's id carries as the running call in the control
+# segment (ring calls show their own id, which never reaches it): the worker
 # module's SOCKET_CALL, which counts it as a socket call started.
 _SOCKET_CALL = 1 << 63
 
@@ -1078,15 +1062,13 @@ def _die_with_parent(parent_pid, signal):
         os._exit(0)
 
 
-def _watched(worker, deadlines, mmap, signal):
-    """A pool with a timeout: this worker writes the call it runs in its
-    status slot, and on SIGUSR1 (the parent's watchdog) writes its Python
+def _watched(worker, deadlines, signal):
+    """A pool with a timeout: on SIGUSR1 (the parent's watchdog, which read
+    the call's start in the control segment) this worker writes its Python
     stack to its trace file, then lets the signal end it (chain=True calls
     SIGUSR1's default action, which ends the process)."""
     import faulthandler
-    status = mmap.mmap(deadlines["status_fd"], deadlines["status_bytes"])
-    os.close(deadlines["status_fd"])
-    worker.status = (status, deadlines["slot"])
+    worker.timed = True
     faulthandler.register(signal.SIGUSR1, file=deadlines["trace_fd"], all_threads=True,
                           chain=True)
 
@@ -1119,15 +1101,19 @@ def main(argv):
     worker = _Worker(sock, np, maps[0], maps[1])
     deadlines = hello.get("deadlines")
     if deadlines is not None:
-        _watched(worker, deadlines, mmap, signal)
+        _watched(worker, deadlines, signal)
     ring = None
     rings = hello.get("ring")
-    if rings is not None and worker.arena is not None:
+    if rings is not None:  # every worker has one: its running call shows there
         pw = pool_module()
         control = mmap.mmap(rings["control_fd"], pw.control_bytes(rings["ring_slots"]))
         os.close(rings["control_fd"])
-        ring = _RingServer(worker, pw, pw.Channel(control), rings["doorbell_fd"], sock_fd)
-        ring.channel.announce(os.getpid())
+        worker.control = pw.Channel(control)
+        if worker.arena is not None:
+            ring = _RingServer(worker, pw, worker.control, rings["doorbell_fd"], sock_fd)
+            ring.channel.announce(os.getpid())
+        else:  # no arenas: nothing travels on the rings
+            os.close(rings["doorbell_fd"])
     try:
         sock.sendall(frame(("ready", os.getpid()), pickle.dumps))
         worker.serve(reader, frames, ring)

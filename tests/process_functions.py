@@ -461,6 +461,14 @@ def fail_from_five(a):
     return a
 
 
+def hang_at_twenty(i):
+    """Element 20 of a map sleeps a minute (a timeout's victim); the others
+    answer (i + 1, this worker's pid)."""
+    if int(i) == 20:
+        time.sleep(60)
+    return np.array([int(i) + 1, os.getpid()], np.int64)
+
+
 def sleep_at_eight(a):
     if int(a) == 8:
         import time

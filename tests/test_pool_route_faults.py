@@ -44,8 +44,10 @@ def pool():
 @pytest.fixture(scope="module")
 def python_path_pool():
     """A pool of the same name (so the same record) whose calls all take the
-    Python path: with a timeout, it offers kernels no route."""
-    with pfb.ProcessPool(1, name=POOL_NAME, timeout=600) as shared:
+    Python path: it offers kernels no route (a pool with a timeout did once;
+    now its calls take the rings too)."""
+    with pfb.ProcessPool(1, name=POOL_NAME) as shared:
+        shared.native_route = lambda *args: None  # the pool's "no route" answer
         yield shared
 
 
@@ -181,7 +183,8 @@ def test_a_call_failed_by_its_worker_s_death_is_not_counted_as_answered(stats_on
     a call whose worker died is the function's error only.  The native
     route counted it in the pool's record too."""
     name = "killed stats pool"
-    with pfb.ProcessPool(1, name=name, timeout=600) as python_path_pool:
+    with pfb.ProcessPool(1, name=name) as python_path_pool:
+        python_path_pool.native_route = lambda *args: None  # no route: the Python path
         pool_record, function = killed_mid_call(python_path_pool, name)
         assert (function.calls, function.errors) == (9, 1)
         assert (pool_record.calls, pool_record.bytes_in) == (8, 32)

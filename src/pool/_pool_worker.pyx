@@ -82,8 +82,8 @@ MAX_NDIM = PFB_POOL_MAX_NDIM
 DEFAULT_CHECKS = PFB_RING_CHECKS
 REQUESTS = 0
 REPLIES = 1
-# The running call a socket request shows (_worker.py _SOCKET_CALL): the
-# parent's ring call ids never reach this bit.
+# The bit a socket request's id carries as the running call (_worker.py
+# _SOCKET_CALL): the parent's ring call ids never reach it.
 cdef uint64_t _socket_call = (<uint64_t>1) << 63
 SOCKET_CALL = _socket_call
 MSG_LOAD = PFB_POOL_MSG_LOAD
@@ -295,9 +295,9 @@ cdef class Channel:
     def set_running(self, uint64_t call_id, uint64_t since_ns=0):
         """The worker's side: the call it runs now (0: none), and since when
         (CLOCK_MONOTONIC ns): the time first, so that a reader that sees the
-        call sees its time.  A call (a ring CALL's id, or SOCKET_CALL for a
-        socket request) counts as started here, before it runs."""
-        if call_id == _socket_call:
+        call sees its time.  A call (a ring CALL's id, or SOCKET_CALL | the
+        socket request's id) counts as started here, before it runs."""
+        if call_id & _socket_call:
             pfb_store64(&self._control.socket_calls_started,
                         pfb_load64(&self._control.socket_calls_started) + 1)
         elif call_id:
@@ -314,6 +314,17 @@ cdef class Channel:
     @property
     def running_call(self):
         return pfb_load64(&self._control.running_call)
+
+    def running(self):
+        """(the call the worker runs, 0: none; since when, CLOCK_MONOTONIC
+        ns), read whole: the pool's watchdog reads its deadlines here."""
+        cdef uint64_t call_id, since
+        while True:
+            call_id = pfb_load64(&self._control.running_call)
+            since = pfb_load64(&self._control.running_since)
+            # Ids are never reused: the same id twice brackets its own time.
+            if pfb_load64(&self._control.running_call) == call_id:
+                return call_id, since
 
     def sleeping(self, int ring, bint flag):
         """A consumer that sleeps elsewhere (poll on the doorbell and a

@@ -294,7 +294,11 @@ typedef struct PfbPoolControl {
   /* Written by the worker. */
   uint32_t worker_pid;
   uint32_t worker_ready;        /* 1 once it serves its request ring */
-  uint64_t running_call;        /* the call it runs now, 0 between calls */
+  /* The call it runs now, 0 between calls: a ring CALL's id, or a socket
+   * request's id with bit 63 set.  The one record the parent reads for
+   * scheduling (dispatch.c, choose) and a pool's timeout (_process.py,
+   * _Deadlines). */
+  uint64_t running_call;
   uint64_t running_since;       /* CLOCK_MONOTONIC ns that call started */
   /* The calls it started, ring CALLs and socket requests apart (each
    * counted before it runs).  It runs each kind in the order it was sent,
