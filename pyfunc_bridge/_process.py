@@ -600,6 +600,7 @@ class ProcessPool:
         try:
             for i in range(workers):
                 self._workers.append(_Worker(self, i))
+                self._attach(self._workers[-1])
         except BaseException:
             self.close()
             raise
@@ -1074,7 +1075,6 @@ class ProcessPool:
                 _ring_answers.put(message[1], (message[2], message[3]))
                 continue
             if message[0] == "ready":  # ("ready", pid)
-                self._attach(worker)
                 worker.ready = True
                 self._start_failures = 0
                 self._retry_delay = None
@@ -1097,7 +1097,10 @@ class ProcessPool:
         return bool(received)
 
     def _attach(self, worker):
-        """A worker that serves its rings joins the native dispatcher."""
+        """A worker joins the native dispatcher as it starts: calls posted on
+        its rings before it serves them wait there (a worker that dies first
+        started none of them, and they are sent again), so the calls of a
+        starting pool spread over all its workers."""
         dispatch = self._dispatch
         if dispatch is not None and worker.channel is not None:
             worker.generation = next(self._generations)
@@ -1249,6 +1252,8 @@ class ProcessPool:
         with self._lock:
             self._workers[index] = fresh
             closed = self._closed
+        if not closed:
+            self._attach(fresh)
         self._counters.count_worker_replaced()
         if closed:
             self._stop([fresh])
