@@ -706,6 +706,14 @@ class ProcessPool:
         """The process ids of the current workers."""
         return [w.pid for w in self._workers if w.alive]
 
+    @property
+    def free_input_bytes(self):
+        """The bytes of the input arena that no call, and no function that
+        kept an input, holds now: ``arena_bytes`` once the pool's calls are
+        done and nothing is kept (how to size ``arena_bytes``); 0 when closed.
+        Blocks a worker hands back are freed a moment after its call returns."""
+        return self._arena.free_bytes()
+
     # ------------------------------------------------ the converter's side --
 
     def stage(self, args):
