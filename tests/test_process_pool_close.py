@@ -93,3 +93,14 @@ def test_a_pool_cannot_be_copied_and_stays_usable(copier):
             copier(pool)
         assert len(pool.pids()) == 1
     assert pool.closed  # (a copy that shared its descriptors made this close fail: EBADF)
+
+
+def test_free_input_bytes_shows_the_input_arena_held_and_is_0_once_closed():
+    import tensorflow as tf
+    import process_functions as pf
+    with pfb.ProcessPool(1, arena_bytes=1 << 20, name="free bytes pool") as pool:
+        assert pool.free_input_bytes == pool.arena_bytes
+        keep = pf.keeper()  # keeps its inputs' blocks until it is forgotten
+        pfb.numpy_function(keep, [tf.range(1000.0)], tf.float32, executor=pool)
+        assert 0 < pool.free_input_bytes <= pool.arena_bytes - 4000
+    assert pool.free_input_bytes == 0
