@@ -59,3 +59,8 @@ def __getattr__(name):
         globals()[name] = ProcessPool
         return ProcessPool
     raise AttributeError(f"module 'pyfunc_bridge' has no attribute {name!r}")
+
+
+def __dir__():
+    # The lazy names too (dir() and completion show them), without loading them.
+    return sorted({*globals(), "ProcessPool", *_CONVERSION_API})

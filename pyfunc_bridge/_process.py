@@ -561,7 +561,9 @@ class ProcessPool:
         self.workers = workers
         self.arena_bytes = arena_bytes
         self._lock = threading.Lock()
-        self._closed = False
+        self._closed = False    # no new calls: close() has begun
+        self._closing = False   # close() began and has not finished (an interrupted close)
+        self._close_lock = threading.Lock()  # one close() at a time, to its end
         self._closed_at_exit = False  # closed by _close_pools (_why_closed says so)
         self._pid = os.getpid()      # the process whose pool this is (see _forked)
         self._forked_into = None     # this process's pid, in a fork of that process
@@ -616,6 +618,17 @@ class ProcessPool:
 
     def __exit__(self, *exc):
         self.close()
+
+    def __copy__(self):
+        # A copy would hold the same workers, sockets and memfds: closing one
+        # would close the other's descriptors under it.
+        raise TypeError(f"{self!r} cannot be copied (copy.copy or copy.deepcopy): a copy "
+                        f"would share its worker processes and shared memory, and closing "
+                        f"either would break the other; pass the pool itself (threads may "
+                        f"share one), or start another ProcessPool")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
 
     @property
     def closed(self):
@@ -674,6 +687,14 @@ class ProcessPool:
     def pids(self):
         """The process ids of the current workers."""
         return [w.pid for w in self._workers if w.alive]
+
+    @property
+    def free_input_bytes(self):
+        """The bytes of the input arena that no call, and no function that
+        kept an input, holds now: ``arena_bytes`` once the pool's calls are
+        done and nothing is kept (how to size ``arena_bytes``); 0 when closed.
+        Blocks a worker hands back are freed a moment after its call returns."""
+        return self._arena.free_bytes()
 
     # ------------------------------------------------ the converter's side --
 
@@ -1290,19 +1311,30 @@ class ProcessPool:
     # --------------------------------------------------------------- close --
 
     def __del__(self):
-        if not getattr(self, "_closed", True) and hasattr(self, "_workers"):
-            self.close()  # dropped without close(): its workers end with it
+        if ((not getattr(self, "_closed", True) or getattr(self, "_closing", False))
+                and hasattr(self, "_workers")):
+            self.close()  # dropped without close() (or mid-close): its workers end with it
 
     def close(self):
         """Ends the workers and frees the shared memory; calls in flight fail
-        with PoolClosedError.  Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._closed_at_exit = _exiting
-            workers = list(self._workers)
-            queued = self._take_queue()
+        with PoolClosedError.  Idempotent; a close() that was interrupted
+        (Ctrl-C while it waits for a worker) is finished by the next one, or
+        at interpreter exit."""
+        if self._forked_into is not None:
+            return  # the parent's pool, closed in this fork by _forked
+        with self._close_lock:  # a concurrent close() returns once this one has ended
+            with self._lock:
+                if self._closed and not self._closing:
+                    return
+                self._closed = self._closing = True
+                self._closed_at_exit = self._closed_at_exit or _exiting
+                workers = list(self._workers)
+                queued = self._take_queue()
+            self._finish_close(workers, queued)
+            self._closing = False
+
+    def _finish_close(self, workers, queued):
+        """close()'s work, each step safe to run again after an interruption."""
         when = _EXIT_TEXT if _exiting else "was closed"
         self._fail(queued, PoolClosedError(
             f"pyfunc_bridge: {self.name} {when} before the call reached a worker"))

@@ -180,19 +180,31 @@ def collect():
         gc.collect()
 
 
+def memfd_mappings(name):
+    """(start, end) of this process's mappings of the memfds whose names
+    start with `name` (a pool's shared memory is memfds named after it,
+    which /proc/self/maps shows and /dev/shm does not)."""
+    found = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if f"/memfd:{name}" in line:
+                start, end = line.split()[0].split("-")
+                found.append((int(start, 16), int(end, 16)))
+    return found
+
+
 def in_arena(pool, tensor):
-    """Whether `tensor`'s memory is a block of one of `pool`'s result arenas:
-    a mapping of a memfd the pool named "<name>-results" (the
-    pool's own mapping, or the dispatcher's second one)."""
+    """Whether `tensor`'s memory is a block of one of `pool`'s workers'
+    result arenas (memfds named "<pool name>-results")."""
     data = pfb.to_numpy(tensor).ctypes.data
-    prefix = f"/memfd:{pool.name}-results"
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            span, _, rest = line.partition(" ")
-            low, high = (int(v, 16) for v in span.split("-"))
-            if low <= data < high:
-                return rest.split(None, 4)[-1].strip().startswith(prefix)
-    return False
+    return any(start <= data < end for start, end in memfd_mappings(f"{pool.name}-results"))
+
+
+def input_arena_whole(pool, seconds=10):
+    """Waits until `pool`'s input arena is whole again (its calls done, their
+    blocks handed back: the worker's reply thread frees them a moment after
+    a call returns); fails the test after `seconds`."""
+    wait_for(lambda: pool.free_input_bytes == pool.arena_bytes, seconds)
 
 
 def wait_for(condition, seconds=10):

@@ -520,6 +520,8 @@ _SUBPROCESS = textwrap.dedent("""
 
     import pyfunc_bridge as pfb
     after_import = state()
+    not_in_dir = [name for name in pfb.__all__ if name not in dir(pfb)]
+    after_dir = state()
     y = pfb.numpy_function(lambda a: a + 1, [tf.constant(1.0)], tf.float32)
     after_use = state()
     stats = pfb.stats()  # (no pool used: the pools' statistics are not loaded for it)
@@ -529,6 +531,7 @@ _SUBPROCESS = textwrap.dedent("""
         z = pfb.numpy_function(np.negative, [tf.constant(1.0)], tf.float32, executor=pool)
     after_pool = state()
     print(json.dumps({"mismatch": mismatch, "after_import": after_import,
+                      "not_in_dir": not_in_dir, "after_dir": after_dir,
                       "after_use": after_use, "value": float(y), "after_stats": after_stats,
                       "pools": list(stats.pools), "after_pool": after_pool,
                       "pool_value": float(z)}))
@@ -551,6 +554,12 @@ def test_import_is_cheap(fresh_interpreter):
     assert len(state["kernels"]) == 1
     assert state["heavy"] == []
     assert state["pool"] == []  # the process pool loads on first use (pfb.ProcessPool)
+
+
+def test_dir_lists_the_lazy_names_without_loading_them(fresh_interpreter):
+    # (ProcessPool and the conversion API are module attributes made on first access.)
+    assert fresh_interpreter["not_in_dir"] == []
+    assert fresh_interpreter["after_dir"] == fresh_interpreter["after_import"]
 
 
 def test_first_use_loads_the_libraries(fresh_interpreter):

@@ -20,12 +20,11 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
-from conftest import in_arena, wait_for
+from conftest import in_arena, input_arena_whole, wait_for
 import pyfunc_bridge as pfb
 from pyfunc_bridge import _process
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-_worker_file = _process._worker.__file__
 ROOT = os.path.dirname(TESTS)
 
 
@@ -84,17 +83,17 @@ def test_results_stay_in_shared_memory_without_a_copy(pool):
     np.testing.assert_array_equal(strict.numpy(), np.arange(1024) * 2)
 
 
-def test_a_result_block_returns_to_its_worker_when_the_tensor_goes(pool):
-    x = tf.zeros([1 << 16], tf.uint8)
-    y = pfb.numpy_function(pf.identity, [x], tf.uint8, executor=pool)
-    address = pfb.to_numpy(y).ctypes.data
-    worker = next(w for w in pool._workers
-                  if w.results_base <= address < w.results_base + pool.arena_bytes)
-    before = list(worker.freed)
-    del y
-    gc.collect()
-    # Returned with the pool's next message to that worker.
-    assert worker.freed == before + [(address - worker.results_base, 1 << 16)]
+def test_a_result_block_returns_to_its_worker_when_the_tensor_goes():
+    """Each result takes a fifth of its worker's arena: were the blocks of
+    dropped results not handed back (with the pool's next message to the
+    worker), the sixth would not come back through shared memory."""
+    with pfb.ProcessPool(1, arena_bytes=1 << 20, name="returning pool") as one:
+        x = tf.zeros([200 << 10], tf.uint8)
+        for i in range(15):
+            y = pfb.numpy_function(pf.identity, [x], tf.uint8, executor=one)
+            assert in_arena(one, y), i
+            del y
+            gc.collect()
 
 
 def test_strings_scalars_and_several_outputs(pool):
@@ -197,14 +196,15 @@ def run_script(script, *args):
 # Hangs (in a subprocess, then) where a call holds some of its inputs' blocks
 # while it waits for room for the others.
 _INPUTS_TOGETHER_SCRIPT = r"""
-import threading
+import threading, time
 import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
 with pfb.ProcessPool(2, arena_bytes=1 << 20) as pool:
     a = tf.ones([600_000], tf.uint8)  # two of them do not fit the arena together
     y = pfb.numpy_function(pf.add, [a, a], tf.uint8, executor=pool)
     assert int(tf.reduce_sum(tf.cast(y, tf.int64))) == 1_200_000
-    assert pool._arena.free_bytes() == pool.arena_bytes
+    while pool.free_input_bytes != pool.arena_bytes:  # the state, or the timeout
+        time.sleep(0.01)
     b = tf.ones([400_000], tf.uint8)  # two calls at once: 4 blocks, 2.5 fit
     results, start = [], threading.Barrier(2)
     def call():
@@ -333,8 +333,7 @@ def test_a_default_pool_replaced_between_stage_and_run_runs_nothing_there(monkey
         with pytest.raises(_process.PoolClosedError, match="is closed"):
             _process.DEFAULT.run(pf.double, None, descs, False)
         _process.DEFAULT.release(descs)
-        with second._arena_free:
-            assert second._arena.free_bytes() == second.arena_bytes  # nothing freed there
+        assert second.free_input_bytes == second.arena_bytes  # nothing freed there
         # The next call stages and runs on the new pool.
         y = pfb.numpy_function(pf.double, [tf.constant([3])], tf.int32, executor="process")
         assert y.numpy().tolist() == [6]
@@ -350,44 +349,29 @@ def test_no_default_pool_starts_after_the_pools_closed_at_exit(monkeypatch):
     assert _process._default is None
 
 
-def test_a_request_never_overtakes_the_one_that_carries_its_function():
-    """Two first calls of a function on one worker: the second must not reach
-    the worker before the first, which carries the function's pickle."""
-    at_append = threading.Event()
-    second_appended = threading.Event()
-
-    class Outbox(list):
-        def append(self, request):
-            if request[2] is not None:  # the request that carries the function
-                at_append.set()
-                second_appended.wait(2)  # the other caller's chance to overtake
-            else:
-                second_appended.set()
-            super().append(request)
-
+def test_first_calls_of_a_new_function_from_several_threads_all_run():
+    """Several first calls of a function at once on one worker: the request
+    that carries the function's pickle must reach the worker before the
+    others (a worker that does not know a function fails its call)."""
     with pfb.ProcessPool(1, name="order pool") as order:
-        order._workers[0].outbox = Outbox()
-        offset = 3
-        func = lambda a: a + offset  # noqa: E731 - a function no worker has yet
-        results = {}
+        for round in range(10):
+            func = lambda a, offset=round: a + offset  # noqa: E731 - new to the worker
+            start, results = threading.Barrier(3), []
 
-        def call(name):
-            try:
-                results[name] = order.run(func, None, order.stage([np.arange(2)]), False)[0]
-            except Exception as exc:  # noqa: BLE001 - asserted below
-                results[name] = exc
-
-        first = threading.Thread(target=call, args=("first",))
-        first.start()
-        assert at_append.wait(10)
-        second = threading.Thread(target=call, args=("second",))
-        second.start()
-        first.join(20)
-        second.join(20)
-        assert not first.is_alive() and not second.is_alive()
-        for name in ("first", "second"):
-            assert isinstance(results[name], np.ndarray), results[name]
-            assert results[name].tolist() == [3, 4]
+            def call():
+                start.wait()
+                try:
+                    results.append(pfb.numpy_function(func, [tf.constant([1, 2])], tf.int32,
+                                                      executor=order).numpy().tolist())
+                except Exception as exc:  # noqa: BLE001 - asserted below
+                    results.append(exc)
+            threads = [threading.Thread(target=call) for _ in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert not any(t.is_alive() for t in threads)
+            assert results == [[1 + round, 2 + round]] * 3, results
 
 
 # ------------------------------------------------------------- kept inputs --
@@ -444,15 +428,13 @@ def test_a_deduplicating_map_in_a_pool_matches_in_process(single):
 
 
 def _arena_settled(pool, expected=None):
-    """Free bytes of the input arena once no call is in flight and, within
-    a few seconds, they are `expected`: blocks that come back in a ring's
-    INPUTS_BACK are freed by the dispatcher's reply thread, which may run a
-    moment after the call that let go of them returned."""
-    wait_for(lambda: not any(w.pending for w in pool._workers))
+    """Free bytes of the input arena once, within a few seconds, they are
+    `expected` (the callers' calls have returned): blocks that come back in
+    a ring's INPUTS_BACK are freed by the dispatcher's reply thread, which
+    may run a moment after the call that let go of them returned."""
     deadline = time.monotonic() + 5
     while True:
-        with pool._arena_free:
-            free = pool._arena.free_bytes()
+        free = pool.free_input_bytes
         if expected in (None, free) or time.monotonic() > deadline:
             return free
         time.sleep(0.01)
@@ -468,18 +450,16 @@ def test_kept_input_blocks_go_back_when_the_worker_lets_go_of_them(single):
         assert float(pfb.numpy_function(keep, [x], tf.float32, executor=single)) == 499500.0
     # Each call let go of the input before it; the last one is still held.
     assert _arena_settled(single, single.arena_bytes - 4032) == single.arena_bytes - 4032
-    assert single._workers[0].inputs == {next(iter(single._workers[0].inputs)): 4032}
     del keep
     gc.collect()  # the worker forgets the function with the next message
     pfb.numpy_function(pf.identity, [tf.constant(1)], tf.int32, executor=single)
     assert _arena_settled(single, single.arena_bytes) == single.arena_bytes
-    assert single._workers[0].inputs == {}
 
 
 # Wrong values, or a hang (in a subprocess, then), where kept blocks are
 # reused or where a call waits for room that only a kept block could give.
 _KEPT_FILL_THE_ARENA_SCRIPT = r"""
-import threading
+import threading, time
 import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
 with pfb.ProcessPool(1, arena_bytes=64 << 10) as pool:
@@ -488,7 +468,7 @@ with pfb.ProcessPool(1, arena_bytes=64 << 10) as pool:
         out = pfb.numpy_function(keep, [tf.fill([4096], float(i))], tf.float32,
                                  executor=pool)
         np.testing.assert_array_equal(out.numpy(), np.repeat(np.arange(i + 1.0), 4096))
-    assert pool._holding == 0 and pool._arena.free_bytes() == 0
+    assert pool.free_input_bytes == 0
     # Calls from several threads at once: each finds the arena kept full and
     # sends its input pickled rather than waiting for room that never comes.
     results = {}
@@ -505,7 +485,8 @@ with pfb.ProcessPool(1, arena_bytes=64 << 10) as pool:
     del keep
     import gc; gc.collect()
     pfb.numpy_function(pf.identity, [tf.constant(1)], tf.int32, executor=pool)
-    assert pool._arena.free_bytes() == pool.arena_bytes
+    while pool.free_input_bytes != pool.arena_bytes:  # the state, or the timeout
+        time.sleep(0.01)
 print("done")
 """
 
@@ -528,14 +509,14 @@ with pfb.ProcessPool(1, arena_bytes=4 << 20) as pool:
         lambda i: pfb.numpy_function(hoard, [tf.reshape(i, [1])], tf.int64, executor=pool),
         num_parallel_calls=2)
     assert max(int(n) for n in held) == 5000
-    assert pool._arena.free_bytes() <= pool.arena_bytes - 5000 * 64
+    assert pool.free_input_bytes <= pool.arena_bytes - 5000 * 64
     del hoard, held
     gc.collect()  # the worker forgets the function with the next request
     more = tf.data.Dataset.range(50).map(
         lambda i: pfb.numpy_function(pf.double, [i], tf.int64, executor=pool),
         num_parallel_calls=2)
     assert [int(v) for v in more] == [2 * i for i in range(50)]
-    while pool._arena.free_bytes() != pool.arena_bytes:  # the state, or the timeout
+    while pool.free_input_bytes != pool.arena_bytes:  # the state, or the timeout
         time.sleep(0.01)
 print("done")
 """
@@ -549,12 +530,11 @@ def test_a_dead_workers_kept_blocks_go_back_to_the_arena():
     with pfb.ProcessPool(1, name="keeping fault pool") as keeping:
         keep = pf.keeper()
         pfb.numpy_function(keep, [tf.range(100.0)], tf.float32, executor=keeping)
-        (victim,) = keeping._workers
-        assert _arena_settled(keeping) < keeping.arena_bytes and victim.inputs
-        os.kill(victim.pid, signal.SIGKILL)
-        wait_for(lambda: keeping._workers[0] is not victim)
+        (victim,) = keeping.pids()
+        assert _arena_settled(keeping) < keeping.arena_bytes  # the kept block
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: keeping.pids() not in ([], [victim]))  # replaced
         assert _arena_settled(keeping, keeping.arena_bytes) == keeping.arena_bytes
-        assert victim.inputs == {}
 
 
 # Ctrl-C in the waiting caller, again and again, in a fresh interpreter (a
@@ -579,15 +559,18 @@ def call(value):
                               framework=FRAMEWORK, executor=pool)
 
 def settled(pool):
-    # Waits for the state every call leaves in the end: none in flight, the
-    # arena whole (a reply's blocks are freed just after its call leaves
-    # `pending`); bounded by the script's timeout.
-    while True:
-        with pool._arena_free:
-            if (not any(w.pending for w in pool._workers) and pool._holding == 0
-                    and pool._arena.free_bytes() == pool.arena_bytes):
-                return
+    # Waits for the state every call leaves in the end: the arena whole (a
+    # reply's blocks are freed just after its call returns); bounded by the
+    # script's timeout.
+    while pool.free_input_bytes != pool.arena_bytes:
         time.sleep(0.01)
+
+def in_results(pool, out):  # a block of a worker's result arena (a memfd mapping)
+    address = pfb.to_numpy(out).ctypes.data
+    with open("/proc/self/maps") as f:
+        spans = [line.split()[0].split("-") for line in f
+                 if "/memfd:" + pool.name + "-results" in line]
+    return any(int(a, 16) <= address < int(b, 16) for a, b in spans)
 
 def interrupt(moment, seen, gate, returned):
     # SIGINT to the main thread at a moment of the call (a state it reaches,
@@ -626,8 +609,7 @@ with pfb.ProcessPool(1, arena_bytes=4 * BLOCK, name="interrupted pool") as pool:
         except KeyboardInterrupt:
             interrupted += 1
         interrupter.join()
-        with pool._arena_free:  # (the reader frees blocks under it)
-            pending, free = len(worker.pending), pool._arena.free_bytes()
+        pending, free = len(worker.pending), pool.free_input_bytes
         most_pending = max(most_pending, pending)
         # Each call still queued holds its input block.
         assert free <= pool.arena_bytes - pending * BLOCK, (i, pending, free)
@@ -645,8 +627,7 @@ with pfb.ProcessPool(1, arena_bytes=4 * BLOCK, name="interrupted pool") as pool:
     # (without copy=True, which copies every result).
     out = pfb.numpy_function(pf.identity, [tf.fill([1 << 20], 1.0)], tf.float32,
                              executor=pool)
-    address = pfb.to_numpy(out).ctypes.data
-    assert worker.results_base <= address < worker.results_base + pool.arena_bytes
+    assert in_results(pool, out)
     settled(pool)
 print("done")
 """
@@ -689,14 +670,9 @@ with pfb.ProcessPool(2, arena_bytes=1 << 20, name="interrupted pool") as pool:
             pass
     assert interrupted > 100, interrupted
     # The state every call leaves in the end (a reply's blocks are freed
-    # just after its call leaves `pending`): waited for, bounded by the
-    # script's timeout.
-    while True:
-        with pool._arena_free:
-            if (not any(w.pending or w.inputs for w in pool._workers)
-                    and pool._holding == 0
-                    and pool._arena.free_bytes() == pool.arena_bytes):
-                break
+    # just after its call returns): waited for, bounded by the script's
+    # timeout.
+    while pool.free_input_bytes != pool.arena_bytes:
         time.sleep(0.01)
     for _ in range(8):
         out = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=True,
@@ -727,15 +703,19 @@ def interrupted(*args, **kwargs):
     return False
 
 def settled(pool):
-    # Waits for the arena to be whole once no call is in flight (a reply's
-    # blocks are freed just after its call leaves `pending`); bounded by the
+    # Waits for the arena to be whole once the calls returned (a reply's
+    # blocks are freed just after its call returns); bounded by the
     # script's timeout.
-    while True:
-        with pool._arena_free:
-            if (not any(w.pending for w in pool._workers)
-                    and pool._arena.free_bytes() == pool.arena_bytes):
-                return pool.arena_bytes
+    while pool.free_input_bytes != pool.arena_bytes:
         time.sleep(0.01)
+    return pool.arena_bytes
+
+def in_results(pool, out):  # a block of a worker's result arena (a memfd mapping)
+    address = pfb.to_numpy(out).ctypes.data
+    with open("/proc/self/maps") as f:
+        spans = [line.split()[0].split("-") for line in f
+                 if "/memfd:" + pool.name + "-results" in line]
+    return any(int(a, 16) <= address < int(b, 16) for a, b in spans)
 
 with pfb.ProcessPool(1, arena_bytes=1 << 20, name="handover pool") as pool:
     (worker,) = pool._workers
@@ -767,8 +747,7 @@ with pfb.ProcessPool(1, arena_bytes=1 << 20, name="handover pool") as pool:
     assert interrupted(pf.double_in_place_once_there, [tf.constant(go), x], tf.float32,
                        copy=True, executor=pool)
     worker.outbox = []
-    with pool._arena_free:
-        pending, free = len(worker.pending), pool._arena.free_bytes()
+    pending, free = len(worker.pending), pool.free_input_bytes
     assert pending == 1 and free == pool.arena_bytes - BLOCK, (pending, free)
     def release_once_queued():
         while not pool._queue:
@@ -793,8 +772,7 @@ with pfb.ProcessPool(1, arena_bytes=1 << 20, name="handover pool") as pool:
         assert interrupted(pf.identity, [x], tf.float32, executor=pool)
     pool._decode = decode
     out = pfb.numpy_function(pf.identity, [x], tf.float32, executor=pool)
-    address = pfb.to_numpy(out).ctypes.data
-    assert worker.results_base <= address < worker.results_base + pool.arena_bytes
+    assert in_results(pool, out)
 print("done")
 """
 
@@ -839,8 +817,7 @@ with pfb.ProcessPool(1, arena_bytes=1 << 20, name="queued pool") as pool:
         interrupter.join()
         # It left the queue, and its input block went back: no worker will see it.
         assert not pool._queue
-        with pool._arena_free:
-            assert pool._holding == 0 and pool._arena.free_bytes() == pool.arena_bytes
+        assert pool.free_input_bytes == pool.arena_bytes
         open(go, "w").close()
         holder.join()
         assert not pool._workers[0].pending
@@ -1210,35 +1187,46 @@ def test_a_worker_whose_hello_fails_leaves_no_process_and_no_descriptor(monkeypa
 def test_a_pool_whose_workers_cannot_start_says_why_and_tries_again_later(tmp_path,
                                                                            monkeypatch):
     """Workers that die before they are ready break the pool, for a while:
-    calls fail at once saying why, and a call after the back-off starts
-    workers again."""
-    failing = tmp_path / "fails_at_start.py"
-    failing.write_text("import sys\nsys.exit(3)\n")
-    monkeypatch.setattr(_process, "_RETRY_SECONDS", 1.0, raising=False)
-    monkeypatch.setattr(_process._worker, "__file__", str(failing))
+    calls fail at once saying why, and a call after the back-off (1 s, then
+    twice as long) starts workers again."""
+    shadow = tmp_path / "shadow"  # a numpy that ends the worker importing it
+    shadow.mkdir()
+    (shadow / "numpy.py").write_text("import sys\nsys.exit(3)\n")
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shadow)] + ([path] if path else [])))
 
     def call():
         return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=broken))
-    with pfb.ProcessPool(1, name="broken pool") as broken:
-        wait_for(lambda: broken._broken, seconds=60)
-        with pytest.raises(tf.errors.UnknownError) as info:
+
+    def broken_message(backoff):
+        """The error of a call once the pool says it is broken (for `backoff` s)."""
+        try:
             call()
-        message = info.value.message
+        except tf.errors.UnknownError as exc:
+            if f"tries again on the first call {backoff} s after" in exc.message:
+                return exc.message
+        return None
+    with pfb.ProcessPool(1, name="broken pool") as broken:
+        wait_for(lambda: broken_message(1), seconds=60)
+        message = broken_message(1)  # (a call in the back-off fails at once)
+        since = time.monotonic()
         assert "broken pool cannot start worker processes: 3 in a row ended before " \
                "they were ready" in message
         assert "exited with status 3" in message and "see its stderr" in message
-        assert "tries again on the first call 1 s after" in message
         # After the back-off a call starts workers again; they fail again,
         # and the pool waits twice as long.
-        wait_for(lambda: time.monotonic() >= broken._retry_at, seconds=10)
+        time.sleep(max(0.0, since + 1.0 - time.monotonic()))  # (the back-off is a time)
         with pytest.raises(tf.errors.UnknownError, match="exited with status 3"):
             call()
-        wait_for(lambda: broken._broken, seconds=60)
-        assert "tries again on the first call 2 s after" in broken._broken
-        monkeypatch.setattr(_process._worker, "__file__", _worker_file)  # they can start
-        wait_for(lambda: time.monotonic() >= broken._retry_at, seconds=10)
+        wait_for(lambda: broken_message(2), seconds=60)
+        since = time.monotonic()
+        if path is None:  # the workers can start again
+            monkeypatch.delenv("PYTHONPATH")
+        else:
+            monkeypatch.setenv("PYTHONPATH", path)
+        time.sleep(max(0.0, since + 2.0 - time.monotonic()))
         pid = call()
-        assert broken.pids() == [pid] and not broken._broken
+        assert broken.pids() == [pid]
 
 
 def test_a_function_that_exits_its_process_fails_with_the_status():
@@ -1322,7 +1310,12 @@ def test_a_call_past_its_timeout_fails_with_the_stack_and_later_calls_run(func, 
                                              executor=pool))
                 assert got in pool.pids() and got not in killed, how
         assert len(killed) == 3
-    assert not pool._deadlines.thread.is_alive()  # close() ends the watchdog
+    assert not _watchdogs(pool)  # close() ends the watchdog
+
+
+def _watchdogs(pool):
+    """The live threads that watch `pool`'s deadlines (by their name)."""
+    return [t for t in threading.enumerate() if t.name == f"{pool.name} watchdog"]
 
 
 def test_calls_a_timed_out_worker_had_not_started_run_in_another(tmp_path):
@@ -1375,7 +1368,7 @@ def test_timeout_must_be_a_positive_number_of_seconds(timeout):
 
 def test_a_pool_without_a_timeout_writes_no_status():
     with pfb.ProcessPool(1, name="no timeout pool", timeout=None) as pool:
-        assert pool.timeout is None and pool._deadlines is None
+        assert pool.timeout is None and not _watchdogs(pool)
         assert int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
                                       executor=pool)) == pool.pids()[0]
 
@@ -1383,8 +1376,10 @@ def test_a_pool_without_a_timeout_writes_no_status():
 # ---------------------------------------------------------------- lifetime --
 
 _EXIT_SCRIPT = textwrap.dedent("""
-    import json, os, sys, threading, time
+    import json, os, sys, tempfile, threading, time
     sys.path.insert(0, {tests!r})
+    folder = tempfile.TemporaryDirectory()  # (removed at exit)
+    marks = os.environ["PFB_TEST_MARKS"] = folder.name  # the workers inherit it
     import tensorflow as tf
     import pyfunc_bridge as pfb
     import process_functions as pf
@@ -1397,9 +1392,9 @@ _EXIT_SCRIPT = textwrap.dedent("""
     if how == "default in flight":
         for _ in range(2):  # calls that still wait at exit
             threading.Thread(target=pfb.numpy_function, daemon=True,
-                             args=(pf.slow_pid, [tf.constant(60.0)], tf.int64),
+                             args=(pf.hang, [tf.constant(60.0)], tf.int64),
                              kwargs={{"executor": "process"}}).start()
-        while sum(len(w.pending) for w in pool._workers) < 2:
+        while len(os.listdir(marks)) < min(2, len(pool.pids())):  # in their workers
             time.sleep(0.01)
     if how == "unhandled":
         raise RuntimeError("unhandled in the main program")
@@ -1779,6 +1774,7 @@ def test_close_unmaps_the_shared_memory_of_a_pool_still_referenced():
     """close() frees the arenas although the pool object lives on; a result
     tensor keeps only its own worker's mapping, until it goes."""
     name = "unmap check pool"
+    sockets = _sockets()
     pool = pfb.ProcessPool(2, arena_bytes=1 << 20, name=name)
     try:
         kept = pfb.numpy_function(pf.identity, [tf.range(1000.0)], tf.float32,
@@ -1788,7 +1784,7 @@ def test_close_unmaps_the_shared_memory_of_a_pool_still_referenced():
         # arena's), and the native dispatcher's own mappings of the three
         # arenas (src/pool/dispatch.h: they outlive Python's while a kernel
         # or a tensor needs them).
-        wait_for(lambda: all(w.generation for w in pool._workers))  # both attached
+        wait_for(lambda: len(_memfds(name)[1]) == 8)  # both workers attached
         fds, maps = _memfds(name)
         assert len(fds) == 6 and len(maps) == 8, (fds, maps)
     finally:
@@ -1798,7 +1794,7 @@ def test_close_unmaps_the_shared_memory_of_a_pool_still_referenced():
     assert int(kept[999]) == 999
     del kept  # (no gc.collect: nothing waits for a collection)
     assert _memfds(name) == ([], [])
-    assert all(w.sock.fileno() == -1 for w in pool._workers)
+    assert _sockets() <= sockets  # the workers' sockets closed too
 
 
 def _open_fds():
@@ -1829,10 +1825,10 @@ with pfb.ProcessPool(1, arena_bytes=1 << 20, name="dying pool") as pool:
     assert call() == 4.0
     fds, maps = len(t._open_fds()), len(t._memfds("dying pool")[1])
     for _ in range(10):
-        (victim,) = pool._workers
-        os.kill(victim.pid, signal.SIGKILL)
-        t.wait_for(lambda: pool._workers[0] is not victim and pool._workers[0].ready)
-        assert call() == 4.0
+        (victim,) = pool.pids()
+        os.kill(victim, signal.SIGKILL)
+        t.wait_for(lambda: pool.pids() not in ([], [victim]))  # replaced
+        assert call() == 4.0  # (waits for the new worker to be ready)
     t.wait_for(lambda: len(t._open_fds()) == fds)
     assert len(t._memfds("dying pool")[1]) == maps, (t._memfds("dying pool")[1], maps)
 print("done")
@@ -1853,15 +1849,15 @@ def rss_mib(pid):
         return next(int(line.split()[1]) >> 10 for line in f if line.startswith("VmRSS:"))
 
 with pfb.ProcessPool(1, name="round trip pool") as pool:  # 64 MiB arenas: 200 MiB is pickled
-    (worker,) = pool._workers
+    (pid,) = pool.pids()
     pfb.numpy_function(pf.identity, [tf.constant(1)], tf.int32, executor=pool)
     x = tf.fill([50 << 20], 1.0)  # 200 MiB
-    before = rss_mib(worker.pid), rss_mib(os.getpid())
+    before = rss_mib(pid), rss_mib(os.getpid())
     for _ in range(2):
         out = pfb.numpy_function(pf.double, [x], tf.float32, executor=pool)
         assert float(out[-1]) == 2.0
         del out
-    after = rss_mib(worker.pid), rss_mib(os.getpid())
+    after = rss_mib(pid), rss_mib(os.getpid())
     # Nothing of 200 MiB frames stays: no buffer, no reply kept.
     assert after[0] < before[0] + 32 and after[1] < before[1] + 64, (before, after)
 print("done")
@@ -1889,7 +1885,7 @@ def test_frames_larger_than_the_reader_buffer_arrive_whole():
         while len(got) < len(sent):
             got.extend(reader.read(pickle.loads))
         writer.join()
-        assert got == sent and len(reader._buffer) == 64
+        assert got == sent  # (no large buffer stays: the large round trip test)
         a.close()
         assert reader.read(pickle.loads) == []
     finally:

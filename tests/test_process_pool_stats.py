@@ -97,10 +97,20 @@ def test_workers_replaced():
     assert (s.workers_replaced, s.calls) == (1, 1)
 
 
-def test_timeouts_count_through_the_pools_record(pool):
-    # The pool's timeout handling counts each call that timed out with this.
-    pool._counters.count_timeout()
-    assert pool_stats().timeouts == 1
+@pytest.fixture(scope="module")
+def timing_pool():
+    """A pool whose calls time out after 0.5 s (pf.hang(60) runs past it)."""
+    with pfb.ProcessPool(1, name="timeout stats pool", timeout=0.5) as one:
+        yield one
+
+
+def test_timeouts_count_each_call_past_the_pools_timeout(timing_pool):
+    for _ in range(2):
+        with pytest.raises(tf.errors.DeadlineExceededError):
+            call(pf.hang, [tf.constant(60.0)], tf.int64, timing_pool)
+    # (Each replacement counts once its worker started, after the call failed.)
+    wait_for(lambda: pool_stats("timeout stats pool").workers_replaced == 2, 20)
+    assert pool_stats("timeout stats pool").timeouts == 2
 
 
 def test_pools_are_kept_apart_by_name_and_shown_in_the_table(pool):
@@ -125,10 +135,16 @@ def test_a_closed_pools_counts_stay_until_reset():
 
 def test_nothing_is_counted_while_statistics_are_off(pool):
     pfb.enable_stats(False)
-    call(pf.double, [tf.constant([1])], tf.int32, pool)
-    pool._counters.count_timeout()
-    pfb.enable_stats(True)
+    try:
+        call(pf.double, [tf.constant([1])], tf.int32, pool)
+        # A timeout, and the replacement of its worker (close() waits for it).
+        with pfb.ProcessPool(1, name="off timeout pool", timeout=0.5) as timing:
+            with pytest.raises(tf.errors.DeadlineExceededError):
+                call(pf.hang, [tf.constant(60.0)], tf.int64, timing)
+    finally:
+        pfb.enable_stats(True)
     assert "stats pool" not in pfb.stats().pools
+    assert "off timeout pool" not in pfb.stats().pools
 
 
 def test_an_unanswered_call_is_not_counted():
