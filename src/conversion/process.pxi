@@ -110,13 +110,13 @@ cdef class _ProcessConverter(_NumpyConverter):
                 address, call.copy_mode == PFB_COPY_TRUE)
         else:
             result, moved, facts = self._run_in_pool(call, entry, args)
-            if (call.route != NULL and call.route[0] == NULL
-                    and call.copy_mode != PFB_COPY_FALSE):
-                # Later calls of this kernel go without Python (copy=False's
-                # refusals need the worker's copy facts, which only this
-                # path carries).
+            if call.route != NULL and call.route[0] == NULL:
+                # Later calls of this kernel go without Python (under
+                # copy=False their results carry the worker's copy facts,
+                # and the kernel hands a result it would refuse back here).
                 route = self.pool.native_route(entry.func, self.framework,
-                                               call.copy_mode == PFB_COPY_TRUE, self.scalars)
+                                               call.copy_mode == PFB_COPY_TRUE, self.scalars,
+                                               call.copy_mode == PFB_COPY_FALSE)
                 if route is not None:
                     _count_route(entry, route)
                     call.route[0] = <void*><uintptr_t>route.share()
