@@ -811,14 +811,14 @@ class ProcessPool:
         finally:
             self.release(descs)  # the blocks of a call that did not reach the pool
 
-    def ring_call(self, func, framework, args, writable, scalars):
+    def ring_call(self, func, framework, args, writable, scalars, facts=False):
         """Runs `func` on `args` (the values _input_arrays made) in a worker
         over the rings, as a kernel's native call runs (Route.call): returns
         run()'s answer, or None where the call must take the socket path (no
         route for it, or its inputs do not fit the input arena).  Waits for a
         worker while none is attached (the pool is starting or replacing
         them), with the GIL released."""
-        route = self.native_route(func, framework, writable, scalars)
+        route = self.native_route(func, framework, writable, scalars, facts)
         if route is None:
             return None
         pw = _worker.pool_module()
@@ -856,19 +856,24 @@ class ProcessPool:
         with self._attached:
             self._attached.wait(_wait_timeout() or 0.05)
 
-    def native_route(self, func, framework, writable, scalars):
+    def native_route(self, func, framework, writable, scalars, facts=False):
         """A Route that lets a kernel run `func`'s later calls without
         Python (dispatch.h), or None where they must take this Python path:
-        a pool without arenas, a closed one, and array_function's frameworks
-        (their conversions run in the worker's Python path).  A pool's
-        timeout watches native calls as it does the others (_Deadlines).  Registered with the
-        dispatcher once per function: the LOAD carries this process's
-        sys.path, as the socket's first function does."""
+        a pool without arenas, a closed one, and a framework the CALL cannot
+        name (shm_layout.h: torch and JAX travel as PFB_POOL_CALL_* flags;
+        `facts`, copy=False, asks the worker for its copy facts).  A pool's
+        timeout watches native calls as it does the others (_Deadlines).
+        Registered with the dispatcher once per function: the LOAD carries
+        this process's sys.path, as the socket's first function does."""
         dispatch = self._dispatch
-        if dispatch is None or framework is not None or self._closed:
+        if dispatch is None or self._closed:
             return None
         pw = _worker.pool_module()
-        flags = (pw.CALL_WRITABLE if writable else 0) | (pw.CALL_SCALARS if scalars else 0)
+        framework_flag = pw.FRAMEWORK_FLAGS.get(framework)
+        if framework_flag is None:
+            return None
+        flags = ((pw.CALL_WRITABLE if writable else 0) | (pw.CALL_SCALARS if scalars else 0)
+                 | framework_flag | (pw.CALL_FACTS if facts else 0))
         token, data = self._functions.get(func)
         with self._lock:
             route = self._routes.get((token, flags))
@@ -1092,8 +1097,8 @@ class ProcessPool:
         """Hands out the messages of one read; False at the end of the stream."""
         answered = []
         for message in received:
-            if message[0] == "ring":  # ("ring", call_id, ok, payload): native_reply takes it
-                _ring_answers.put(message[1], (message[2], message[3]))
+            if message[0] == "ring":  # ("ring", call_id, ok, payload, facts): native_reply's
+                _ring_answers.put(message[1], message[2:])
                 continue
             if message[0] == "ready":  # ("ready", pid)
                 worker.ready = True
@@ -1433,8 +1438,10 @@ def native_reply(pool_name, address, writable=False, counters=None):
     """run()'s answer (result, bytes moved, copy facts) for a call the kernel
     ran natively (`address`: its PfbDispatchCall, DONE) whose reply the
     kernel does not turn into outputs itself: the function raised, a value
-    came back pickled, or a result is not what the op declares (the
-    conversion layer's checks then raise as for any result).  Takes its
+    came back pickled, a result is not what the op declares (the
+    conversion layer's checks then raise as for any result), or copy=False
+    may refuse it (the copy facts, per result, come from its record's flags:
+    shm_layout.h, PFB_POOL_TENSOR_ALIASED ..).  Takes its
     result blocks: arrays over them hand them back when they go, a pickled
     value's and an error's go back once read.  The kernel's route counted
     the call for the pool; `counters` (the pool's record) get its results'
@@ -1463,12 +1470,12 @@ def _answer(pool_name, message, arena, writable, counters):
             counters.add_results(bytes_out, 0 if writable else saved)
 
     if message.status == pw.STATUS_SOCKET:
-        ok, data = _ring_answers.take(message.call_id, pool_name)
+        ok, data, facts = _ring_answers.take(message.call_id, pool_name)
         if ok:
             value = pickle.loads(data)
             several = type(value) in (list, tuple)
             count(sum(map(_pool_stats.data_bytes, value if several else [value])), 0)
-            return value, 0, [None] * (len(value) if several else 1)
+            return value, 0, facts
         _raise_acyclic(_worker_exception(pickle.loads(data)))
     if message.status != pw.STATUS_OK:
         offset, size = message.block
@@ -1492,7 +1499,7 @@ def _answer(pool_name, message, arena, writable, counters):
             if size and (shape or flags & pw.TENSOR_SHARED):
                 saved += 1
                 moved += 0 if flags & pw.TENSOR_SHARED else values[-1].nbytes
-        facts.append(None)
+        facts.append(pw.flags_facts(flags))
     count(bytes_out, saved)
     if message.flags == pw.DONE_ONE and len(values) == 1:
         return values[0], moved, facts
@@ -1600,13 +1607,13 @@ class _DefaultPool:
             raise PoolClosedError(f"pyfunc_bridge: {self!r} was closed")
         return pool.run(func, framework, descs, writable)
 
-    def ring_call(self, func, framework, args, writable, scalars):
-        return default_pool().ring_call(func, framework, args, writable, scalars)
+    def ring_call(self, func, framework, args, writable, scalars, facts=False):
+        return default_pool().ring_call(func, framework, args, writable, scalars, facts)
 
-    def native_route(self, func, framework, writable, scalars):
+    def native_route(self, func, framework, writable, scalars, facts=False):
         """The current default pool's (a route to a pool closed since
         fails natively, and the kernel's next call comes here again)."""
-        return default_pool().native_route(func, framework, writable, scalars)
+        return default_pool().native_route(func, framework, writable, scalars, facts)
 
     def native_reply(self, address, writable):
         # (Pools of one name share a record: the default pool's, whichever ran it.)

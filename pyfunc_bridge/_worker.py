@@ -470,6 +470,22 @@ class _Worker:
             facts = (True, arr.flags.c_contiguous, _aligned(np, arr), False)
         return None if facts is None or facts == _CLEAN else facts
 
+    def one_facts(self, value, outside, writable, framework, ranges):
+        """copy_facts of a call's result under its copy policy (`writable`:
+        copy=True) and framework; for the socket and ring paths alike."""
+        return self.copy_facts(value, outside, framework is not None,
+                               not writable and framework != "torch", ranges)
+
+    def items_facts(self, values, result, outside, writable, framework, ranges):
+        """one_facts of each of `values`, the items of the function's list or
+        tuple `result` (as a tuple), to which the worker holds all but
+        `outside` references."""
+        facts = []
+        for i in range(len(values)):
+            item_outside = _outside_of(values, result, i, outside)  # counted first
+            facts.append(self.one_facts(values[i], item_outside, writable, framework, ranges))
+        return facts
+
     def writable_elsewhere(self, value, outside, read_only):
         """_array_writable_elsewhere (copy.pxi) in the worker: whether Python
         could write the array's memory after the call.  An input block plays
@@ -558,25 +574,19 @@ class _Worker:
             moved = 0
             # The copy facts, before any reference is taken to the results.
             outside = sys.getrefcount(result) - 2  # `result` and getrefcount's argument
-            read_only = not writable and framework != "torch"
-            dlpack = framework is not None
             ranges = [(self.inputs_base + a[1],  # (only DLPack producers' facts read them)
                        self.inputs_base + a[1] + math.prod(a[4]) * a[3].itemsize)
-                      for a in args if a[0] == "s"] if dlpack else ()
+                      for a in args if a[0] == "s"] if framework is not None else ()
             if isinstance(result, (list, tuple)):
                 values = result if type(result) is tuple else tuple(result)
-                facts = []
-                for i in range(len(values)):
-                    item_outside = _outside_of(values, result, i, outside)  # counted first
-                    facts.append(self.copy_facts(values[i], item_outside, dlpack, read_only,
-                                                 ranges))
+                facts = self.items_facts(values, result, outside, writable, framework, ranges)
                 for value, value_facts in zip(values, facts):
                     item, n = self.result(value, framework, value_facts)
                     items.append(item)
                     moved += n
                 payload = ("list" if isinstance(result, list) else "tuple", items)
             else:
-                facts = self.copy_facts(result, outside, dlpack, read_only, ranges)
+                facts = self.one_facts(result, outside, writable, framework, ranges)
                 item, moved = self.result(result, framework, facts)
                 payload = ("one", item)
             return (call_id, True, payload, moved, (started, time.time_ns()))
@@ -863,8 +873,9 @@ class _RingServer:
                                      f"fit its {size}-byte block")
                 arr = (worker.input_block(offset, size, ring=True)
                        .view(dtype)[:count].reshape(shape))
-            # Written only under copy=True, as the bridge's inputs are.
-            if not flags & pw.CALL_WRITABLE:
+            # Written only under copy=True, as the bridge's inputs are, and
+            # by torch (which has no read-only tensors): as _Worker.arg.
+            if not flags & (pw.CALL_WRITABLE | pw.CALL_TORCH):
                 arr.flags.writeable = False
         if flags & pw.CALL_SCALARS and arr.ndim == 0:
             return arr[()]
@@ -872,8 +883,12 @@ class _RingServer:
 
     def call(self, message):
         pw, worker = self.pw, self.worker
+        np = worker.np
         started = time.time_ns()
         self.channel.set_running(message.call_id, time.monotonic_ns())
+        flags = message.flags
+        framework = pw.FLAG_FRAMEWORKS.get(flags & (pw.CALL_TORCH | pw.CALL_JAX))
+        writable = bool(flags & pw.CALL_WRITABLE)
         tensors = []
         shape_kind = pw.DONE_ONE
         status, block = pw.STATUS_OK, (0, 0)
@@ -886,21 +901,35 @@ class _RingServer:
                     raise error
                 raise RuntimeError(f"pyfunc_bridge: worker {os.getpid()} has no function "
                                    f"of token {message.token} (no LOAD came before the CALL)")
-            values = [self.arg(t, message.flags) for t in message.items]
+            values = [_wrap_input(np, self.arg(t, flags), framework) for t in message.items]
             result = worker.arena.call(func, values)
+            if framework == "torch" and not writable:
+                _adapter_named("torch").check_inputs(values)  # as _Worker.run
             del values  # the inputs are no longer the worker's, as in-process
+            # The copy facts (copy=False), before any reference is taken to the results.
+            outside = sys.getrefcount(result) - 2  # `result` and getrefcount's argument
             if type(result) is tuple:
                 shape_kind, items = pw.DONE_TUPLE, result
             elif type(result) is list:
                 shape_kind, items = pw.DONE_LIST, tuple(result)
             else:
                 items = (result,)
-            for value in items:
-                tensors.append(self.encode(value))
-        except _NoRoom:
-            self.give_back_tensors(tensors)
-            tensors = []
-            status = self.by_socket(message.call_id, True, _pickled(result))
+            facts = [None] * len(items)
+            if flags & pw.CALL_FACTS:
+                ranges = self.input_ranges(message.items) if framework is not None else ()
+                facts = (worker.items_facts(items, result, outside, writable, framework, ranges)
+                         if shape_kind != pw.DONE_ONE
+                         else [worker.one_facts(result, outside, writable, framework, ranges)])
+            try:
+                for value, value_facts in zip(items, facts):
+                    tensors.append(self.encode(value, framework, value_facts))
+            except _NoRoom:  # the whole answer goes by the socket, as NumPy values
+                self.give_back_tensors(tensors)
+                tensors = []
+                converted = [_as_numpy(np, value, framework) for value in items]
+                answer = (converted[0] if shape_kind == pw.DONE_ONE
+                          else converted if shape_kind == pw.DONE_LIST else tuple(converted))
+                status = self.by_socket(message.call_id, True, _pickled(answer), facts)
         except BaseException as exc:  # noqa: BLE001 - the parent raises it
             self.give_back_tensors(tensors)
             tensors = []
@@ -908,13 +937,20 @@ class _RingServer:
             payload = _pickled(_exception_payload(exc))
             block = self.place(payload)
             if block is None:
-                status, block = self.by_socket(message.call_id, False, payload), (0, 0)
+                status, block = self.by_socket(message.call_id, False, payload, None), (0, 0)
         finally:
             self.channel.set_running(0)
-            result = items = None
+            result = items = converted = answer = None
         self.channel.post_tensors(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
                                   flags=shape_kind, status=status, block=block,
                                   stamp=started, ended=time.time_ns())
+
+    def input_ranges(self, records):
+        """The addresses of a CALL's input blocks (a DLPack producer's facts
+        take a view of one for TensorFlow's memory, as in-process)."""
+        base = self.worker.inputs_base
+        return [(base + r[4], base + r[4] + math.prod(r[6]) * (r[1] // 8) * r[2])
+                for r in records if r[5] and not r[3] & self.pw.TENSOR_STRINGS]
 
     def give_back_tensors(self, tensors):
         """Frees the result blocks of records that will not be sent."""
@@ -922,26 +958,30 @@ class _RingServer:
             if tensor[5]:
                 self.worker.arena.hand_back(tensor[4])
 
-    def by_socket(self, call_id, ok, data):
+    def by_socket(self, call_id, ok, data, facts):
         """An answer the result arena has no room for goes pickled on the
-        socket, before its DONE (shm_layout.h, PFB_POOL_STATUS_SOCKET)."""
+        socket, before its DONE (shm_layout.h, PFB_POOL_STATUS_SOCKET), with
+        its results' copy facts."""
         import pickle
-        send(self.worker.sock, pickle.dumps(("ring", call_id, ok, data),
+        send(self.worker.sock, pickle.dumps(("ring", call_id, ok, data, facts),
                                             protocol=_PICKLE_PROTOCOL))
         return self.pw.STATUS_SOCKET
 
-    def encode(self, value):
-        """A result's tensor record: its block in the result arena (the
-        function's own memory when the arena can share it, else a copy), or
-        its pickle in a block (PFB_POOL_TENSOR_PICKLED)."""
+    def encode(self, value, framework, facts):
+        """A result's tensor record, its copy facts in its flags: its block
+        in the result arena (the function's own memory when the arena can
+        share it, else a copy), or its pickle in a block
+        (PFB_POOL_TENSOR_PICKLED).  A framework's array goes as NumPy's."""
         pw, worker = self.pw, self.worker
         np = worker.np
-        item, moved = worker.result(value, None, None)
+        fact_bits = pw.facts_flags(facts)
+        item, moved = worker.result(value, framework, None)
         if item[0] == "s":
             _, offset, size, dtype, shape, _ = item
             dl = _dl_dtype(dtype)
             if dl is not None:
-                return (*dl, 0 if moved else pw.TENSOR_SHARED, offset, size, tuple(shape))
+                return (*dl, (0 if moved else pw.TENSOR_SHARED) | fact_bits, offset, size,
+                        tuple(shape))
             worker.arena.hand_back(offset)  # a dtype the records cannot name
             value = worker.results[offset:offset + size].view(dtype)[:math.prod(shape)] \
                 .reshape(shape).copy()
@@ -956,7 +996,7 @@ class _RingServer:
                 data = value.tobytes()
                 block = self.place(data)
                 if block is not None:
-                    return (*dl, 0, block[0], len(data), ())
+                    return (*dl, fact_bits, block[0], len(data), ())
         try:
             data = _pickled(value)
         except Exception as exc:  # noqa: BLE001 - the call's error
@@ -968,7 +1008,7 @@ class _RingServer:
         block = self.place(data)
         if block is None:
             raise _NoRoom  # the whole answer goes by the socket
-        return (0, 0, 0, pw.TENSOR_PICKLED, block[0], len(data), ())
+        return (0, 0, 0, pw.TENSOR_PICKLED | fact_bits, block[0], len(data), ())
 
     def place(self, data):
         """(offset, size) of a fresh result block holding `data`, or None."""

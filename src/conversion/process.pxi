@@ -103,11 +103,9 @@ cdef class _ProcessConverter(_NumpyConverter):
             call.reply = NULL
             result, moved, facts = self.pool.native_reply(address, writable)
         else:
-            # (copy=False's refusals need the worker's copy facts, which only
-            # the socket carries.)
-            answer = (self.pool.ring_call(entry.func, self.framework, args, writable,
-                                          self.scalars)
-                      if call.copy_mode != PFB_COPY_FALSE else None)
+            facts = call.copy_mode == PFB_COPY_FALSE  # the worker sends its copy facts
+            answer = self.pool.ring_call(entry.func, self.framework, args, writable,
+                                         self.scalars, facts)
             if answer is None:
                 if counts != NULL:  # numbers: to shared memory
                     _count_inputs(counts, args, &counts.copied[_WORKER])
@@ -117,12 +115,12 @@ cdef class _ProcessConverter(_NumpyConverter):
                 answer = self._run_in_pool(call, entry, args)
             result, moved, facts = answer
             answer = None
-            if (call.route != NULL and call.route[0] == NULL
-                    and call.copy_mode != PFB_COPY_FALSE):
-                # Later calls of this kernel go without Python (copy=False's
-                # refusals need the worker's copy facts, which only this
-                # path carries).
-                route = self.pool.native_route(entry.func, self.framework, writable, self.scalars)
+            if call.route != NULL and call.route[0] == NULL:
+                # Later calls of this kernel go without Python (under
+                # copy=False their results carry the worker's copy facts,
+                # and the kernel hands a result it would refuse back here).
+                route = self.pool.native_route(entry.func, self.framework, writable,
+                                               self.scalars, call.copy_mode == PFB_COPY_FALSE)
                 if route is not None:
                     _count_route(entry, route)
                     call.route[0] = <void*><uintptr_t>route.share()

@@ -143,11 +143,18 @@ struct Result {
 };
 
 // Whether `record` is an array of numbers that the output `spec` takes as
-// it is (dtype, declared dimensions) in a block of `arena`: anything else
-// goes to the conversion layer, whose checks convert it or raise.
+// it is (dtype, declared dimensions) in a block of `arena`, and that the
+// copy policy accepts: anything else goes to the conversion layer, whose
+// checks convert it or raise.  Under copy=False a record with a copy fact
+// set (shm_layout.h, PFB_POOL_TENSOR_REFUSED_MASK) goes there too, so that
+// its refusal is the one error text of _copy_reason.
 bool Fits(const PfbPoolTensor& record, const int64_t* dims, const PfbOutputSpec& spec,
-          tensorflow::DataType dtype, const PfbDispatchArena* arena, Result* out) {
+          tensorflow::DataType dtype, const PfbDispatchArena* arena, int32_t copy_mode,
+          Result* out) {
   if (record.flags & (PFB_POOL_TENSOR_STRINGS | PFB_POOL_TENSOR_PICKLED)) return false;
+  if (copy_mode == PFB_COPY_FALSE && (record.flags & PFB_POOL_TENSOR_REFUSED_MASK)) {
+    return false;
+  }
   if (record.code != spec.dtype.code || record.bits != spec.dtype.bits ||
       record.lanes != spec.dtype.lanes || dtype == tensorflow::DT_STRING) {
     return false;
@@ -297,7 +304,7 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
     int64_t dims[PFB_POOL_MAX_NDIM];
     if (api->read_tensor(call.reply, &cursor, &results[i].record, dims) != 0 ||
         !Fits(results[i].record, dims, specs[i], ctx->expected_output_dtype(i), call.arena,
-              &results[i])) {
+              copy_mode, &results[i])) {
       return replied();
     }
   }

@@ -97,7 +97,8 @@ class NativeCall {
 
 // Runs the call of `ctx` (inputs [first_input, num_inputs), outputs as
 // `specs` declare) over `route`.  `copy_mode`: the op's (copy=True copies
-// the results out of the worker's arena).
+// the results out of the worker's arena; copy=False hands a result with a
+// copy fact to Python, kReply, whose copy decision refuses it).
 NativeOutcome RunNative(tensorflow::OpKernelContext* ctx, const PfbDispatchRoute* route,
                         int first_input, const std::vector<PfbOutputSpec>& specs,
                         int32_t copy_mode, NativeCall* call);

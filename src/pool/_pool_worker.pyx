@@ -97,8 +97,43 @@ MSG_WORDS = PFB_POOL_MSG_WORDS
 TENSOR_STRINGS = PFB_POOL_TENSOR_STRINGS
 TENSOR_PICKLED = PFB_POOL_TENSOR_PICKLED
 TENSOR_SHARED = PFB_POOL_TENSOR_SHARED
+TENSOR_ALIASED = PFB_POOL_TENSOR_ALIASED
+TENSOR_STRIDED = PFB_POOL_TENSOR_STRIDED
+TENSOR_UNALIGNED = PFB_POOL_TENSOR_UNALIGNED
+TENSOR_LAZY = PFB_POOL_TENSOR_LAZY
+TENSOR_REFUSED_MASK = PFB_POOL_TENSOR_REFUSED_MASK
 CALL_WRITABLE = PFB_POOL_CALL_WRITABLE
 CALL_SCALARS = PFB_POOL_CALL_SCALARS
+CALL_TORCH = PFB_POOL_CALL_TORCH
+CALL_JAX = PFB_POOL_CALL_JAX
+CALL_FACTS = PFB_POOL_CALL_FACTS
+# The CALL flag of each framework a ring call can name (shm_layout.h);
+# None: NumPy.  A framework not here takes the socket path.
+FRAMEWORK_FLAGS = {None: 0, "torch": PFB_POOL_CALL_TORCH, "jax": PFB_POOL_CALL_JAX}
+FLAG_FRAMEWORKS = {flag: name for name, flag in FRAMEWORK_FLAGS.items() if flag}
+
+
+def facts_flags(facts):
+    """A result's copy facts, (writable_elsewhere, compact, aligned, lazy) or
+    None (_worker.py, _Worker.copy_facts), as PfbPoolTensor flag bits."""
+    if facts is None:
+        return 0
+    aliased, compact, aligned, lazy = facts
+    return ((PFB_POOL_TENSOR_ALIASED if aliased else 0)
+            | (0 if compact else PFB_POOL_TENSOR_STRIDED)
+            | (0 if aligned else PFB_POOL_TENSOR_UNALIGNED)
+            | (PFB_POOL_TENSOR_LAZY if lazy else 0))
+
+
+def flags_facts(uint32_t flags):
+    """facts_flags' inverse: None where no bit is set (copy=False refuses
+    nothing)."""
+    if not flags & PFB_POOL_TENSOR_REFUSED_MASK:
+        return None
+    return (bool(flags & PFB_POOL_TENSOR_ALIASED), not flags & PFB_POOL_TENSOR_STRIDED,
+            not flags & PFB_POOL_TENSOR_UNALIGNED, bool(flags & PFB_POOL_TENSOR_LAZY))
+
+
 DONE_ONE = PFB_POOL_DONE_ONE
 DONE_TUPLE = PFB_POOL_DONE_TUPLE
 DONE_LIST = PFB_POOL_DONE_LIST

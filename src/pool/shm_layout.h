@@ -126,7 +126,9 @@
 #endif
 
 #define PFB_POOL_MAGIC 0x314c4f4f50424650ULL /* "PFBPOOL1", little-endian */
-#define PFB_POOL_LAYOUT_VERSION 2
+/* 3: CALL flags name array_function's framework and ask for copy facts,
+ * which a DONE's tensor records carry (PFB_POOL_TENSOR_ALIASED ..). */
+#define PFB_POOL_LAYOUT_VERSION 3
 
 /* Every block starts at a multiple of this and is a multiple of it long:
  * PFB_TENSOR_ALIGNMENT (bridge_abi.h), which TensorFlow needs to use memory
@@ -181,7 +183,20 @@ enum {
   PFB_POOL_CALL_WRITABLE = 1,
   /* 0-d inputs reach the function as NumPy scalars (numpy_function's and
    * py_func's graph calls), not as 0-d arrays. */
-  PFB_POOL_CALL_SCALARS = 2
+  PFB_POOL_CALL_SCALARS = 2,
+  /* array_function's framework (at most one of the two): the worker hands
+   * the function torch tensors or JAX arrays made from the input blocks, and
+   * takes its results back as NumPy arrays, as its socket path does
+   * (pyfunc_bridge/_worker.py, _wrap_input and _as_numpy).  Under torch the
+   * inputs are writable (torch has no read-only tensors) and a write to one
+   * fails the call unless PFB_POOL_CALL_WRITABLE, as in-process. */
+  PFB_POOL_CALL_TORCH = 4,
+  PFB_POOL_CALL_JAX = 8,
+  /* copy=False: the worker sets each result record's copy facts
+   * (PFB_POOL_TENSOR_ALIASED ..), which the parent's copy decision judges;
+   * without it they are zero (computing them costs the worker time that
+   * only copy=False uses). */
+  PFB_POOL_CALL_FACTS = 16
 };
 
 /* PfbPoolMessage.flags of a DONE: how the function returned its outputs. */
@@ -212,7 +227,22 @@ enum {
   PFB_POOL_TENSOR_PICKLED = 2,
   /* The worker shared the function's own result memory (no copy): for the
    * parent's statistics ("copies saved"). */
-  PFB_POOL_TENSOR_SHARED = 4
+  PFB_POOL_TENSOR_SHARED = 4,
+  /* The copy facts of a result as the function returned it, before the
+   * worker shared or copied it (only under PFB_POOL_CALL_FACTS; the worker's
+   * _Worker.copy_facts computes them for both of its paths).  Each set bit
+   * is a reason copy=False refuses the result (the conversion layer's
+   * _copy_reason says which and raises); none set: it refuses nothing.
+   * ALIASED: memory something else in the worker could still write (a
+   * global, a cache, a view of a kept input); STRIDED: not row-major
+   * without gaps; UNALIGNED: not at a multiple of PFB_POOL_ALIGN; LAZY: a
+   * framework's lazy view (torch's conjugate or negative bit), resolved by
+   * a copy. */
+  PFB_POOL_TENSOR_ALIASED = 8,
+  PFB_POOL_TENSOR_STRIDED = 16,
+  PFB_POOL_TENSOR_UNALIGNED = 32,
+  PFB_POOL_TENSOR_LAZY = 64,
+  PFB_POOL_TENSOR_REFUSED_MASK = 8 | 16 | 32 | 64
 };
 
 /* The first slot of every message. */

@@ -21,6 +21,9 @@ cdef extern from "shm_layout.h" nogil:
         PFB_POOL_MSG_WORDS
         PFB_POOL_CALL_WRITABLE
         PFB_POOL_CALL_SCALARS
+        PFB_POOL_CALL_TORCH
+        PFB_POOL_CALL_JAX
+        PFB_POOL_CALL_FACTS
         PFB_POOL_DONE_ONE
         PFB_POOL_DONE_TUPLE
         PFB_POOL_DONE_LIST
@@ -30,6 +33,11 @@ cdef extern from "shm_layout.h" nogil:
         PFB_POOL_TENSOR_STRINGS
         PFB_POOL_TENSOR_PICKLED
         PFB_POOL_TENSOR_SHARED
+        PFB_POOL_TENSOR_ALIASED
+        PFB_POOL_TENSOR_STRIDED
+        PFB_POOL_TENSOR_UNALIGNED
+        PFB_POOL_TENSOR_LAZY
+        PFB_POOL_TENSOR_REFUSED_MASK
 
     ctypedef struct PfbPoolMessage:
         uint16_t kind
