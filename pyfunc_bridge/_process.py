@@ -1465,6 +1465,13 @@ def _answer(pool_name, message, arena, writable, counters):
         finally:
             arena.back(offset)
 
+    def loads(data):
+        try:
+            return pickle.loads(data)
+        except Exception as exc:  # noqa: BLE001 - this call's error; the worker lives on
+            raise WorkerError(f"pyfunc_bridge: a worker of {pool_name} sent a reply this "
+                              f"process cannot unpickle ({type(exc).__name__}: {exc})") from exc
+
     def count(bytes_out, saved):
         if counters is not None and _pool_stats.counting():
             counters.add_results(bytes_out, 0 if writable else saved)
@@ -1472,7 +1479,7 @@ def _answer(pool_name, message, arena, writable, counters):
     if message.status == pw.STATUS_SOCKET:
         ok, data, facts = _ring_answers.take(message.call_id, pool_name)
         if ok:
-            value = pickle.loads(data)
+            value = loads(data)
             several = type(value) in (list, tuple)
             count(sum(map(_pool_stats.data_bytes, value if several else [value])), 0)
             return value, 0, facts
@@ -1487,7 +1494,7 @@ def _answer(pool_name, message, arena, writable, counters):
     bytes_out = saved = moved = 0
     for code, bits, lanes, flags, offset, size, shape in message.items:
         if flags & pw.TENSOR_PICKLED:
-            values.append(pickle.loads(read_block(offset, size)))
+            values.append(loads(read_block(offset, size)))
             bytes_out += _pool_stats.data_bytes(values[-1])
         else:  # numbers: a view of the block (strings come back pickled)
             dtype = _worker._np_dtype(np, code, bits)

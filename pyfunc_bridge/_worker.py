@@ -921,8 +921,8 @@ class _RingServer:
                          if shape_kind != pw.DONE_ONE
                          else [worker.one_facts(result, outside, writable, framework, ranges)])
             try:
-                for value, value_facts in zip(items, facts):
-                    tensors.append(self.encode(value, framework, value_facts))
+                for index, (value, value_facts) in enumerate(zip(items, facts)):
+                    tensors.append(self.encode(value, framework, value_facts, index))
             except _NoRoom:  # the whole answer goes by the socket, as NumPy values
                 self.give_back_tensors(tensors)
                 tensors = []
@@ -967,7 +967,7 @@ class _RingServer:
                                             protocol=_PICKLE_PROTOCOL))
         return self.pw.STATUS_SOCKET
 
-    def encode(self, value, framework, facts):
+    def encode(self, value, framework, facts, index=0):
         """A result's tensor record, its copy facts in its flags: its block
         in the result arena (the function's own memory when the arena can
         share it, else a copy), or its pickle in a block
@@ -1001,7 +1001,7 @@ class _RingServer:
             data = _pickled(value)
         except Exception as exc:  # noqa: BLE001 - the call's error
             raise TypeError(
-                f"pyfunc_bridge: a result of the function (a {type(value).__name__}) "
+                f"pyfunc_bridge: result {index} of the function (a {type(value).__name__}) "
                 f"cannot be sent back from the worker process: {type(exc).__name__}: "
                 f"{exc}. Return NumPy arrays or values that pickle, or run the function "
                 f"in-process (executor=None)") from None
