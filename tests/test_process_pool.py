@@ -25,6 +25,7 @@ import pyfunc_bridge as pfb
 from pyfunc_bridge import _process
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
+_worker_file = _process._worker.__file__
 ROOT = os.path.dirname(TESTS)
 
 
@@ -1198,46 +1199,36 @@ def test_a_worker_whose_hello_fails_leaves_no_process_and_no_descriptor(monkeypa
 def test_a_pool_whose_workers_cannot_start_says_why_and_tries_again_later(tmp_path,
                                                                            monkeypatch):
     """Workers that die before they are ready break the pool, for a while:
-    calls fail at once saying why, and a call after the back-off (1 s, then
-    twice as long) starts workers again."""
-    shadow = tmp_path / "shadow"  # a numpy that ends the worker importing it
-    shadow.mkdir()
-    (shadow / "numpy.py").write_text("import sys\nsys.exit(3)\n")
-    path = os.environ.get("PYTHONPATH")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shadow)] + ([path] if path else [])))
+    calls fail at once saying why, and a call after the back-off starts
+    workers again."""
+    failing = tmp_path / "fails_at_start.py"
+    failing.write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.setattr(_process, "_RETRY_SECONDS", 1.0, raising=False)
+    _process._worker.pool_module()  # loaded by its real path, before the patch
+    monkeypatch.setattr(_process._worker, "__file__", str(failing))
 
     def call():
         return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=broken))
-
-    def broken_message(backoff):
-        """The error of a call once the pool says it is broken (for `backoff` s)."""
-        try:
-            call()
-        except tf.errors.UnknownError as exc:
-            if f"tries again on the first call {backoff} s after" in exc.message:
-                return exc.message
-        return None
     with pfb.ProcessPool(1, name="broken pool") as broken:
-        wait_for(lambda: broken_message(1), seconds=60)
-        message = broken_message(1)  # (a call in the back-off fails at once)
-        since = time.monotonic()
+        wait_for(lambda: broken._broken, seconds=60)
+        with pytest.raises(tf.errors.UnknownError) as info:
+            call()
+        message = info.value.message
         assert "broken pool cannot start worker processes: 3 in a row ended before " \
                "they were ready" in message
         assert "exited with status 3" in message and "see its stderr" in message
+        assert "tries again on the first call 1 s after" in message
         # After the back-off a call starts workers again; they fail again,
         # and the pool waits twice as long.
-        time.sleep(max(0.0, since + 1.0 - time.monotonic()))  # (the back-off is a time)
+        wait_for(lambda: time.monotonic() >= broken._retry_at, seconds=10)
         with pytest.raises(tf.errors.UnknownError, match="exited with status 3"):
             call()
-        wait_for(lambda: broken_message(2), seconds=60)
-        since = time.monotonic()
-        if path is None:  # the workers can start again
-            monkeypatch.delenv("PYTHONPATH")
-        else:
-            monkeypatch.setenv("PYTHONPATH", path)
-        time.sleep(max(0.0, since + 2.0 - time.monotonic()))
+        wait_for(lambda: broken._broken, seconds=60)
+        assert "tries again on the first call 2 s after" in broken._broken
+        monkeypatch.setattr(_process._worker, "__file__", _worker_file)  # they can start
+        wait_for(lambda: time.monotonic() >= broken._retry_at, seconds=10)
         pid = call()
-        assert broken.pids() == [pid]
+        assert broken.pids() == [pid] and not broken._broken
 
 
 def test_a_function_that_exits_its_process_fails_with_the_status():
