@@ -831,7 +831,7 @@ class ProcessPool:
                 if self._broken:
                     raise WorkerError(self._broken)
             try:
-                message, arena, index, _ = route.call(args)
+                reply, index, _ = route.call(args)
                 break
             except pw.Declined as declined:
                 if declined.errno == errno.EAGAIN and not self._closed:
@@ -846,9 +846,9 @@ class ProcessPool:
                 failed = None
                 _raise_acyclic(_dispatch_error(code, text))
         if traced:
-            worker = self._workers[index]
-            conversion.trace_worker(traced, message.stamp, message.ended, worker.pid)
-        return _answer(self.name, message, arena, writable, self._counters)
+            conversion.trace_worker(traced, reply.message.stamp, reply.message.ended,
+                                    self._workers[index].pid)
+        return _answer(self.name, reply, writable, self._counters)
 
     def _wait_for_worker(self):
         """Sleeps until a worker may have been attached (or the pool broke or
@@ -1447,23 +1447,18 @@ def native_reply(pool_name, address, writable=False, counters=None):
     the call for the pool; `counters` (the pool's record) get its results'
     share here, as _count_call's on the Python path (`writable`: copy=True,
     which saves no copy)."""
-    message, arena = _worker.pool_module().native_reply(address)
-    return _answer(pool_name, message, arena, writable, counters)
+    return _answer(pool_name, _worker.pool_module().native_reply(address), writable, counters)
 
 
-def _answer(pool_name, message, arena, writable, counters):
-    """run()'s answer of a DONE (a Message, and the NativeArena its result
-    blocks are in): native_reply's, and ring_call's."""
+def _answer(pool_name, reply, writable, counters):
+    """run()'s answer of a DONE (the worker module's Reply, which holds its
+    result blocks until each is claimed): native_reply's, and ring_call's."""
     pw = _worker.pool_module()
     from pyfunc_bridge import _library
     result_view = _library.conversion().worker_result
+    message, arena = reply.message, reply.arena
     results = arena.array() if arena is not None else None
-
-    def read_block(offset, size):
-        try:
-            return bytes(results[offset:offset + size])
-        finally:
-            arena.back(offset)
+    read_block = reply.read
 
     def loads(data):
         try:
@@ -1498,8 +1493,8 @@ def _answer(pool_name, message, arena, writable, counters):
             bytes_out += _pool_stats.data_bytes(values[-1])
         else:  # numbers: a view of the block (strings come back pickled)
             dtype = _worker._np_dtype(np, code, bits)
-            values.append(result_view(arena, results, offset, size, dtype, tuple(shape)) if size
-                          else np.zeros(shape, dtype))
+            values.append(reply.view(result_view, results, offset, size, dtype, tuple(shape))
+                          if size else np.zeros(shape, dtype))
             bytes_out += values[-1].nbytes
             # As the kernel counts (pool_route.cc): a 0-d record the worker
             # wrote is a NumPy scalar, pickled on the Python path.

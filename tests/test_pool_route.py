@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import pyfunc_bridge as pfb
 import process_functions as pf
+from conftest import in_arena
 
 
 def mapped(pool, f, n=32, dtype=tf.float32, inputs=None):
@@ -59,12 +60,21 @@ def test_a_map_runs_natively_after_its_first_calls_and_counts_them():
         assert pfb.stats().pools["route pool"].calls == 64
 
 
-def test_eager_calls_keep_the_python_path():
-    with pfb.ProcessPool(1, name="eager route pool") as pool:
-        for i in range(3):
-            assert float(pfb.numpy_function(pf.double, [tf.constant(float(i))], tf.float32,
-                                            executor=pool)) == 2.0 * i
-        assert pool._routes == {}  # no kernel on TF's threads asked for one
+def test_eager_calls_are_counted_once_with_their_results_in_the_arena():
+    """Eager calls go over the rings from Python (Route.call): each is
+    counted once for the pool, and its result views its worker's arena."""
+    previous = pfb.enable_stats(True)
+    pfb.reset_stats()
+    try:
+        with pfb.ProcessPool(1, name="eager route pool") as pool:
+            for i in range(3):
+                out = pfb.numpy_function(pf.double, [tf.fill([256], float(i))], tf.float32,
+                                         executor=pool)
+                assert out.numpy().tolist() == [2.0 * i] * 256
+                assert in_arena(pool, out)
+            assert pfb.stats().pools["eager route pool"].calls == 3
+    finally:
+        pfb.enable_stats(previous)
 
 
 def test_outputs_outlive_the_pool_and_then_their_mapping_goes():

@@ -641,14 +641,13 @@ include "route.pxi"
 
 
 def native_reply(uintptr_t address):
-    """(Message, NativeArena or None) of the DONE of a finished native call
-    (a PfbDispatchCall* whose state is DONE, still its caller's: the kernel
-    hands it to the pool's Python path to decode)."""
+    """The Reply of the DONE of a finished native call (a PfbDispatchCall*
+    whose state is DONE, still its caller's: the kernel hands it to the
+    pool's Python path to decode): its result blocks are the Reply's."""
     cdef PfbDispatchCall* call = <PfbDispatchCall*>address
     if call == NULL or call.state != PFB_DISPATCH_DONE or call.reply == NULL:
         raise ValueError("pyfunc_bridge: not a completed native call")
-    arena = _native_arena(call.arena) if call.arena != NULL else None
-    return _decode_message(call.reply), arena
+    return _reply(call)
 
 
 def set_counting(bint on):

@@ -101,6 +101,58 @@ cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list k
     return 0
 
 
+cdef class Reply:
+    """A DONE taken off its call (Route.call, native_reply): its Message, and
+    its result blocks (in `arena`, a NativeArena), each this object's until
+    claimed, by ``read`` (its bytes; the block goes back at once) or ``view``
+    (an array that hands it back when it goes).  The blocks nobody claimed go
+    back when this object goes: an exception anywhere (Ctrl-C between two
+    bytecodes) loses none, and a claim runs no bytecode."""
+    cdef readonly object message
+    cdef readonly object arena
+    cdef set _held  # offsets of the blocks not claimed yet
+
+    def __dealloc__(self):
+        if self._held and self.arena is not None:
+            for offset in self._held:
+                (<NativeArena>self.arena).back(offset)
+
+    def read(self, uint64_t offset, uint64_t size):
+        """The bytes of the block at `offset` (`size` used); it goes back."""
+        self._claim(offset)
+        try:
+            return bytes(self.arena.array()[offset:offset + size])
+        finally:
+            (<NativeArena>self.arena).back(offset)
+
+    def view(self, make_view, results, uint64_t offset, uint64_t size, dtype, shape):
+        """make_view(arena, results, offset, size, dtype, shape): the
+        conversion layer's worker_result, whose array owns the block."""
+        made = make_view(self.arena, results, offset, size, dtype, shape)
+        self._held.discard(offset)
+        return made
+
+    cdef _claim(self, uint64_t offset):
+        if offset not in self._held:
+            raise ValueError(f"pyfunc_bridge: no unclaimed result block at offset {offset}")
+        self._held.discard(offset)
+
+
+cdef Reply _reply(PfbDispatchCall* call):
+    """The Reply of a DONE `call`: its blocks are the Reply's from now on."""
+    cdef Reply made = Reply.__new__(Reply)
+    made.message = _decode_message(call.reply)
+    made.arena = _native_arena(call.arena) if call.arena != NULL else None
+    made._held = set()
+    if made.arena is not None:
+        for item in made.message.items:
+            if item[5]:  # (its size: an empty result has no block)
+                made._held.add(item[4])
+        if made.message.status == PFB_POOL_STATUS_ERROR and made.message.block[1]:
+            made._held.add(made.message.block[0])
+    return made
+
+
 cdef class Route:
     """A native way to one function of a pool (PfbDispatchRoute): ``share()``
     hands a kernel a reference of its own (an address, for PfbCall.route);
@@ -121,9 +173,9 @@ cdef class Route:
 
     def call(self, values):
         """Runs the function on `values` (arrays of numbers or of bytes, NumPy
-        scalars, bytes) in a worker: (Message of its DONE, NativeArena of its
-        result blocks or None, the worker's slot, when it was posted: ns,
-        CLOCK_REALTIME).  The result blocks are the caller's from then on.
+        scalars, bytes) in a worker: (the Reply of its DONE, which holds its
+        result blocks; the worker's slot; when it was posted: ns,
+        CLOCK_REALTIME).
 
         Waits without the GIL, in slices, and handles signals between them:
         an exception there (Ctrl-C) abandons the call as a kernel that stops
@@ -188,11 +240,11 @@ cdef class Route:
                                      call.error.decode("utf-8", "replace") if call.error != NULL
                                      else "pyfunc_bridge: the pool call failed")
             try:
-                message = _decode_message(call.reply)
-                arena = _native_arena(call.arena) if call.arena != NULL else None
+                reply = _reply(&call)
             except BaseException:
                 pfb_dispatch_reply_back(&call)
                 raise
+            message = reply.message
             if counting:
                 pfb_route_add(&r.counts.calls, 1)
                 pfb_route_add(&r.counts.replied, 1)
@@ -203,7 +255,7 @@ cdef class Route:
                     pfb_route_add(&r.counts.queued_ns, message.stamp - posted)
                 if message.ended >= message.stamp:
                     pfb_route_add(&r.counts.worker_ns, message.ended - message.stamp)
-            return message, arena, call.worker, posted
+            return reply, call.worker, posted
         finally:
             if submitted:
                 pfb_dispatch_finish(r.d, &call)
