@@ -941,6 +941,9 @@ class _RingServer:
         finally:
             self.channel.set_running(0)
             result = items = converted = answer = None
+        # The inputs it let go of go back before its DONE: a caller that sees
+        # the call done and no room can then tell kept blocks from late ones.
+        self.inputs_back()
         self.channel.post_tensors(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
                                   flags=shape_kind, status=status, block=block,
                                   stamp=started, ended=time.time_ns())

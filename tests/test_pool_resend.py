@@ -1,7 +1,7 @@
 """Calls that a dead worker never started go to another worker (issue 28,
 item 5): a worker killed while idle fails none of the calls posted to it
-before the pool saw it die, on either route (eager calls take the socket,
-a tf.data map's kernel the rings).  A call the worker had started still
+before the pool saw it die, whoever made the call (an eager call from
+Python, a tf.data map's kernel natively; both over the rings).  A call the worker had started still
 fails with WorkerError (tests/test_process_pool.py, tests/test_faults.py).
 
 Written against the public API (`executor=`, `pids()`, `pfb.stats()`)."""

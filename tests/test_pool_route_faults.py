@@ -1,9 +1,9 @@
 """Faults found by an adversarial pass over the kernel's native route to a
 pool (src/kernel/pool_route.*, src/pool/dispatch.*): each test failed on the
 code before its fix.  A call takes the route in a tf.data map, on TF's
-threads, after the kernel's first call; the same map over a pool with a
-timeout (which offers no route) takes the Python path, the reference for
-what the native path must do and report."""
+threads, after the kernel's first call; the same map over a pool whose
+routes are turned off (its native_route gives None) takes the socket path,
+the reference for what the native path must do and report."""
 import dataclasses
 import os
 import signal

@@ -13,9 +13,10 @@
  * serves its request ring (pyfunc_bridge/_worker.py, _RingServer: LOAD,
  * CALL, RESULTS_BACK, FORGET, STOP, answered by DONE and INPUTS_BACK) beside
  * its socket, one call at a time.  The parent's ProcessPool
- * (pyfunc_bridge/_process.py) lays the segments out; its Python path sends
- * calls over the socket, and kernels post theirs on the rings through the
- * native dispatcher (dispatch.h; src/kernel/pool_route.h).
+ * (pyfunc_bridge/_process.py) lays the segments out; kernels post their
+ * calls on the rings through the native dispatcher (dispatch.h;
+ * src/kernel/pool_route.h), and so does Python (src/pool/route.pxi).  The
+ * socket carries control and what does not fit an arena (docs/pool.md).
 
  * THE SEGMENTS (each a memfd: anonymous, so no exit path leaves a name in
  * /dev/shm; freed when the last process that maps it goes)
