@@ -814,7 +814,7 @@ class ProcessPool:
     def ring_call(self, func, framework, args, writable, scalars, facts=False):
         """Runs `func` on `args` (the values _input_arrays made) in a worker
         over the rings, as a kernel's native call runs (Route.call): returns
-        run()'s answer, or None where the call must take the socket path (no
+        (the route, run()'s answer), or None where the call must take the socket path (no
         route for it, or its inputs do not fit the input arena).  Waits for a
         worker while none is attached (the pool is starting or replacing
         them), with the GIL released."""
@@ -848,7 +848,7 @@ class ProcessPool:
         if traced:
             conversion.trace_worker(traced, reply.message.stamp, reply.message.ended,
                                     self._workers[index].pid)
-        return _answer(self.name, reply, writable, self._counters)
+        return route, _answer(self.name, reply, writable, self._counters)
 
     def _wait_for_worker(self):
         """Sleeps until a worker may have been attached (or the pool broke or

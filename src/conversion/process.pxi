@@ -106,7 +106,10 @@ cdef class _ProcessConverter(_NumpyConverter):
             facts = call.copy_mode == PFB_COPY_FALSE  # the worker sends its copy facts
             answer = self.pool.ring_call(entry.func, self.framework, args, writable,
                                          self.scalars, facts)
-            if answer is None:
+            if answer is not None:
+                route, answer = answer
+                _count_route(entry, route)  # its counts are the function's too
+            else:
                 if counts != NULL:  # numbers: to shared memory
                     _count_inputs(counts, args, &counts.copied[_WORKER])
                 descs = self.pool.stage(args)
