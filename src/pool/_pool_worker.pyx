@@ -666,6 +666,7 @@ cdef class Dispatcher:
     as (Message, NativeArena of its result blocks)."""
     cdef PfbDispatch* _d
     cdef bint _disowned  # a forked child's copy: never deleted (disown)
+    cdef bint _closed    # close() deleted it: this object keeps a reference
     cdef _Held _inputs
     cdef dict _held   # worker index -> (channel, _Held of its result arena)
 
@@ -677,7 +678,23 @@ cdef class Dispatcher:
             raise MemoryError()
 
     def __dealloc__(self):
-        if self._d != NULL and not self._disowned:
+        if self._d == NULL or self._disowned:
+            return
+        if self._closed:
+            pfb_dispatch_release(self._d)
+        else:
+            pfb_dispatch_delete(self._d)
+
+    def close(self):
+        """Closes it now (dispatch.h, pfb_dispatch_delete): the calls in
+        flight and the queued ones fail ("the pool was closed"), later ones
+        are refused.  Its memory stays until this object goes (a thread of
+        ``call`` may still finish its call)."""
+        if self._closed or self._disowned:
+            return
+        self._closed = True
+        pfb_dispatch_retain(self._d)  # this object's, for the methods called after
+        with nogil:
             pfb_dispatch_delete(self._d)
 
     @property
@@ -768,13 +785,18 @@ cdef class Dispatcher:
             raise
         return inputs
 
-    def call(self, uint64_t token, arrays, uint32_t flags=0, timeout=None):
+    def call(self, uint64_t token, arrays, uint32_t flags=0, timeout=None, wait=None):
+        """Submits (waiting up to `timeout` seconds for room) and waits up to
+        `wait` seconds (None: no limit) for the DONE; a call not done by
+        then is abandoned (pfb_dispatch_finish) and TimeoutError raised."""
         cdef Py_ssize_t n = len(arrays)
         cdef int64_t* dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
         cdef PfbDispatchInput* inputs = NULL
         cdef PfbDispatchCall call
         cdef int rc
         cdef int64_t limit = _timeout_ns(timeout)
+        cdef int64_t waiting = _timeout_ns(wait)
+        cdef bint abandoned = False
         keep = []
         if dims == NULL:
             raise MemoryError()
@@ -784,13 +806,20 @@ cdef class Dispatcher:
                 while True:
                     rc = pfb_dispatch_submit(self._d, token, flags, inputs, <uint32_t>n,
                                              limit, &call)
-                    if rc == 0:
-                        rc = pfb_dispatch_wait(&call, -1)
-                    if rc or call.state != PFB_DISPATCH_RESEND:
+                    if rc:
+                        break
+                    if pfb_dispatch_wait(&call, waiting) == ETIMEDOUT:
+                        pfb_dispatch_finish(self._d, &call)
+                        abandoned = True
+                        break
+                    if call.state != PFB_DISPATCH_RESEND:
                         break
                     pfb_dispatch_finish(self._d, &call)  # never started: sent anew
             if rc:
                 raise OSError(rc, f"pyfunc_bridge: dispatching the call failed ({rc})")
+            if abandoned:
+                raise TimeoutError(f"pyfunc_bridge: the call was not done within {wait} s "
+                                   "(abandoned)")
             try:
                 if call.state == PFB_DISPATCH_FAILED:
                     raise DispatchFailed(call.error_code, call.error.decode("utf-8", "replace"))
@@ -862,7 +891,7 @@ cdef class Dispatcher:
         pfb_dispatch_counts(self._d, &c)
         return {"calls": c.calls, "loads": c.loads, "doorbells": c.doorbells,
                 "reply_sleeps": c.reply_sleeps, "input_blocks": c.input_blocks,
-                "resent": c.resent}
+                "resent": c.resent, "queued": c.queued}
 
 
 # ------------------------------------------------------------ ResultArena --

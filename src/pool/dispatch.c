@@ -69,6 +69,31 @@ static void token_drop(Token* t) {
   }
 }
 
+/* Calls posted to one worker and not yet answered (its credits): one that
+ * runs and the next one ready on its ring, so that a worker never waits
+ * for the parent between calls, and a worker stuck in a slow call holds
+ * one call more at most (the rest wait in the pool queue). */
+#define CREDITS 2
+
+/* A reply thread whose worker has credit while calls wait (a post that
+ * found no room: the ring, the arena for a LOAD) looks again this often;
+ * otherwise it sleeps until a message comes. */
+#define RETRY_NS 1000000
+
+/* A call in the pool queue: its inputs in the input arena (the queue's
+ * blocks, see dispatch.h) and its CALL built, waiting for a worker with
+ * credit.  One allocation: this, then `sizes` and `offsets` (`count`
+ * each), then the message. */
+typedef struct Queued {
+  struct Queued* next;
+  PfbDispatchCall* call;  /* the caller's, until finish takes it out */
+  Token* fn;              /* a reference: the LOAD a worker may need */
+  uint32_t count;
+  uint64_t* sizes;        /* 0: no block */
+  uint64_t* offsets;
+  PfbPoolSlot* message;   /* the CALL (its stamp set when posted) */
+} Queued;
+
 typedef struct Worker {
   PfbDispatch* d;
   int index;
@@ -93,11 +118,21 @@ typedef struct Worker {
   Words known;            /* tokens this worker has loaded */
   Words forget;           /* tokens to FORGET with its next request */
   PfbPoolSlot* scratch;   /* the message being built (PFB_POOL_MAX_MESSAGE_SLOTS) */
-  /* Guards `pending` and `in_flight`: taken by callers and the reply thread. */
+  /* Guards `pending` (the calls posted here that their callers still
+   * wait for): taken by callers and the reply thread. */
   pthread_mutex_t calls;
   PfbDispatchCall* pending;
-  uint32_t in_flight;
   uint64_t posted;        /* CALLs posted to this attachment (guarded by `post`) */
+  /* CALLs posted to this attachment whose DONE has not come, abandoned
+   * ones too (its credits used): atomic; raised by a holder of `post` as
+   * it posts, lowered under the dispatcher's `queue_lock` (a DONE, a post
+   * that failed, lost).  `counted`: whether `attached_count` counts it
+   * (queue_lock). */
+  uint32_t outstanding;
+  int counted;
+  /* Atomic: a post of the queue was asked for while another thread held
+   * `post`; whoever unlocks it runs it (post_unlock). */
+  int wanted;
   /* Guards `back`: result blocks to hand back with the next message. */
   pthread_mutex_t back_lock;
   Words back;
@@ -117,12 +152,26 @@ struct PfbDispatch {
   Token* tokens;
   int workers_count;
   Worker* workers;
+  /* The pool queue (FIFO) and the number of attached workers; a worker's
+   * `outstanding` and a queued call's `worker` change under it too.  Taken
+   * after a worker's `post`, before its `calls`; never with `arena_lock`. */
+  pthread_mutex_t queue_lock;
+  Queued* queue_head;
+  Queued* queue_tail;
+  int attached_count;
+  uint32_t ring_slots;  /* atomic: slots per request ring (set by attach) */
   int closed;        /* atomic */
   uint32_t room_waiters;  /* atomic: submits waiting for room (see alloc_blocks) */
   uint32_t active;   /* atomic: submits under way (delete waits for them) */
   uint32_t refs;     /* atomic: see dispatch.h, Lifetime */
   PfbDispatchCounts counts;  /* atomic fields */
 };
+
+static void pump_async(Worker* w);
+static void post_unlock(Worker* w);
+static int queue_waits(Worker* w);
+static Queued* queue_take(PfbDispatch* d);
+static void end_queued(PfbDispatch* d, Queued* list, int32_t code, const char* message);
 
 /* ------------------------------------------------------------- helpers -- */
 
@@ -210,11 +259,17 @@ static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots) {
     if ((*link)->id == id) {
       call = *link;
       *link = call->next;
-      __atomic_sub_fetch(&w->in_flight, 1, SC);
       break;
     }
   }
   pthread_mutex_unlock(&w->calls);
+  /* A credit back (abandoned or not, the worker is done with it): the
+   * queue's next call goes to this worker before its caller wakes, so that
+   * the worker works meanwhile. */
+  pthread_mutex_lock(&w->d->queue_lock);
+  if (w->outstanding) __atomic_sub_fetch(&w->outstanding, 1, SC);
+  pthread_mutex_unlock(&w->d->queue_lock);
+  if (queue_waits(w)) pump_async(w);
   if (__atomic_load_n(&w->d->room_waiters, SC) != 0) {
     /* A submit waiting for room waits only while calls are in flight
      * (alloc_blocks): it looks again. */
@@ -246,9 +301,18 @@ static void* reply_thread(void* arg) {
       (PfbPoolSlot*)malloc(PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
   if (buffer == NULL) return NULL;
   for (;;) {
+    /* Calls wait and this worker could take one: posted now (the first
+     * look serves the calls a new attachment finds queued); a post that
+     * had to wait (no room) is tried again after RETRY_NS. */
+    int64_t timeout = -1;
+    if (queue_waits(w)) {
+      pump_async(w);
+      if (queue_waits(w)) timeout = RETRY_NS;
+    }
     uint64_t slept = w->replies.sleeps;
-    int rc = pfb_ring_wait_items(&w->replies, -1, PFB_RING_CHECKS);
+    int rc = pfb_ring_wait_items(&w->replies, timeout, PFB_RING_CHECKS);
     bump(&w->d->counts.reply_sleeps, (int64_t)(w->replies.sleeps - slept));
+    if (rc == ETIMEDOUT) continue;
     if (rc != 0) break;  /* EPIPE: closed and drained */
     int n;
     while ((n = pfb_ring_read(&w->replies, buffer, PFB_POOL_MAX_MESSAGE_SLOTS)) > 0) {
@@ -303,6 +367,7 @@ PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int worker
   pthread_cond_init(&d->room, &attr);
   pthread_condattr_destroy(&attr);
   pthread_mutex_init(&d->tokens_lock, NULL);
+  pthread_mutex_init(&d->queue_lock, NULL);
   for (int i = 0; i < workers; ++i) {
     Worker* w = &d->workers[i];
     w->d = d;
@@ -318,6 +383,7 @@ PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int worker
 int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int doorbell,
                         const char* result_base, uint64_t result_bytes, uint64_t generation) {
   if (index < 0 || index >= d->workers_count) return EINVAL;
+  if (__atomic_load_n(&d->closed, SC)) return EPIPE;
   Worker* w = &d->workers[index];
   pthread_mutex_lock(&w->post);
   if (w->attached || w->has_thread) {
@@ -371,17 +437,25 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
   pthread_mutex_lock(&w->back_lock);
   w->back.count = 0;
   pthread_mutex_unlock(&w->back_lock);
+  __atomic_store_n(&d->ring_slots, w->requests.capacity, SC);
   int rc = pthread_create(&w->thread, NULL, reply_thread, w);
   if (rc == 0) {
     w->has_thread = 1;
     __atomic_store_n(&w->attached, 1, SC);
+    pthread_mutex_lock(&d->queue_lock);
+    __atomic_store_n(&w->outstanding, 0, SC);
+    if (!w->counted) ++d->attached_count;
+    w->counted = 1;
+    pthread_mutex_unlock(&d->queue_lock);
   } else {
     w->arena = NULL;
     pfb_dispatch_arena_drop(arena);
     close(w->doorbell);
     w->doorbell = -1;
   }
-  pthread_mutex_unlock(&w->post);
+  /* (Its reply thread's first look posts the calls queued meanwhile; a
+   * look that met this lock is run here.) */
+  post_unlock(w);
   return rc;
 }
 
@@ -407,10 +481,18 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   uint64_t started = resend && w->control != NULL
                          ? __atomic_load_n(&w->control->ring_calls_started, SC)
                          : UINT64_MAX;
+  /* Its credits go with it; with it the last attached worker goes, the
+   * queue goes too (no worker would take it: the callers do, RESEND). */
+  Queued* orphans = NULL;
+  pthread_mutex_lock(&d->queue_lock);
+  __atomic_store_n(&w->outstanding, 0, SC);
+  if (w->counted && --d->attached_count == 0) orphans = queue_take(d);
+  w->counted = 0;
+  pthread_mutex_unlock(&d->queue_lock);
+  end_queued(d, orphans, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed");
   pthread_mutex_lock(&w->calls);
   PfbDispatchCall* failed = w->pending;
   w->pending = NULL;
-  __atomic_store_n(&w->in_flight, 0, SC);
   pthread_mutex_unlock(&w->calls);
   while (failed != NULL) {
     PfbDispatchCall* next = failed->next;
@@ -439,6 +521,12 @@ void pfb_dispatch_delete(PfbDispatch* d) {
   pthread_mutex_lock(&d->arena_lock);
   pthread_cond_broadcast(&d->room);  /* submits waiting for room: closed */
   pthread_mutex_unlock(&d->arena_lock);
+  /* The queue fails first (`closed` set: no call joins it or leaves it
+   * for a worker from now on). */
+  pthread_mutex_lock(&d->queue_lock);
+  Queued* queued = queue_take(d);
+  pthread_mutex_unlock(&d->queue_lock);
+  end_queued(d, queued, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed");
   for (int i = 0; i < d->workers_count; ++i)
     pfb_dispatch_lost(d, i, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed", 0);
   /* What only calls use goes now, not with the last reference (a route a
@@ -495,6 +583,7 @@ static void destroy(PfbDispatch* d) {
   }
   pfb_arena_delete(d->arena);
   if (d->input_base != NULL) munmap(d->input_base, d->input_bytes);
+  pthread_mutex_destroy(&d->queue_lock);
   pthread_cond_destroy(&d->room);
   pthread_mutex_destroy(&d->arena_lock);
   pthread_mutex_destroy(&d->tokens_lock);
@@ -568,11 +657,16 @@ int pfb_dispatch_knows(PfbDispatch* d, uint64_t token) {
 
 /* -------------------------------------------------------------- submit -- */
 
-/* Whether any worker has native calls in flight (whose inputs may come
- * back). */
+/* A deadline that is already past: a post that would wait gives up at once
+ * (a reply thread must never wait for its own worker). */
+#define NOW 0
+
+/* Whether any worker has CALLs posted and not answered (whose inputs come
+ * back after them).  Queued calls do not count: their blocks are held, and
+ * come back only through a post. */
 static int native_in_flight(PfbDispatch* d) {
   for (int i = 0; i < d->workers_count; ++i)
-    if (__atomic_load_n(&d->workers[i].in_flight, SC) != 0) return 1;
+    if (__atomic_load_n(&d->workers[i].outstanding, SC) != 0) return 1;
   return 0;
 }
 
@@ -609,9 +703,9 @@ static int alloc_blocks(PfbDispatch* d, const uint64_t* sizes, uint32_t count,
      * is all there will be (functions keep the rest; the Python path's
      * calls are its own to judge, as _process.py _alloc does): the call
      * goes to the Python path at once rather than after the timeout. */
-    /* Counted before in_flight is read (on_done lowers in_flight, then
-     * reads this): either this sees the DONE, or its reply thread sees
-     * this waiter and wakes it. */
+    /* Counted before `outstanding` is read (on_done lowers it, then reads
+     * this): either this sees the DONE, or its reply thread sees this
+     * waiter and wakes it. */
     __atomic_add_fetch(&d->room_waiters, 1, SC);
     int rc = !native_in_flight(d) ? ENOSPC
              : deadline >= 0 && pfb_now_ns() >= deadline ? ETIMEDOUT : 0;
@@ -651,9 +745,10 @@ static void hand_blocks(PfbDispatch* d, Worker* w, const uint64_t* sizes,
   pthread_mutex_unlock(&d->arena_lock);
 }
 
-/* Posts one built message (w->scratch) on w's request ring; `post` held. */
-static int post_scratch(Worker* w, int64_t deadline) {
-  uint32_t slots = w->scratch[0].message.slots;
+/* Posts one built message on w's request ring, waiting for room until
+ * `deadline` (NOW: not at all); `post` held. */
+static int post_message(Worker* w, const PfbPoolSlot* message, int64_t deadline) {
+  uint32_t slots = message[0].message.slots;
   int64_t left = deadline < 0 ? -1 : deadline - pfb_now_ns();
   if (deadline >= 0 && left < 0) left = 0;
   uint64_t rung = w->requests.wakes;
@@ -662,12 +757,13 @@ static int post_scratch(Worker* w, int64_t deadline) {
   int rc = pfb_ring_wait_room(&w->requests, slots, left);
   bump(&w->d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
   if (rc != 0) return rc;
-  return pfb_ring_write(&w->requests, w->scratch);
+  return pfb_ring_write(&w->requests, message);
 }
 
-/* Posts `list` as `kind` messages of words, as many as the ring takes now,
- * and keeps the rest for next time; `post` held. */
-static void post_words(Worker* w, uint16_t kind, Words* list) {
+/* Posts `list` as `kind` messages of words, as many as the ring takes now
+ * while `keep` slots stay free, and keeps the rest for next time; `post`
+ * held. */
+static void post_words(Worker* w, uint16_t kind, Words* list, uint32_t keep) {
   uint32_t per = PFB_POOL_WORDS_PER_SLOT *
                  (w->requests.capacity > 64 ? 63 : w->requests.capacity - 1);
   size_t sent = 0;
@@ -676,6 +772,7 @@ static void post_words(Worker* w, uint16_t kind, Words* list) {
     size_t k = 0;
     for (; k < per && sent + k < list->count; ++k)
       pfb_msg_add_word(w->scratch, PFB_POOL_MAX_MESSAGE_SLOTS, list->items[sent + k]);
+    if (pfb_ring_room(&w->requests) < w->scratch[0].message.slots + keep) break;
     if (pfb_ring_write(&w->requests, w->scratch) != 0) break;  /* no room now */
     sent += k;
   }
@@ -684,12 +781,19 @@ static void post_words(Worker* w, uint16_t kind, Words* list) {
 }
 
 /* Posts the tokens to forget, then the result blocks waiting to go back
- * to `w`; `post` held.  What has no room now goes next time. */
-static void post_back(Worker* w) {
-  post_words(w, PFB_POOL_MSG_FORGET, &w->forget);
+ * to `w`, leaving `keep` slots for the call they come with; `post` held.
+ * What has no room now goes next time. */
+static void post_back(Worker* w, uint32_t keep) {
+  post_words(w, PFB_POOL_MSG_FORGET, &w->forget, keep);
   pthread_mutex_lock(&w->back_lock);
-  post_words(w, PFB_POOL_MSG_RESULTS_BACK, &w->back);
+  post_words(w, PFB_POOL_MSG_RESULTS_BACK, &w->back, keep);
   pthread_mutex_unlock(&w->back_lock);
+}
+
+static void notify(Worker* w) {
+  uint64_t rung = w->requests.wakes;
+  pfb_ring_notify(&w->requests);  /* rings only a worker that sleeps */
+  bump(&w->d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
 }
 
 void pfb_dispatch_flush(PfbDispatch* d, int index) {
@@ -705,43 +809,325 @@ void pfb_dispatch_flush(PfbDispatch* d, int index) {
    * the ring, which may wait for the caller (a reader thread) here. */
   if (pthread_mutex_trylock(&w->post) != 0) return;
   if (w->attached) {
-    post_back(w);
-    uint64_t rung = w->requests.wakes;
-    pfb_ring_notify(&w->requests);  /* rings only a worker that sleeps */
-    bump(&d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
+    post_back(w, 0);
+    notify(w);
   }
-  pthread_mutex_unlock(&w->post);
+  post_unlock(w);
 }
 
-/* A worker whose call has run this long is passed over while another one
- * is not so held: calls queued on its ring would wait behind a function
- * that may never return (the pool's Python path keeps such calls in its
- * queue instead).  Long next to a call's round trip (~50 us), short next
- * to what a stuck call costs the calls behind it. */
+/* ------------------------------------------------------------ the queue -- */
+
+/* A worker whose call has run this long takes no call more while it has
+ * one of ours (whose DONE asks again): calls posted to it would wait
+ * behind a function that may never return.  Long next to a call's round
+ * trip (~50 us), short next to what a stuck call costs the calls behind
+ * it. */
 #define LONG_CALL_NS 20000000
 
-/* The worker with the fewest calls in flight, among those not held by a
- * long call (any call, ring or socket: the worker shows it in its control
- * segment) if there is one. */
+/* Whether w's running call (any call, ring or socket: the worker shows it
+ * in its control segment) has run LONG_CALL_NS. */
+static int held(Worker* w, int64_t now) {
+  uint64_t running = __atomic_load_n(&w->control->running_call, __ATOMIC_ACQUIRE);
+  uint64_t since = __atomic_load_n(&w->control->running_since, __ATOMIC_RELAXED);
+  return running != 0 && since != 0 && now - (int64_t)since > LONG_CALL_NS;
+}
+
+/* Whether w may take one call more now: attached, under its credits, and
+ * not held by a long call while it has one of ours.  (Held with none of
+ * ours, by a call of the Python path, it keeps its credits: no DONE of
+ * ours would come to ask again.)  Exact under `queue_lock` with `post`
+ * held, a hint otherwise. */
+static int has_credit(Worker* w, int64_t now) {
+  if (!__atomic_load_n(&w->attached, SC)) return 0;
+  uint32_t n = __atomic_load_n(&w->outstanding, SC);
+  return n < CREDITS && (n == 0 || !held(w, now));
+}
+
+/* Whether calls wait that w could take now (a hint). */
+static int queue_waits(Worker* w) {
+  return __atomic_load_n(&w->d->counts.queued, SC) != 0 && has_credit(w, pfb_now_ns());
+}
+
+/* The worker for the queue's next call: among those with credit, one not
+ * held by a long call if there is one, then the fewest outstanding; NULL
+ * when none has credit (a hint: the post rechecks under the locks). */
 static Worker* choose(PfbDispatch* d) {
   Worker* best = NULL;
-  int best_long = 1;
+  int best_held = 1;
   uint32_t fewest = UINT32_MAX;
   int64_t now = pfb_now_ns();
   for (int i = 0; i < d->workers_count; ++i) {
     Worker* w = &d->workers[i];
-    if (!__atomic_load_n(&w->attached, SC)) continue;
-    uint32_t n = __atomic_load_n(&w->in_flight, __ATOMIC_RELAXED);
-    uint64_t running = __atomic_load_n(&w->control->running_call, __ATOMIC_ACQUIRE);
-    uint64_t since = __atomic_load_n(&w->control->running_since, __ATOMIC_RELAXED);
-    int held = running != 0 && since != 0 && now - (int64_t)since > LONG_CALL_NS;
-    if ((!held && best_long) || (held == best_long && n < fewest)) {
+    if (!has_credit(w, now)) continue;
+    uint32_t n = __atomic_load_n(&w->outstanding, __ATOMIC_RELAXED);
+    int h = held(w, now);
+    if ((!h && best_held) || (h == best_held && n < fewest)) {
       fewest = n;
       best = w;
-      best_long = held;
+      best_held = h;
     }
   }
   return best;
+}
+
+/* The queue's operations; `queue_lock` held.  `counts.queued` follows. */
+static void queue_push(PfbDispatch* d, Queued* q, int front) {
+  if (front) {
+    q->next = d->queue_head;
+    d->queue_head = q;
+    if (d->queue_tail == NULL) d->queue_tail = q;
+  } else {
+    q->next = NULL;
+    if (d->queue_tail != NULL) d->queue_tail->next = q;
+    else d->queue_head = q;
+    d->queue_tail = q;
+  }
+  bump(&d->counts.queued, 1);
+}
+
+static Queued* queue_pop(PfbDispatch* d) {
+  Queued* q = d->queue_head;
+  if (q == NULL) return NULL;
+  d->queue_head = q->next;
+  if (d->queue_head == NULL) d->queue_tail = NULL;
+  q->next = NULL;
+  bump(&d->counts.queued, -1);
+  return q;
+}
+
+/* Takes the node of `call` out of the queue (NULL: not there). */
+static Queued* queue_remove(PfbDispatch* d, PfbDispatchCall* call) {
+  Queued* before = NULL;
+  for (Queued* q = d->queue_head; q != NULL; before = q, q = q->next) {
+    if (q->call != call) continue;
+    if (before != NULL) before->next = q->next;
+    else d->queue_head = q->next;
+    if (d->queue_tail == q) d->queue_tail = before;
+    q->next = NULL;
+    bump(&d->counts.queued, -1);
+    return q;
+  }
+  return NULL;
+}
+
+/* Empties the queue: its nodes, as a list. */
+static Queued* queue_take(PfbDispatch* d) {
+  Queued* all = d->queue_head;
+  uint64_t n = 0;
+  for (Queued* q = all; q != NULL; q = q->next) ++n;
+  d->queue_head = d->queue_tail = NULL;
+  bump(&d->counts.queued, -(int64_t)n);
+  return all;
+}
+
+/* A queued call with its CALL built: `offsets`/`sizes` are its blocks
+ * (copied), `fn` gains a reference.  NULL: no memory. */
+static Queued* queued_new(Token* fn, uint32_t flags, const PfbDispatchInput* inputs,
+                          uint32_t count, const uint64_t* sizes, const uint64_t* offsets,
+                          uint32_t slots, PfbDispatchCall* call) {
+  size_t head = (sizeof(Queued) + 63) & ~(size_t)63;
+  size_t words = ((2 * (size_t)count * sizeof(uint64_t)) + 63) & ~(size_t)63;
+  char* memory = (char*)malloc(head + words + (size_t)slots * sizeof(PfbPoolSlot));
+  if (memory == NULL) return NULL;
+  Queued* q = (Queued*)memory;
+  q->next = NULL;
+  q->call = call;
+  q->fn = fn;
+  __atomic_add_fetch(&fn->refs, 1, SC);
+  q->count = count;
+  q->sizes = (uint64_t*)(memory + head);
+  q->offsets = q->sizes + count;
+  q->message = (PfbPoolSlot*)(memory + head + words);
+  memcpy(q->sizes, sizes, count * sizeof(uint64_t));
+  memcpy(q->offsets, offsets, count * sizeof(uint64_t));
+  pfb_msg_init(q->message, PFB_POOL_MSG_CALL);
+  PfbPoolMessage* m = &q->message[0].message;
+  m->call_id = call->id;
+  m->token = fn->token;
+  m->flags = flags;
+  for (uint32_t i = 0; i < count; ++i) {
+    PfbPoolTensor record;
+    memset(&record, 0, sizeof(record));
+    record.code = inputs[i].code;
+    record.bits = inputs[i].bits;
+    record.lanes = inputs[i].lanes;
+    record.flags = inputs[i].flags;
+    record.ndim = inputs[i].ndim;
+    record.offset = offsets[i];
+    record.size = sizes[i];
+    pfb_msg_add_tensor(q->message, slots, &record, inputs[i].dims);  /* sized to fit */
+  }
+  return q;
+}
+
+/* Frees a node; with `release`, its blocks go back to the arena (a call
+ * no worker got). */
+static void queued_free(PfbDispatch* d, Queued* q, int release) {
+  if (release) release_blocks(d, q->sizes, q->offsets, q->count);
+  token_drop(q->fn);
+  free(q);
+}
+
+/* Ends the calls of `list`, which no worker got: FAILED with (`code`,
+ * `message`) once the dispatcher is closed, otherwise RESEND (no worker is
+ * attached: the caller submits again, and takes the Python path, whose
+ * queue waits for the replacement). */
+static void end_queued(PfbDispatch* d, Queued* list, int32_t code, const char* message) {
+  int closed = __atomic_load_n(&d->closed, SC);
+  while (list != NULL) {
+    Queued* next = list->next;
+    PfbDispatchCall* call = list->call;
+    queued_free(d, list, 1);
+    if (closed) {
+      call->error = strdup(message);
+      call->error_code = code;
+      complete(call, PFB_DISPATCH_FAILED);
+    } else {
+      bump(&d->counts.resent, 1);
+      complete(call, PFB_DISPATCH_RESEND);
+    }
+    list = next;
+  }
+}
+
+/* Takes `call` off w's list of calls in flight: 1, or 0 when its caller
+ * finished it first (abandoned). */
+static int unlist(Worker* w, PfbDispatchCall* call) {
+  int found = 0;
+  pthread_mutex_lock(&w->calls);
+  for (PfbDispatchCall** link = &w->pending; *link != NULL; link = &(*link)->next) {
+    if (*link == call) {
+      *link = call->next;
+      found = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&w->calls);
+  return found;
+}
+
+/* Posts q's LOAD (when w lacks its function) and its CALL, waiting for
+ * room until `deadline` (NOW: no wait, and nothing posted unless both fit
+ * now); `post` held.  0, or an errno: the CALL was not posted. */
+static int post_call(PfbDispatch* d, Worker* w, Queued* q, int64_t deadline) {
+  uint32_t slots = q->message[0].message.slots;
+  if (slots > w->requests.capacity) return E2BIG;
+  int load = !words_has(&w->known, q->fn->token);
+  post_back(w, slots + (uint32_t)load);
+  if (deadline == NOW && pfb_ring_room(&w->requests) < slots + (uint32_t)load) return EAGAIN;
+  if (load) {
+    uint64_t load_size = q->fn->size, load_offset;
+    int rc = alloc_blocks(d, &load_size, 1, &load_offset, deadline);
+    if (rc != 0) return rc;
+    memcpy(d->input_base + load_offset, q->fn->payload, load_size);
+    pfb_msg_init(w->scratch, PFB_POOL_MSG_LOAD);
+    w->scratch[0].message.token = q->fn->token;
+    w->scratch[0].message.block_offset = load_offset;
+    w->scratch[0].message.block_size = load_size;
+    rc = post_message(w, w->scratch, deadline);
+    if (rc != 0) {
+      release_blocks(d, &load_size, &load_offset, 1);
+      return rc;
+    }
+    hand_blocks(d, w, &load_size, &load_offset, 1);
+    words_push(&w->known, q->fn->token);
+    bump(&d->counts.loads, 1);
+  }
+  q->message[0].message.stamp = wall_ns();
+  /* Counted once its LOAD is posted (a LOAD waits for room only while
+   * other calls are in flight), before the CALL (its DONE may come at
+   * once); only a holder of `post` adds to it. */
+  __atomic_add_fetch(&w->outstanding, 1, SC);
+  int rc = post_message(w, q->message, deadline);
+  if (rc != 0) {
+    pthread_mutex_lock(&d->queue_lock);
+    __atomic_sub_fetch(&w->outstanding, 1, SC);
+    pthread_mutex_unlock(&d->queue_lock);
+  }
+  return rc;
+}
+
+/* Posts the queue's first calls to w while it has credit, each waiting for
+ * room until `deadline`; `post` held, w attached.  Returns 0, or the errno
+ * of a post that must wait (that call back at the front).  A call whose
+ * post fails for good ends RESEND (its function never ran), except `own`
+ * (the submitter's): its errno is left in *own_rc, its blocks freed. */
+static int pump(PfbDispatch* d, Worker* w, int64_t deadline, PfbDispatchCall* own,
+                int* own_rc) {
+  int posted = 0, waits = 0;
+  for (;;) {
+    pthread_mutex_lock(&d->queue_lock);
+    if (__atomic_load_n(&d->closed, SC) || d->queue_head == NULL ||
+        !has_credit(w, pfb_now_ns())) {
+      pthread_mutex_unlock(&d->queue_lock);
+      break;
+    }
+    Queued* q = queue_pop(d);
+    PfbDispatchCall* call = q->call;
+    call->worker = w->index;
+    call->generation = w->generation;
+    call->sequence = ++w->posted;
+    /* Listed before it is posted: its DONE may come at once. */
+    pthread_mutex_lock(&w->calls);
+    call->next = w->pending;
+    w->pending = call;
+    pthread_mutex_unlock(&w->calls);
+    pthread_mutex_unlock(&d->queue_lock);
+    int rc = post_call(d, w, q, deadline);
+    if (rc == 0) {
+      hand_blocks(d, w, q->sizes, q->offsets, q->count);
+      queued_free(d, q, 0);
+      posted = 1;
+      continue;
+    }
+    /* Not posted: the list entry goes back, and the call waits again at
+     * the front, unless it must not. */
+    --w->posted;
+    int again = rc == EAGAIN || rc == ETIMEDOUT || rc == EPIPE;
+    pthread_mutex_lock(&d->queue_lock);
+    int listed = unlist(w, call);
+    int requeued = listed && again && !__atomic_load_n(&d->closed, SC) &&
+                   d->attached_count > 0;
+    if (requeued) {
+      call->worker = -1;
+      queue_push(d, q, 1);
+    }
+    pthread_mutex_unlock(&d->queue_lock);
+    if (requeued) {
+      waits = rc;
+      break;
+    }
+    if (!listed) {  /* abandoned meanwhile: nobody waits for it */
+      queued_free(d, q, 1);
+    } else if (call == own && !again) {
+      call->worker = -1;
+      queued_free(d, q, 1);
+      *own_rc = rc;
+    } else {  /* (closed or no worker left: as end_queued) */
+      q->next = NULL;
+      end_queued(d, q, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed");
+    }
+  }
+  if (posted) notify(w);
+  return waits;
+}
+
+/* Runs the posts asked for while `post` was busy; a post that must wait
+ * is left to w's reply thread (RETRY_NS). */
+static void pump_async(Worker* w) {
+  __atomic_store_n(&w->wanted, 1, SC);
+  while (__atomic_load_n(&w->wanted, SC) && pthread_mutex_trylock(&w->post) == 0) {
+    __atomic_store_n(&w->wanted, 0, SC);
+    int unused = 0;
+    if (w->attached) pump(w->d, w, NOW, NULL, &unused);
+    pthread_mutex_unlock(&w->post);
+  }
+}
+
+/* Unlocks `post`; then runs what a reply thread asked for meanwhile. */
+static void post_unlock(Worker* w) {
+  pthread_mutex_unlock(&w->post);
+  if (__atomic_load_n(&w->wanted, SC)) pump_async(w);
 }
 
 static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
@@ -749,6 +1135,14 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
                   PfbDispatchCall* call) {
   int64_t deadline = timeout_ns < 0 ? -1 : pfb_now_ns() + timeout_ns;
   if (count > PFB_POOL_MAX_MESSAGE_SLOTS) return E2BIG;
+  uint32_t slots = 1;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (inputs[i].ndim < 0 || inputs[i].ndim > PFB_POOL_MAX_NDIM) return EINVAL;
+    slots += pfb_pool_tensor_slots(inputs[i].ndim);
+  }
+  uint32_t ring_slots = __atomic_load_n(&d->ring_slots, SC);
+  if (ring_slots == 0) return EAGAIN;  /* no worker was ever attached */
+  if (slots > ring_slots || slots > PFB_POOL_MAX_MESSAGE_SLOTS) return E2BIG;
   pthread_mutex_lock(&d->tokens_lock);
   Token* fn = find_token(d, token);
   if (fn != NULL) __atomic_add_fetch(&fn->refs, 1, SC);  /* a forget meanwhile: LOADed still */
@@ -757,6 +1151,7 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
   uint64_t sizes_small[16], offsets_small[16];
   uint64_t* sizes = count <= 16 ? sizes_small : (uint64_t*)malloc(count * sizeof(uint64_t));
   uint64_t* offsets = count <= 16 ? offsets_small : (uint64_t*)malloc(count * sizeof(uint64_t));
+  Queued* q = NULL;
   int rc = 0;
   if (sizes == NULL || offsets == NULL) {
     rc = ENOMEM;
@@ -768,102 +1163,44 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
   /* The copy in: the one copy of a call's inputs, outside every lock. */
   for (uint32_t i = 0; i < count; ++i)
     if (sizes[i]) memcpy(d->input_base + offsets[i], inputs[i].data, sizes[i]);
-
-  for (;;) {
+  /* Unique in the process: a DONE's answer that went by the socket is
+   * found by its id alone (_process.py, native_reply). */
+  call->id = __atomic_add_fetch(&next_call_id, 1, SC);
+  call->state = PFB_DISPATCH_WAITING;
+  q = queued_new(fn, flags, inputs, count, sizes, offsets, slots, call);
+  if (q == NULL) {
+    release_blocks(d, sizes, offsets, count);
+    rc = ENOMEM;
+    goto out;
+  }
+  /* Every call joins the queue (its blocks the queue's now), behind the
+   * calls that wait: first come, first posted. */
+  pthread_mutex_lock(&d->queue_lock);
+  rc = __atomic_load_n(&d->closed, SC) ? EPIPE : d->attached_count == 0 ? EAGAIN : 0;
+  if (rc == 0) queue_push(d, q, 0);
+  pthread_mutex_unlock(&d->queue_lock);
+  if (rc != 0) {
+    queued_free(d, q, 1);
+    goto out;
+  }
+  bump(&d->counts.calls, 1);
+  /* Then posted by this thread to workers with credit, as far as it goes;
+   * what stays queued the reply threads post as DONEs come. */
+  for (int tries = 0; tries < 4 * d->workers_count + 4; ++tries) {
     Worker* w = choose(d);
-    if (w == NULL) {
-      release_blocks(d, sizes, offsets, count);
-      rc = EAGAIN;
-      goto out;
-    }
+    if (w == NULL) break;
     pthread_mutex_lock(&w->post);
-    if (!w->attached) {  /* lost meanwhile: another one */
-      pthread_mutex_unlock(&w->post);
-      continue;
+    int own_rc = 0, waits = 0;
+    if (w->attached) waits = pump(d, w, deadline, call, &own_rc);
+    post_unlock(w);
+    if (own_rc != 0) {
+      rc = own_rc;
+      break;
     }
-    post_back(w);
-    if (!words_has(&w->known, token)) {
-      uint64_t load_size = fn->size, load_offset;
-      rc = alloc_blocks(d, &load_size, 1, &load_offset, deadline);
-      if (rc == 0) {
-        memcpy(d->input_base + load_offset, fn->payload, load_size);
-        pfb_msg_init(w->scratch, PFB_POOL_MSG_LOAD);
-        w->scratch[0].message.token = token;
-        w->scratch[0].message.block_offset = load_offset;
-        w->scratch[0].message.block_size = load_size;
-        rc = post_scratch(w, deadline);
-        if (rc == 0) {
-          hand_blocks(d, w, &load_size, &load_offset, 1);
-          words_push(&w->known, token);
-          bump(&d->counts.loads, 1);
-        } else {
-          release_blocks(d, &load_size, &load_offset, 1);
-        }
-      }
-      if (rc != 0) {
-        pthread_mutex_unlock(&w->post);
-        release_blocks(d, sizes, offsets, count);
-        goto out;
-      }
-    }
-    pfb_msg_init(w->scratch, PFB_POOL_MSG_CALL);
-    PfbPoolMessage* m = &w->scratch[0].message;
-    /* Unique in the process: a DONE's answer that went by the socket is
-     * found by its id alone (_process.py, native_reply). */
-    call->id = __atomic_add_fetch(&next_call_id, 1, SC);
-    m->call_id = call->id;
-    m->token = token;
-    m->flags = flags;
-    m->stamp = wall_ns();
-    for (uint32_t i = 0; i < count && rc == 0; ++i) {
-      PfbPoolTensor record;
-      memset(&record, 0, sizeof(record));
-      record.code = inputs[i].code;
-      record.bits = inputs[i].bits;
-      record.lanes = inputs[i].lanes;
-      record.flags = inputs[i].flags;
-      record.ndim = inputs[i].ndim;
-      record.offset = offsets[i];
-      record.size = sizes[i];
-      rc = pfb_msg_add_tensor(w->scratch, PFB_POOL_MAX_MESSAGE_SLOTS, &record, inputs[i].dims);
-    }
-    if (rc == 0 && m->slots > w->requests.capacity) rc = E2BIG;
-    if (rc == 0) {
-      call->worker = w->index;
-      call->generation = w->generation;
-      call->sequence = ++w->posted;
-      call->state = PFB_DISPATCH_WAITING;
-      /* Listed before it is posted: its DONE may come at once. */
-      pthread_mutex_lock(&w->calls);
-      call->next = w->pending;
-      w->pending = call;
-      __atomic_add_fetch(&w->in_flight, 1, SC);
-      pthread_mutex_unlock(&w->calls);
-      rc = post_scratch(w, deadline);
-      if (rc == 0) {
-        hand_blocks(d, w, sizes, offsets, count);
-      } else {
-        pthread_mutex_lock(&w->calls);
-        for (PfbDispatchCall** link = &w->pending; *link != NULL; link = &(*link)->next) {
-          if (*link == call) {
-            *link = call->next;
-            __atomic_sub_fetch(&w->in_flight, 1, SC);
-            break;
-          }
-        }
-        pthread_mutex_unlock(&w->calls);
-        --w->posted;  /* never posted */
-      }
-    }
-    if (rc == 0) {
-      uint64_t rung = w->requests.wakes;
-      pfb_ring_notify(&w->requests);  /* rings only a worker that sleeps */
-      bump(&d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
-      bump(&d->counts.calls, 1);
-    }
-    pthread_mutex_unlock(&w->post);
-    if (rc != 0) release_blocks(d, sizes, offsets, count);
-    break;
+    pthread_mutex_lock(&d->queue_lock);
+    int done = call->worker >= 0 || d->queue_head == NULL;
+    pthread_mutex_unlock(&d->queue_lock);
+    if (done || waits) break;
   }
 out:
   if (sizes != sizes_small) free(sizes);
@@ -902,22 +1239,21 @@ int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns) {
 }
 
 void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call) {
-  if (call->worker >= 0 && __atomic_load_n(&call->state, SC) == PFB_DISPATCH_WAITING) {
-    Worker* w = &d->workers[call->worker];
-    int found = 0;
-    pthread_mutex_lock(&w->calls);
-    for (PfbDispatchCall** link = &w->pending; *link != NULL; link = &(*link)->next) {
-      if (*link == call) {
-        *link = call->next;
-        __atomic_sub_fetch(&w->in_flight, 1, SC);
-        found = 1;
-        break;
-      }
+  if (call->id != 0 && __atomic_load_n(&call->state, SC) == PFB_DISPATCH_WAITING) {
+    /* Still queued: out of the queue, its blocks back (no worker saw it). */
+    pthread_mutex_lock(&d->queue_lock);
+    int worker = call->worker;
+    Queued* q = worker < 0 ? queue_remove(d, call) : NULL;
+    pthread_mutex_unlock(&d->queue_lock);
+    if (q != NULL) {
+      queued_free(d, q, 1);
+    } else if (worker < 0 || !unlist(&d->workers[worker], call)) {
+      /* Not found: completed meanwhile (whoever ends a call unlists it
+       * first, then publishes the state): wait for the state; its result
+       * blocks go back, as an abandoned call's do. */
+      pfb_dispatch_wait(call, -1);
+      pfb_dispatch_reply_back(call);
     }
-    pthread_mutex_unlock(&w->calls);
-    /* Not found: completed meanwhile (the reply thread unlinks first, then
-     * publishes the state): wait for the state, then free as done. */
-    if (!found) pfb_dispatch_wait(call, -1);
   }
   free(call->reply);
   free(call->error);
@@ -1013,4 +1349,5 @@ void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out) {
   out->reply_sleeps = __atomic_load_n(&d->counts.reply_sleeps, SC);
   out->input_blocks = __atomic_load_n(&d->counts.input_blocks, SC);
   out->resent = __atomic_load_n(&d->counts.resent, SC);
+  out->queued = __atomic_load_n(&d->counts.queued, SC);
 }

@@ -6,6 +6,16 @@
  * DONE arrives.  Nothing here takes the GIL or calls Python: the kernel can
  * call it from TF's threads while any Python thread holds the GIL.
  *
+ * Scheduling (the pool's one scheduler): a worker has at most two CALLs
+ * posted and not answered (its credits: one running, the next ready on its
+ * ring), and none more while its running call has run 20 ms (a slow or
+ * stuck call: what is posted behind it waits with it).  Every call joins a
+ * pool-wide FIFO queue, with its inputs already in the arena and its CALL
+ * built; the submitter posts the queue's first calls to workers with
+ * credit, and each reply thread, on a DONE, posts them to its own worker
+ * before it wakes the caller.  So a worker stuck in a slow call holds only
+ * the calls it already had; the rest go to the workers that come free.
+ *
  * What stays with Python (pyfunc_bridge/_process.py): starting workers and
  * laying out their segments (it attaches each to the dispatcher), noticing a
  * worker's death (its socket ends: pfb_dispatch_lost fails that worker's
@@ -15,8 +25,11 @@
  * Threads: any number of callers; one reply thread per attached worker (a
  * pthread, started by pfb_dispatch_attach, ended by pfb_dispatch_lost or
  * pfb_dispatch_delete).  Each worker's request ring has one producer at a
- * time (the worker's `post` mutex); the input arena's allocator has its own
- * mutex and a condition for callers waiting for room.
+ * time (the worker's `post` mutex; a reply thread only tries it, and never
+ * waits for room while it holds it: the room comes from its own worker,
+ * which may wait for it to read); the queue has its own mutex, taken after
+ * `post`; the input arena's allocator has its own mutex and a condition
+ * for callers waiting for room.
  *
  * Lifetime: a dispatcher is referenced by its creator (Python's Dispatcher,
  * whose pfb_dispatch_delete closes it and drops that reference), by each
@@ -80,15 +93,20 @@ enum {
 
 /* One call, in its caller's memory, from pfb_dispatch_submit until
  * pfb_dispatch_finish (which the caller must call once the call was
- * submitted, whether it waited or not).  Whoever comes second disposes of
- * the results: finish takes a call that is not done off its worker's list,
- * and the reply thread, finding no call for the DONE, hands its result
- * blocks back at once; the input blocks stay the worker's until its
- * INPUTS_BACK, whatever the caller does. */
+ * submitted, whether it waited or not).  It is queued first (`worker` -1),
+ * then posted to a worker; the caller sees neither step, only `state`.
+ * Who owns its input blocks: the dispatcher (the queue) while it is
+ * queued, freed by whoever takes it out without posting it (finish of an
+ * abandoned call, a closed dispatcher, the last worker lost); the worker
+ * once posted, until its INPUTS_BACK, whatever the caller does.  Whoever
+ * comes second disposes of the results: finish takes a call that is not
+ * done off its worker's list, and the reply thread, finding no call for
+ * the DONE, hands its result blocks back at once. */
 typedef struct PfbDispatchCall {
   uint32_t state;        /* PFB_DISPATCH_*, written by the reply thread */
   uint64_t id;
-  int worker;            /* the worker that has it */
+  int worker;            /* the worker that has it; -1 while queued (the
+                          * queue's mutex) */
   uint64_t generation;   /* that worker's generation (RESULTS_BACK names it) */
   uint64_t sequence;     /* its place among the CALLs posted to that worker */
   /* DONE: the message (header, records), malloc'd by the reply thread,
@@ -101,7 +119,8 @@ typedef struct PfbDispatchCall {
   /* FAILED: the message, malloc'd, freed by pfb_dispatch_finish. */
   char* error;
   int32_t error_code;    /* a TensorFlow error code */
-  struct PfbDispatchCall* next;  /* the worker's list of calls in flight */
+  struct PfbDispatchCall* next;  /* the worker's list of calls in flight (its
+                                  * `calls` mutex) */
 } PfbDispatchCall;
 
 /* A dispatcher over an input arena mapped at `input_base` (this process's
@@ -109,10 +128,10 @@ typedef struct PfbDispatchCall {
  * it is closed), for `workers` worker slots.  NULL when out of memory or
  * the mapping cannot be made. */
 PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers);
-/* Ends every reply thread, fails the calls in flight ("the pool was
- * closed"), refuses calls from now on, waits for the submits under way,
- * unmaps the input arena, drops the functions and the creator's
- * reference. */
+/* Refuses calls from now on, fails the queued calls and those in flight
+ * ("the pool was closed", CANCELLED), ends every reply thread, waits for
+ * the submits under way, unmaps the input arena, drops the functions and
+ * the creator's reference. */
 void pfb_dispatch_delete(PfbDispatch* d);
 void pfb_dispatch_retain(PfbDispatch* d);
 void pfb_dispatch_release(PfbDispatch* d);
@@ -135,7 +154,10 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
  * (`code`, `message`), its input blocks are free again (it holds nothing
  * now), its reply thread ends.  The caller closes the rings first.  With
  * `resend` (a worker that died, not a pool that closes), the calls it had
- * not started (shm_layout.h, ring_calls_started) end RESEND instead. */
+ * not started (shm_layout.h, ring_calls_started) end RESEND instead.  The
+ * queue waits for the other workers, or for a worker attached later; with
+ * the last attached worker lost, its calls end RESEND (the caller submits
+ * again: EAGAIN, the Python path). */
 void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message,
                        int resend);
 
@@ -150,12 +172,15 @@ int pfb_dispatch_knows(PfbDispatch* d, uint64_t token);
 void pfb_dispatch_forget(PfbDispatch* d, uint64_t token);
 
 /* Copies the inputs into the input arena (waiting up to `timeout_ns` for
- * room), picks the worker with the fewest calls in flight, posts a LOAD if
- * it lacks the token and the CALL, and rings its doorbell if it sleeps.
- * 0; EAGAIN: no worker attached; ENOENT: token not registered; ETIMEDOUT;
- * ENOSPC: no room, and no native call in flight to make any (functions
- * keep the blocks); E2BIG: the inputs can never fit the arena; EPIPE:
- * closed. */
+ * room) and queues the call; then posts the queue's first calls to the
+ * workers with credit (see Scheduling; one not held by a long call first,
+ * then the fewest calls posted), each with a LOAD if the worker lacks its
+ * token, and rings a doorbell if the worker sleeps.  0: posted, or queued
+ * (a reply thread posts it; the caller waits the same).  EAGAIN: no worker
+ * attached; ENOENT: token not registered; ETIMEDOUT; ENOSPC: no room, and
+ * no posted call in flight to make any (queued calls and functions hold
+ * their blocks), or no room for the LOAD; E2BIG: the inputs can never fit
+ * the arena or the ring; EPIPE: closed. */
 int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
                         const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
                         PfbDispatchCall* call);
@@ -163,7 +188,8 @@ int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
  * (ETIMEDOUT; negative: no limit). */
 int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns);
 /* The caller is done with the call: frees its reply and error; a call not
- * completed yet is abandoned (its reply thread hands its results back). */
+ * completed yet is abandoned: a queued one leaves the queue and its input
+ * blocks are freed now; a posted one's results go back when they come. */
 void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call);
 
 /* Posts what waits to go to worker `index` with its next request (result
@@ -199,7 +225,9 @@ typedef struct PfbDispatchCounts {
   uint64_t doorbells;    /* doorbell rings (wake-ups of workers) */
   uint64_t reply_sleeps; /* reply threads' futex sleeps */
   uint64_t input_blocks; /* input blocks live now */
-  uint64_t resent;       /* calls a dead worker had not started, ended RESEND */
+  uint64_t resent;       /* calls ended RESEND: a dead worker's unstarted ones,
+                          * and the queue's when no worker was left */
+  uint64_t queued;       /* calls in the pool queue now */
 } PfbDispatchCounts;
 void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out);
 

@@ -47,6 +47,7 @@ cdef extern from "dispatch.h" nogil:
         uint64_t reply_sleeps
         uint64_t input_blocks
         uint64_t resent
+        uint64_t queued
 
     ctypedef struct PfbDispatchRouteCounts:
         uint64_t calls
@@ -74,6 +75,8 @@ cdef extern from "dispatch.h" nogil:
 
     PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers)
     void pfb_dispatch_delete(PfbDispatch* d)
+    void pfb_dispatch_retain(PfbDispatch* d)
+    void pfb_dispatch_release(PfbDispatch* d)
     void pfb_dispatch_disown(PfbDispatch* d)
     void pfb_dispatch_forget(PfbDispatch* d, uint64_t token)
     void pfb_dispatch_flush(PfbDispatch* d, int index)
