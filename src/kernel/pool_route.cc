@@ -258,8 +258,8 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
     api->wait(&call, -1);  // a lost worker or a closed pool ends it: never for ever
     if (call.state != PFB_DISPATCH_RESEND) break;
     // Its worker died before it started the call: the function never ran,
-    // so it goes to another worker (or, while none is attached, to the
-    // Python path, whose queue waits for the replacement).
+    // so it goes to another worker (or, while none is attached, through
+    // Python, which waits for the replacement: ProcessPool.ring_call).
     native->submitted_ = false;
     api->finish(route->d, &call);
   }

@@ -970,8 +970,8 @@ static void queued_free(PfbDispatch* d, Queued* q, int release) {
 
 /* Ends the calls of `list`, which no worker got: FAILED with (`code`,
  * `message`) once the dispatcher is closed, otherwise RESEND (no worker is
- * attached: the caller submits again, and takes the Python path, whose
- * queue waits for the replacement). */
+ * attached: the caller submits again, gets EAGAIN, and the pool waits for
+ * the replacement, ProcessPool.ring_call). */
 static void end_queued(PfbDispatch* d, Queued* list, int32_t code, const char* message) {
   int closed = __atomic_load_n(&d->closed, SC);
   while (list != NULL) {

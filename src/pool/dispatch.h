@@ -86,8 +86,8 @@ enum {
   PFB_DISPATCH_DONE = 1,    /* `reply` holds the worker's DONE */
   PFB_DISPATCH_FAILED = 2,  /* the worker died or the pool closed: `error` */
   /* The worker died before it started the call (its function never ran):
-   * the caller finishes it and submits it again (another worker, or the
-   * Python path while none is attached). */
+   * the caller finishes it and submits it again (another worker; while
+   * none is attached, submit says EAGAIN and the pool waits for one). */
   PFB_DISPATCH_RESEND = 3
 };
 
@@ -157,7 +157,7 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
  * not started (shm_layout.h, ring_calls_started) end RESEND instead.  The
  * queue waits for the other workers, or for a worker attached later; with
  * the last attached worker lost, its calls end RESEND (the caller submits
- * again: EAGAIN, the Python path). */
+ * again: EAGAIN, and the pool waits for a worker). */
 void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message,
                        int resend);
 
