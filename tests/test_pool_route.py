@@ -113,7 +113,9 @@ def test_copy_true_outputs_are_copies_and_inputs_are_writable():
             num_parallel_calls=4, deterministic=True)
         assert [v.numpy().tolist() for v in dataset] == [[2 * i] * 4 for i in range(16)]
         counts = route_counts(pool)
-        assert counts["calls"] >= 8 and counts["copied_out"] == 32 * counts["calls"]
+        # (The calls Python made, `replied`, are copied by the conversion layer.)
+        assert counts["calls"] == 16
+        assert counts["copied_out"] == 32 * (counts["calls"] - counts["replied"])
         assert counts["shared_out"] == 0
 
 
