@@ -88,10 +88,8 @@ cdef class _ProcessConverter(_NumpyConverter):
     cdef readonly object framework   # array_function's framework name; None: NumPy
 
     cdef list inputs(self, PfbCall* call, tuple args, _CallCounts* counts):
-        # Read-only views suffice: the worker's copy is the call's own.  The
-        # call goes (call()) over the rings, whose route counts its inputs as
-        # a kernel's does (dispatch.h, PfbDispatchRouteCounts), or else over
-        # the socket (counted there).
+        # Read-only views suffice: the worker's copy is the call's own (call()
+        # counts it).
         _input_arrays(args, PFB_COPY_NONE, self.scalars, NULL)
         return None
 
@@ -103,15 +101,15 @@ cdef class _ProcessConverter(_NumpyConverter):
             call.reply = NULL
             result, moved, facts = self.pool.native_reply(address, writable)
         else:
+            if counts != NULL:  # numbers: to shared memory
+                _count_inputs(counts, args, &counts.copied[_WORKER])
             facts = call.copy_mode == PFB_COPY_FALSE  # the worker sends its copy facts
             answer = self.pool.ring_call(entry.func, self.framework, args, writable,
                                          self.scalars, facts)
             if answer is not None:
                 route, answer = answer
-                _count_route(entry, route)  # its counts are the function's too
+                _count_route(entry, route)  # its pool figures: pfb.stats() reads them
             else:
-                if counts != NULL:  # numbers: to shared memory
-                    _count_inputs(counts, args, &counts.copied[_WORKER])
                 descs = self.pool.stage(args)
                 for i in range(len(args)):
                     _swap(args, i, descs[i])

@@ -39,12 +39,11 @@ cdef dict _DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
 
 
 cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list keep,
-                     bint scalars, uint64_t* sizes) except -1:
+                     uint64_t* data_bytes) except -1:
     """Fills `item` (and `dims`) for one input as the dispatcher takes it,
     numbers as they are and bytes as a strings block (shm_layout.h), keeping
-    what it points to in `keep`; adds to `sizes` what the statistics count of
-    it, as the kernel does (pool_route.cc MakeInputs): [0] its data, [1]
-    strings' bytes, [2] numbers copied for the worker.  0, or EINVAL."""
+    what it points to in `keep`; adds its data's bytes (strings' without
+    their length prefixes) to `data_bytes`.  0, or EINVAL."""
     cdef Py_ssize_t d
     if isinstance(value, bytes):
         arr = np.empty((), dtype=object)
@@ -73,8 +72,7 @@ cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list k
         item.nbytes = len(block)
         item.code = item.bits = 0
         item.flags = PFB_POOL_TENSOR_STRINGS
-        sizes[0] += total
-        sizes[1] += total
+        data_bytes[0] += total
     else:
         code = _DL_CODES.get(kind)
         if code is not None and (arr.dtype.isnative or arr.dtype.itemsize == 1):
@@ -90,9 +88,7 @@ cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list k
         item.nbytes = cnp.PyArray_NBYTES(arr)
         item.bits = arr.dtype.itemsize * 8
         item.flags = 0
-        sizes[0] += item.nbytes
-        if not (scalars and arr.ndim == 0):
-            sizes[2] += item.nbytes
+        data_bytes[0] += item.nbytes
     item.lanes = 1
     item.ndim = arr.ndim
     item.dims = dims
@@ -182,27 +178,26 @@ cdef class Route:
         waiting does (its blocks stay its worker's until it is done with
         them).  A call whose worker died before starting it is submitted
         again.  Raises Declined, or DispatchFailed (its worker died with it,
-        or the pool closed).  Counted as a kernel counts a call whose reply
-        it hands to Python (pool_route.cc): the caller counts the rest."""
+        or the pool closed).  The route counts the pool's figures of the
+        call (a call answered, its bytes in, its time queued and in the
+        worker); the caller counts the function's, as for any call it makes."""
         cdef PfbDispatchRoute* r = self._r
         cdef Py_ssize_t n = len(values), i
         cdef int64_t* dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
         cdef PfbDispatchInput* inputs = <PfbDispatchInput*>calloc(max(n, 1),
                                                                   sizeof(PfbDispatchInput))
         cdef PfbDispatchCall call
-        cdef uint64_t sizes[3]
+        cdef uint64_t data_bytes = 0
         cdef int64_t posted = 0
         cdef int rc = 0
         cdef bint submitted = False
-        cdef bint scalars = (r.flags & PFB_POOL_CALL_SCALARS) != 0
         keep = []
-        sizes[0] = sizes[1] = sizes[2] = 0
         try:
             if dims == NULL or inputs == NULL:
                 raise MemoryError()
             for i in range(n):
                 rc = _ring_input(values[i], &inputs[i], &dims[i * PFB_POOL_MAX_NDIM], keep,
-                                 scalars, sizes)
+                                 &data_bytes)
                 if rc:
                     raise Declined(rc, f"pyfunc_bridge: input {i} ({type(values[i]).__name__}) "
                                        f"is neither numbers nor bytes")
@@ -229,13 +224,9 @@ cdef class Route:
                     break
                 submitted = False
                 pfb_dispatch_finish(r.d, &call)  # it never started: submitted anew
-            counting = pfb_route_counting(r.counting)
             if call.state == PFB_DISPATCH_FAILED:
-                # The caller counts the call and its error (the function's);
-                # the inputs' copies count here, as the kernel counts them.
-                if counting:
-                    pfb_route_add(&r.counts.strings_in, sizes[1])
-                    pfb_route_add(&r.counts.worker_in, sizes[2])
+                # (The caller counts the call, its error and its inputs' copies:
+                # the function's figures.)
                 raise DispatchFailed(call.error_code,
                                      call.error.decode("utf-8", "replace") if call.error != NULL
                                      else "pyfunc_bridge: the pool call failed")
@@ -245,12 +236,10 @@ cdef class Route:
                 pfb_dispatch_reply_back(&call)
                 raise
             message = reply.message
-            if counting:
+            if pfb_route_counting(r.counting):
                 pfb_route_add(&r.counts.calls, 1)
                 pfb_route_add(&r.counts.replied, 1)
-                pfb_route_add(&r.counts.bytes_in, sizes[0])
-                pfb_route_add(&r.counts.strings_in, sizes[1])
-                pfb_route_add(&r.counts.worker_in, sizes[2])
+                pfb_route_add(&r.counts.bytes_in, data_bytes)
                 if message.stamp >= <uint64_t>posted:
                     pfb_route_add(&r.counts.queued_ns, message.stamp - posted)
                 if message.ended >= message.stamp:
