@@ -762,7 +762,9 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
     rc = ENOMEM;
     goto out;
   }
-  for (uint32_t i = 0; i < count; ++i) sizes[i] = inputs[i].nbytes;
+  /* An input pulled over the socket has no block (shm_layout.h). */
+  for (uint32_t i = 0; i < count; ++i)
+    sizes[i] = inputs[i].flags & PFB_POOL_TENSOR_SOCKET ? 0 : inputs[i].nbytes;
   rc = alloc_blocks(d, sizes, count, offsets, deadline);
   if (rc != 0) goto out;
   /* The copy in: the one copy of a call's inputs, outside every lock. */
@@ -783,11 +785,18 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
     }
     post_back(w);
     if (!words_has(&w->known, token)) {
-      uint64_t load_size = fn->size, load_offset;
+      uint64_t load_size = fn->size, load_offset = 0;
       rc = alloc_blocks(d, &load_size, 1, &load_offset, deadline);
+      uint32_t load_flags = 0;
+      if (rc == ENOSPC || rc == E2BIG) {  /* no room: the worker pulls it (shm_layout.h) */
+        load_size = load_offset = 0;
+        load_flags = PFB_POOL_LOAD_SOCKET;
+        rc = 0;
+      }
       if (rc == 0) {
-        memcpy(d->input_base + load_offset, fn->payload, load_size);
+        if (load_size) memcpy(d->input_base + load_offset, fn->payload, load_size);
         pfb_msg_init(w->scratch, PFB_POOL_MSG_LOAD);
+        w->scratch[0].message.flags = load_flags;
         w->scratch[0].message.token = token;
         w->scratch[0].message.block_offset = load_offset;
         w->scratch[0].message.block_size = load_size;
@@ -823,7 +832,7 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
       record.lanes = inputs[i].lanes;
       record.flags = inputs[i].flags;
       record.ndim = inputs[i].ndim;
-      record.offset = offsets[i];
+      record.offset = inputs[i].flags & PFB_POOL_TENSOR_SOCKET ? inputs[i].nbytes : offsets[i];
       record.size = sizes[i];
       rc = pfb_msg_add_tensor(w->scratch, PFB_POOL_MAX_MESSAGE_SLOTS, &record, inputs[i].dims);
     }
