@@ -12,8 +12,9 @@ one driver.
 Memory: one input arena per pool and one result arena per worker, each
 ``arena_bytes`` of shared memory (``memfd``: anonymous, so nothing is left in
 /dev/shm whatever happens to the processes).  Inputs wait for room in the
-input arena; a payload larger than an arena, and a result that finds its
-worker's arena full, travel pickled through the socket instead.  A block
+input arena; an input that finds none (the worker pulls it by id), and a
+result that finds its worker's arena full, travel pickled through the
+socket instead.  A block
 goes back only when the process it was handed to says it is done with it
 (pyfunc_bridge/_worker.py says who owns a block when): an input block when
 nothing in the worker views it any more, a result block when its tensor goes.
@@ -66,6 +67,7 @@ _RETRY_SECONDS = 1.0         # then calls fail this long, before the pool tries 
 _RETRY_MAX_SECONDS = 60.0    # (the wait doubles while it keeps failing, up to this)
 _STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then SIGKILL
 _RING_SLOTS = 256            # per ring of a worker's control segment (16 KiB each)
+_MIN_ARENA_BYTES = 4096      # one page: arena_bytes=0 and smaller pools get this much
 
 
 class WorkerError(RuntimeError):
@@ -500,11 +502,12 @@ class ProcessPool:
     Args:
       workers: how many processes (default: one per core this process may use).
       arena_bytes: the shared memory for inputs, and again for each worker's
-        results (default 64 MiB): the pool maps at most
-        ``(workers + 1) * arena_bytes``.  Inputs wait for room; a payload
-        larger than an arena, or a result when its worker's arena is full,
-        travels pickled through the worker's socket instead (slower, still
-        correct).
+        results (default 64 MiB; at least one page, 4096 bytes, which
+        ``0`` asks for): the pool maps at most ``(workers + 1) *
+        arena_bytes``.  Inputs wait for room while calls in flight may free
+        some; an input that finds none, or is larger than the arena, and a
+        result when its worker's arena is full, travels pickled through the
+        worker's socket instead (slower, still correct).
       name: the pool's name in errors (default ``ProcessPool-<n>``).
       timeout: the seconds a call may run in a worker (default None: no
         limit), counted from when the worker starts it.  A call past it fails
@@ -549,6 +552,7 @@ class ProcessPool:
                              f"got {workers!r}")
         if type(arena_bytes) is not int or arena_bytes < 0:
             raise ValueError(f"arena_bytes must be a non-negative int, got {arena_bytes!r}")
+        arena_bytes = max(arena_bytes, _MIN_ARENA_BYTES)  # every pool has rings and arenas
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str or None, got {type(name).__name__}")
         if timeout is not None and (isinstance(timeout, bool)
@@ -589,6 +593,11 @@ class ProcessPool:
         # (token, CALL flags) -> the dispatcher's Route for kernels'
         # native calls (native_route); Python's references, for statistics.
         self._routes = {}
+        # payload id -> the pickle of a ring call's input that its worker
+        # pulls over the socket (Route.call puts and drops it; _receive
+        # answers the worker's ("need", id)); ("load", token) -> a
+        # function's LOAD pickle, for as long as it is registered.
+        self._payloads = {}
         self._arena = (_SharedArena(self._dispatch) if self._dispatch is not None
                        else _worker.Arena(0))
         self._arena_free = threading.Condition()  # guards _holding, workers' inputs
@@ -814,12 +823,16 @@ class ProcessPool:
     def ring_call(self, func, framework, args, writable, scalars, facts=False):
         """Runs `func` on `args` (the values _input_arrays made) in a worker
         over the rings, as a kernel's native call runs (Route.call): returns
-        (the route, run()'s answer), or None where the call must take the socket path (no
-        route for it, or its inputs do not fit the input arena).  Waits for a
+        (the route, run()'s answer).  Inputs the input arena has no room for, and those
+        the records cannot describe, are pulled by the worker over its
+        socket (Route.call's `payloads`).  None (the socket path) only for a
+        CALL the ring cannot hold (more inputs than its slots).  Waits for a
         worker while none is attached (the pool is starting or replacing
         them), with the GIL released."""
         route = self.native_route(func, framework, writable, scalars, facts)
         if route is None:
+            if self._closed:
+                raise PoolClosedError(f"pyfunc_bridge: {self.name} {self._why_closed()}")
             return None
         pw = _worker.pool_module()
         from pyfunc_bridge import _library
@@ -831,7 +844,7 @@ class ProcessPool:
                 if self._broken:
                     raise WorkerError(self._broken)
             try:
-                reply, index, _ = route.call(args)
+                reply, index, _ = route.call(args, self._payloads)
                 break
             except pw.Declined as declined:
                 if declined.errno == errno.EAGAIN and not self._closed:
@@ -840,7 +853,7 @@ class ProcessPool:
                 if declined.errno == errno.EPIPE or self._closed:
                     raise PoolClosedError(
                         f"pyfunc_bridge: {self.name} {self._why_closed()}") from None
-                return None  # no room, never room, or an input the rings do not carry
+                return None  # a CALL larger than the ring, even with every input pulled
             except pw.DispatchFailed as failed:
                 code, text = failed.args
                 failed = None
@@ -879,8 +892,9 @@ class ProcessPool:
             route = self._routes.get((token, flags))
             if route is None:
                 if not dispatch.knows(token):
-                    dispatch.register(token, pickle.dumps((list(sys.path), data),
-                                                          protocol=_worker._PICKLE_PROTOCOL))
+                    load = pickle.dumps((list(sys.path), data), protocol=_worker._PICKLE_PROTOCOL)
+                    dispatch.register(token, load)
+                    self._payloads[("load", token)] = load  # a LOAD the arena has no room for
                 pw.set_counting(_pool_stats.counting())
                 route = self._routes[(token, flags)] = dispatch.route(token, flags)
                 self._counters.add_route(route)
@@ -893,6 +907,7 @@ class ProcessPool:
         with self._lock:
             for key in [k for k in self._routes if k[0] == token]:
                 self._counters.drop_route(self._routes.pop(key))
+            self._payloads.pop(("load", token), None)
         if dispatch is not None:
             dispatch.forget(token)
 
@@ -1100,6 +1115,9 @@ class ProcessPool:
             if message[0] == "ring":  # ("ring", call_id, ok, payload, facts): native_reply's
                 _ring_answers.put(message[1], message[2:])
                 continue
+            if message[0] == "need":  # ("need", payload id): a ring call's input
+                self._send_payload(worker, message[1])
+                continue
             if message[0] == "ready":  # ("ready", pid)
                 worker.ready = True
                 self._start_failures = 0
@@ -1121,6 +1139,22 @@ class ProcessPool:
         for call, reply in answered:
             self._answer(call, reply)
         return bool(received)
+
+    def _send_payload(self, worker, payload_id):
+        """Answers a worker's ("need", id) (shm_layout.h,
+        PFB_POOL_TENSOR_SOCKET): ("payload", id, the pickled input), or None
+        once its caller has stopped waiting.  Requests that a caller left in
+        the outbox while this held the write lock go after it (_flush)."""
+        message = pickle.dumps(("payload", payload_id, self._payloads.get(payload_id)),
+                               protocol=_worker._PICKLE_PROTOCOL)
+        with worker.write_lock:
+            try:
+                _worker.send(worker.sock, message)
+            except OSError:
+                pass  # the worker is gone: its reader fails its call
+        del message
+        if worker.outbox:
+            self._flush(worker)
 
     def _attach(self, worker):
         """A worker joins the native dispatcher as it starts: calls posted on

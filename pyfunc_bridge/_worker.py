@@ -610,6 +610,7 @@ class _Worker:
                 while ring.serve():
                     if ring.stopped:
                         return
+                frames += ring.take_stash()  # read while a call pulled an input
             if not frames:
                 if ring is not None and not ring.wait():
                     continue  # the doorbell: the ring has requests
@@ -626,7 +627,8 @@ class _Worker:
                 ring.inputs_back()
             if not self.timed:
                 send(self.sock, self.sendable(replies, pickle))
-            replies = frames = None
+            replies = None
+            frames = []
 
     def answer(self, frames, pickle, ring=None):
         """Runs the requests of `frames` (emptied); returns their replies
@@ -754,9 +756,11 @@ class _RingServer:
     main thread) runs both this and the socket's requests, one call at a
     time, as before."""
 
-    def __init__(self, worker, pw, channel, doorbell, sock_fd):
+    def __init__(self, worker, pw, channel, doorbell, sock_fd, reader=None):
         import select
         self.worker = worker
+        self.reader = reader  # the socket's FrameReader, which pull() reads too
+        self.stash = []       # frames pull() read that were not its payload
         self.pw = pw
         self.channel = channel
         self.doorbell = doorbell  # the eventfd the parent rings
@@ -837,12 +841,15 @@ class _RingServer:
         import pickle
         worker = self.worker
         offset, size = message.block
+        data = None
+        if not message.flags & self.pw.LOAD_SOCKET:
+            try:
+                data = bytes(worker.input_map[offset:offset + size])
+            finally:
+                worker.ring_inputs_freed.append(offset)  # read: the parent's again
         try:
-            data = bytes(worker.input_map[offset:offset + size])
-        finally:
-            worker.ring_inputs_freed.append(offset)  # read: the parent's again
-        try:
-            path, pickled = pickle.loads(data)
+            path, pickled = (pickle.loads(data) if data is not None
+                             else self.pull(("load", message.token)))
             if path is not None:
                 sys.path[:] = path
             importlib.invalidate_caches()
@@ -854,11 +861,47 @@ class _RingServer:
         except BaseException as exc:  # noqa: BLE001 - each CALL of it raises it
             self.load_errors[message.token] = exc
 
+    def take_stash(self):
+        taken, self.stash = self.stash, []
+        return taken
+
+    def pull(self, payload_id):
+        """The input the parent keeps for this call under `payload_id`
+        (shm_layout.h, PFB_POOL_TENSOR_SOCKET; or a LOAD's function, by
+        ("load", token)), asked for on the socket; the frames read meanwhile
+        wait in `stash` for the main loop."""
+        import pickle
+        send(self.worker.sock, pickle.dumps(("need", payload_id), protocol=_PICKLE_PROTOCOL))
+        while True:
+            frames = self.reader.read(pickle.loads)
+            if not frames:
+                raise ConnectionResetError("pyfunc_bridge: the pool closed while the worker "
+                                           "waited for a call's input")
+            for i, frame in enumerate(frames):
+                if frame[0] == "payload" and frame[1] == payload_id:
+                    self.stash += frames[:i] + frames[i + 1:]
+                    if frame[2] is None:
+                        raise RuntimeError(f"pyfunc_bridge: the parent no longer holds "
+                                           f"{payload_id!r} (the call's caller stopped "
+                                           f"waiting, or its function was dropped)")
+                    return pickle.loads(frame[2])
+            self.stash += frames
+
     def arg(self, tensor, flags):
         pw, worker = self.pw, self.worker
         np = worker.np
         code, bits, lanes, tflags, offset, size, shape = tensor
-        if tflags & pw.TENSOR_STRINGS:
+        if tflags & pw.TENSOR_SOCKET:
+            arr = self.pull(offset)
+            if not isinstance(arr, np.ndarray):
+                return arr  # a value the records cannot describe, as it came
+            # As a block's input: writable only under copy=True and torch.
+            if flags & (pw.CALL_WRITABLE | pw.CALL_TORCH):
+                if not arr.flags.writeable:
+                    arr = arr.copy()
+            else:
+                arr.flags.writeable = False
+        elif tflags & pw.TENSOR_STRINGS:
             block = worker.input_block(offset, size, ring=True) if size else b""
             arr = _strings(np, memoryview(block), shape)
             del block  # decoded: the block goes back
@@ -887,7 +930,7 @@ class _RingServer:
         started = time.time_ns()
         self.channel.set_running(message.call_id, time.monotonic_ns())
         flags = message.flags
-        framework = pw.FLAG_FRAMEWORKS.get(flags & (pw.CALL_TORCH | pw.CALL_JAX))
+        framework = pw.FLAG_FRAMEWORKS.get(flags & pw.CALL_FRAMEWORKS)
         writable = bool(flags & pw.CALL_WRITABLE)
         tensors = []
         shape_kind = pw.DONE_ONE
@@ -1153,7 +1196,8 @@ def main(argv):
         os.close(rings["control_fd"])
         worker.control = pw.Channel(control)
         if worker.arena is not None:
-            ring = _RingServer(worker, pw, worker.control, rings["doorbell_fd"], sock_fd)
+            ring = _RingServer(worker, pw, worker.control, rings["doorbell_fd"], sock_fd,
+                               reader)
             ring.channel.announce(os.getpid())
         else:  # no arenas: nothing travels on the rings
             os.close(rings["doorbell_fd"])

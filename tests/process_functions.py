@@ -484,3 +484,18 @@ def keeps_its_input(a):
     returns twice it."""
     _kept_inputs.append(a)
     return a * 2
+
+
+def is_writable(a):
+    """Whether the function may write its input (copy=True, torch)."""
+    return np.bool_(a.flags.writeable)
+
+
+def type_name(a):
+    """The type the function was handed (a NumPy scalar, an array, a tensor)."""
+    return np.bytes_(type(a).__name__.encode())
+
+
+def total_length(a):
+    """The bytes of a string input, all elements together."""
+    return np.int64(sum(len(s) for s in np.asarray(a, dtype=object).flat))

@@ -284,12 +284,13 @@ def test_one_doorbell_wakes_the_worker_for_a_batch_and_replies_come_in_order(cli
     assert rung_once >= 2, f"the worker was asleep for {rung_once} of {round_ + 1} batches"
 
 
-def test_the_socket_path_runs_beside_the_ring(client):
+def test_the_socket_path_runs_beside_the_ring(client, monkeypatch):
     """The worker's socket serves pool calls while the ring serves the
     client: the same worker, one call at a time."""
     import tensorflow as tf
-    # (No dispatcher here: the pool's call takes the socket path.)
-    client.pool.native_route = lambda *args, **kwargs: None
+    # The worker is not attached to the pool's dispatcher (the client plays
+    # it): a ring call would wait for an attached worker for ever.
+    monkeypatch.setattr(client.pool, "native_route", lambda *a, **k: None)
     token = client.load(double)
     ring_call = _call_and_notify(client, token, np.ones(3))
     out = pfb.numpy_function(lambda a: a + 1, [tf.constant([1.0, 2.0])], tf.float32,

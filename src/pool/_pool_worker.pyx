@@ -18,7 +18,8 @@ never through the package, whose import would bring TensorFlow in.
   such a result to the parent without a copy when nothing else in the worker
   can still reach it.
 """
-from libc.errno cimport EAGAIN, EINVAL, EMSGSIZE, ENOMEM, EPIPE, EPROTO, ETIMEDOUT
+from libc.errno cimport (E2BIG, EAGAIN, EINVAL, EMSGSIZE, ENOMEM, ENOSPC, EPIPE, EPROTO,
+                         ETIMEDOUT)
 from libc.stdint cimport SIZE_MAX, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset, strncpy
@@ -107,9 +108,14 @@ CALL_SCALARS = PFB_POOL_CALL_SCALARS
 CALL_TORCH = PFB_POOL_CALL_TORCH
 CALL_JAX = PFB_POOL_CALL_JAX
 CALL_FACTS = PFB_POOL_CALL_FACTS
+CALL_CUPY = PFB_POOL_CALL_CUPY
+CALL_FRAMEWORKS = PFB_POOL_CALL_FRAMEWORKS
+TENSOR_SOCKET = PFB_POOL_TENSOR_SOCKET
+LOAD_SOCKET = PFB_POOL_LOAD_SOCKET
 # The CALL flag of each framework a ring call can name (shm_layout.h);
 # None: NumPy.  A framework not here takes the socket path.
-FRAMEWORK_FLAGS = {None: 0, "torch": PFB_POOL_CALL_TORCH, "jax": PFB_POOL_CALL_JAX}
+FRAMEWORK_FLAGS = {None: 0, "torch": PFB_POOL_CALL_TORCH, "jax": PFB_POOL_CALL_JAX,
+                   "cupy": PFB_POOL_CALL_CUPY}
 FLAG_FRAMEWORKS = {flag: name for name, flag in FRAMEWORK_FLAGS.items() if flag}
 
 

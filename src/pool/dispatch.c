@@ -953,7 +953,8 @@ static Queued* queued_new(Token* fn, uint32_t flags, const PfbDispatchInput* inp
     record.lanes = inputs[i].lanes;
     record.flags = inputs[i].flags;
     record.ndim = inputs[i].ndim;
-    record.offset = offsets[i];
+    /* A pulled input has no block: its record names the payload (shm_layout.h). */
+    record.offset = inputs[i].flags & PFB_POOL_TENSOR_SOCKET ? inputs[i].nbytes : offsets[i];
     record.size = sizes[i];
     pfb_msg_add_tensor(q->message, slots, &record, inputs[i].dims);  /* sized to fit */
   }
@@ -1016,11 +1017,18 @@ static int post_call(PfbDispatch* d, Worker* w, Queued* q, int64_t deadline) {
   post_back(w, slots + (uint32_t)load);
   if (deadline == NOW && pfb_ring_room(&w->requests) < slots + (uint32_t)load) return EAGAIN;
   if (load) {
-    uint64_t load_size = q->fn->size, load_offset;
+    uint64_t load_size = q->fn->size, load_offset = 0;
     int rc = alloc_blocks(d, &load_size, 1, &load_offset, deadline);
+    uint32_t load_flags = 0;
+    if (rc == ENOSPC || rc == E2BIG) {  /* no room: the worker pulls it (shm_layout.h) */
+      load_size = load_offset = 0;
+      load_flags = PFB_POOL_LOAD_SOCKET;
+      rc = 0;
+    }
     if (rc != 0) return rc;
-    memcpy(d->input_base + load_offset, q->fn->payload, load_size);
+    if (load_size) memcpy(d->input_base + load_offset, q->fn->payload, load_size);
     pfb_msg_init(w->scratch, PFB_POOL_MSG_LOAD);
+    w->scratch[0].message.flags = load_flags;
     w->scratch[0].message.token = q->fn->token;
     w->scratch[0].message.block_offset = load_offset;
     w->scratch[0].message.block_size = load_size;
@@ -1157,7 +1165,9 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
     rc = ENOMEM;
     goto out;
   }
-  for (uint32_t i = 0; i < count; ++i) sizes[i] = inputs[i].nbytes;
+  /* An input pulled over the socket has no block (shm_layout.h). */
+  for (uint32_t i = 0; i < count; ++i)
+    sizes[i] = inputs[i].flags & PFB_POOL_TENSOR_SOCKET ? 0 : inputs[i].nbytes;
   rc = alloc_blocks(d, sizes, count, offsets, deadline);
   if (rc != 0) goto out;
   /* The copy in: the one copy of a call's inputs, outside every lock. */

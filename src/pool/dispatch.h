@@ -69,10 +69,12 @@ typedef struct PfbDispatchArena {
 } PfbDispatchArena;
 
 /* One input: host memory, compact row-major (or a strings block already
- * encoded as shm_layout.h says, with PFB_POOL_TENSOR_STRINGS). */
+ * encoded as shm_layout.h says, with PFB_POOL_TENSOR_STRINGS); or, with
+ * PFB_POOL_TENSOR_SOCKET, none: no block is allocated, `data` is NULL and
+ * `nbytes` is the payload id the record's `offset` carries (ndim 0). */
 typedef struct PfbDispatchInput {
   const void* data;
-  uint64_t nbytes;
+  uint64_t nbytes;  /* the data's bytes; PFB_POOL_TENSOR_SOCKET: the payload id */
   uint8_t code, bits;
   uint16_t lanes;
   uint32_t flags;  /* PFB_POOL_TENSOR_* */

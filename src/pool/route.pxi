@@ -5,6 +5,9 @@
 
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
+import itertools
+import pickle
+
 import numpy as np
 
 cdef extern from *:
@@ -25,7 +28,69 @@ class Declined(OSError):
     """The dispatcher did not take a call (dispatch.h, pfb_dispatch_submit),
     by errno: EAGAIN, no worker attached now; ENOSPC or E2BIG, no room for
     its inputs; EPIPE, the pool is closed; ENOENT, its function was dropped;
-    EINVAL, an input that is neither numbers nor bytes."""
+    EINVAL, an input that is neither numbers nor bytes (only without a
+    payloads dict: with one, such inputs and those the arena has no room for
+    are pulled over the socket)."""
+
+
+# Payload ids of inputs pulled over the socket (PFB_POOL_TENSOR_SOCKET):
+# unique in the process, as a pool's payloads dict needs.
+_payload_ids = itertools.count(1)
+
+
+cdef _socket_input(object value, PfbDispatchInput* item, dict payloads, list ids):
+    """Fills `item` for one input pulled over the socket: its pickle goes
+    into `payloads` under a fresh id (listed in `ids`, whose caller drops
+    them); the value as the block would have made it (bytes: a 0-d array of
+    bytes; a NumPy scalar: a 0-d array)."""
+    if isinstance(value, bytes):
+        arr = np.empty((), dtype=object)
+        arr[()] = value
+        value = arr
+    elif isinstance(value, np.generic):
+        value = np.asarray(value)
+    try:
+        data = pickle.dumps(value, protocol=5)
+    except Exception as exc:
+        raise TypeError(f"pyfunc_bridge: an input of the call (a {type(value).__name__}) "
+                        f"cannot be sent to the worker process: {type(exc).__name__}: {exc}. "
+                        f"Pass numbers, bytes or values that pickle, or run the function "
+                        f"in-process (executor=None)") from None
+    payload_id = next(_payload_ids)
+    payloads[payload_id] = data
+    ids.append(payload_id)
+    item.data = NULL
+    item.nbytes = payload_id
+    item.code = item.bits = 0
+    item.lanes = 1
+    item.flags = PFB_POOL_TENSOR_SOCKET
+    item.ndim = 0
+
+
+cdef bint _move_to_socket(object values, PfbDispatchInput* inputs, Py_ssize_t n, uint64_t room,
+                          dict payloads, list ids) except -1:
+    """The rule for a call whose inputs the arena has no room for (ENOSPC)
+    or never will (E2BIG): its largest inputs go by the socket until the
+    rest fit the room free now (`room`; with 0, or where none needs to,
+    all of them).  Whether any moved."""
+    cdef Py_ssize_t i
+    blocks = []  # (its block's bytes, index) of each input that has one
+    for i in range(n):
+        if not inputs[i].flags & PFB_POOL_TENSOR_SOCKET:
+            blocks.append((-(-<object>inputs[i].nbytes // PFB_POOL_ALIGN) * PFB_POOL_ALIGN, i))
+    blocks.sort(reverse=True)
+    need = sum(size for size, _ in blocks)
+    moved = False
+    for size, i in blocks:
+        if room and need <= room:
+            break
+        need -= size
+        _socket_input(values[i], &inputs[i], payloads, ids)
+        moved = True
+    if not moved and room:  # they fit the room in bytes, not in its pieces: all go
+        return _move_to_socket(values, inputs, n, 0, payloads, ids)
+    return moved
+
 
 
 cdef int64_t _clock_ns(int clock) noexcept:
@@ -167,11 +232,18 @@ cdef class Route:
         pfb_dispatch_route_keep(self._r)
         return <uintptr_t>self._r
 
-    def call(self, values):
+    def call(self, values, dict payloads=None):
         """Runs the function on `values` (arrays of numbers or of bytes, NumPy
         scalars, bytes) in a worker: (the Reply of its DONE, which holds its
         result blocks; the worker's slot; when it was posted: ns,
         CLOCK_REALTIME).
+
+        `payloads`: the pool's dict (payload id -> pickled input) whose
+        inputs its workers pull over their sockets (shm_layout.h,
+        PFB_POOL_TENSOR_SOCKET): an input the records cannot describe goes
+        so, and when the arena has no room for the inputs, those
+        _move_to_socket picks.  Each stays there until this returns or
+        raises.
 
         Waits without the GIL, in slices, and handles signals between them:
         an exception there (Ctrl-C) abandons the call as a kernel that stops
@@ -191,14 +263,18 @@ cdef class Route:
         cdef int64_t posted = 0
         cdef int rc = 0
         cdef bint submitted = False
+        cdef int moves = 0  # times inputs were moved to the socket for room
         keep = []
+        ids = []  # payload ids of this call's inputs in `payloads`
         try:
             if dims == NULL or inputs == NULL:
                 raise MemoryError()
             for i in range(n):
                 rc = _ring_input(values[i], &inputs[i], &dims[i * PFB_POOL_MAX_NDIM], keep,
                                  &data_bytes)
-                if rc:
+                if rc and payloads is not None:
+                    _socket_input(values[i], &inputs[i], payloads, ids)
+                elif rc:
                     raise Declined(rc, f"pyfunc_bridge: input {i} ({type(values[i]).__name__}) "
                                        f"is neither numbers nor bytes")
             while True:
@@ -210,6 +286,13 @@ cdef class Route:
                     if rc != ETIMEDOUT:
                         break
                     PyErr_CheckSignals()
+                if ((rc == ENOSPC or rc == E2BIG) and payloads is not None
+                        and _move_to_socket(values, inputs, n,
+                                            pfb_dispatch_free_bytes(r.d)
+                                            if rc == ENOSPC and not moves else 0,
+                                            payloads, ids)):
+                    moves += 1
+                    continue  # the same call, with fewer blocks (the second time: none)
                 if rc:
                     raise Declined(rc, f"pyfunc_bridge: the dispatcher declined the call "
                                        f"({os.strerror(rc)})")
@@ -248,6 +331,8 @@ cdef class Route:
         finally:
             if submitted:
                 pfb_dispatch_finish(r.d, &call)
+            for payload_id in ids:  # a worker that asks later gets None: the call fails
+                payloads.pop(payload_id, None)
             free(inputs)
             free(dims)
 

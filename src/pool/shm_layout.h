@@ -128,8 +128,10 @@
 
 #define PFB_POOL_MAGIC 0x314c4f4f50424650ULL /* "PFBPOOL1", little-endian */
 /* 3: CALL flags name array_function's framework and ask for copy facts,
- * which a DONE's tensor records carry (PFB_POOL_TENSOR_ALIASED ..). */
-#define PFB_POOL_LAYOUT_VERSION 3
+ * which a DONE's tensor records carry (PFB_POOL_TENSOR_ALIASED ..).
+ * 4: a CALL's input, and a LOAD's function, may be pulled over the socket
+ * (PFB_POOL_TENSOR_SOCKET, PFB_POOL_LOAD_SOCKET); PFB_POOL_CALL_CUPY. */
+#define PFB_POOL_LAYOUT_VERSION 4
 
 /* Every block starts at a multiple of this and is a multiple of it long:
  * PFB_TENSOR_ALIGNMENT (bridge_abi.h), which TensorFlow needs to use memory
@@ -193,11 +195,24 @@ enum {
    * fails the call unless PFB_POOL_CALL_WRITABLE, as in-process. */
   PFB_POOL_CALL_TORCH = 4,
   PFB_POOL_CALL_JAX = 8,
+  /* CuPy: the worker hands the function NumPy arrays over the blocks and
+   * takes DLPack results back as NumPy arrays, as its socket path did (a
+   * worker has no GPU context of TensorFlow's to make CuPy arrays over). */
+  PFB_POOL_CALL_CUPY = 32,
+  PFB_POOL_CALL_FRAMEWORKS = 4 | 8 | 32,
   /* copy=False: the worker sets each result record's copy facts
    * (PFB_POOL_TENSOR_ALIASED ..), which the parent's copy decision judges;
    * without it they are zero (computing them costs the worker time that
    * only copy=False uses). */
   PFB_POOL_CALL_FACTS = 16
+};
+
+/* PfbPoolMessage.flags of a LOAD. */
+enum {
+  /* The input arena had no room for the pickle (block 0, 0): the worker
+   * pulls it over its socket as it pulls an input (PFB_POOL_TENSOR_SOCKET),
+   * by the id ("load", token). */
+  PFB_POOL_LOAD_SOCKET = 1
 };
 
 /* PfbPoolMessage.flags of a DONE: how the function returned its outputs. */
@@ -243,7 +258,16 @@ enum {
   PFB_POOL_TENSOR_STRIDED = 16,
   PFB_POOL_TENSOR_UNALIGNED = 32,
   PFB_POOL_TENSOR_LAZY = 64,
-  PFB_POOL_TENSOR_REFUSED_MASK = 8 | 16 | 32 | 64
+  PFB_POOL_TENSOR_REFUSED_MASK = 8 | 16 | 32 | 64,
+  /* A CALL's input with no block (the input arena had no room for it, or
+   * the records cannot describe it): `offset` is a payload id, `size` 0,
+   * ndim 0 (the value carries its own dtype and shape).  The worker asks
+   * the parent for it on its socket, ("need", id), and reads its socket
+   * until ("payload", id, the pickled input or None) comes; None (the caller
+   * stopped waiting) fails the call.  Pulled, not pushed, so that any worker
+   * may run the call, a resent one included.  Writability, scalars and the
+   * framework apply to it as to a block's input. */
+  PFB_POOL_TENSOR_SOCKET = 128
 };
 
 /* The first slot of every message. */

@@ -24,6 +24,9 @@ cdef extern from "shm_layout.h" nogil:
         PFB_POOL_CALL_TORCH
         PFB_POOL_CALL_JAX
         PFB_POOL_CALL_FACTS
+        PFB_POOL_CALL_CUPY
+        PFB_POOL_CALL_FRAMEWORKS
+        PFB_POOL_LOAD_SOCKET
         PFB_POOL_DONE_ONE
         PFB_POOL_DONE_TUPLE
         PFB_POOL_DONE_LIST
@@ -38,6 +41,7 @@ cdef extern from "shm_layout.h" nogil:
         PFB_POOL_TENSOR_UNALIGNED
         PFB_POOL_TENSOR_LAZY
         PFB_POOL_TENSOR_REFUSED_MASK
+        PFB_POOL_TENSOR_SOCKET
 
     ctypedef struct PfbPoolMessage:
         uint16_t kind

@@ -1,0 +1,294 @@
+"""Inputs the input arena has no room for, and those the ring's records
+cannot describe, travel on the worker's socket, pulled by the worker by
+payload id (src/pool/shm_layout.h, PFB_POOL_TENSOR_SOCKET): the call itself
+still goes over the rings.  The sign of that is that the socket call path
+(the pool's public ``stage`` and ``run``) is never entered."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import process_functions as pf
+from conftest import input_arena_whole
+import pyfunc_bridge as pfb
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+BIG = 16 << 10  # float32 elements: 64 KiB, sixteen times a 4 KiB arena
+
+
+def _rings_only(pool):
+    """Makes the socket call path fail the test if a call takes it."""
+    def socket_path(*args, **kwargs):
+        raise AssertionError("the call took the socket call path")
+    pool.stage = pool.run = socket_path
+    return pool
+
+
+@pytest.fixture
+def small():
+    with pfb.ProcessPool(1, arena_bytes=4096, name="pulled inputs pool") as pool:
+        yield _rings_only(pool)
+
+
+def test_an_input_larger_than_the_arena_is_pulled(small):
+    x = np.arange(BIG, dtype=np.float32)
+    got = pfb.numpy_function(pf.double, [tf.constant(x)], tf.float32, executor=small)
+    np.testing.assert_array_equal(got.numpy(), x * 2)
+
+    @tf.function
+    def graph(t):  # a kernel's first call, then its native calls declined for room
+        return pfb.numpy_function(pf.double, [t], tf.float32, executor=small)
+    for _ in range(3):
+        np.testing.assert_array_equal(graph(tf.constant(x)).numpy(), x * 2)
+    # Only the one that fits goes in a block; the other is pulled.
+    np.testing.assert_array_equal(
+        pfb.numpy_function(pf.add, [tf.constant(x), tf.ones([4], tf.float32)[:1]],
+                           tf.float32, executor=small).numpy(), x + 1)
+    input_arena_whole(small)
+
+
+def test_pulled_inputs_are_writable_only_under_copy_true(small):
+    x = tf.constant(np.ones(BIG, np.float32))
+    assert not pfb.numpy_function(pf.is_writable, [x], tf.bool, executor=small).numpy()
+    assert pfb.numpy_function(pf.is_writable, [x], tf.bool, copy=True,
+                              executor=small).numpy()
+    got = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=True,
+                             executor=small)
+    np.testing.assert_array_equal(got.numpy(), np.full(BIG, 2.0, np.float32))
+    np.testing.assert_array_equal(x.numpy(), np.ones(BIG, np.float32))  # the caller's stays
+
+
+def test_pulled_strings(small):
+    s = tf.constant([b"x" * 70_000, b"", b"yz"])
+    assert pfb.numpy_function(pf.total_length, [s], tf.int64, executor=small).numpy() == 70_002
+    one = pfb.numpy_function(pf.upper, [tf.constant(b"ab" * 40_000)], tf.string,
+                             executor=small)
+    assert one.numpy() == b"AB" * 40_000
+
+
+def test_pulled_scalars_are_scalars_in_graphs(small):
+    keep = pf.hoarder()
+    full = tf.constant(np.zeros(1024, np.float32))  # 4 KiB: the whole arena, kept
+    assert pfb.numpy_function(keep, [full], tf.int64, executor=small).numpy() == 1
+    assert small.free_input_bytes == 0
+
+    @tf.function
+    def graph(v):
+        return pfb.numpy_function(pf.type_name, [v], tf.string, executor=small)
+    # No room at all: the 0-d input is pulled, and is a NumPy scalar in a graph
+    # (numpy_function's rule) and a 0-d array eagerly.
+    assert graph(tf.constant(2.5)).numpy() == b"float32"
+    assert pfb.numpy_function(pf.type_name, [tf.constant(2.5)], tf.string,
+                              executor=small).numpy() == b"ndarray"
+    np.testing.assert_array_equal(
+        pfb.numpy_function(pf.plus_one, [tf.constant(3.0)], tf.float32,
+                           executor=small).numpy(), 4.0)
+
+
+def test_kept_inputs_fill_the_arena_and_later_calls_are_pulled(small):
+    keep = pf.keeper()
+    first = np.arange(1024, dtype=np.float32)  # 4 KiB: the whole arena, kept for good
+    np.testing.assert_array_equal(
+        pfb.numpy_function(keep, [tf.constant(first)], tf.float32, executor=small).numpy(),
+        first)
+    assert small.free_input_bytes == 0
+    later = np.arange(10, dtype=np.float32)
+    for i in range(1, 4):  # each pulled, and kept too
+        got = pfb.numpy_function(keep, [tf.constant(later + i)], tf.float32, executor=small)
+        np.testing.assert_array_equal(got.numpy()[-10:], later + i)
+        assert got.shape == (1024 + 10 * i,)
+        np.testing.assert_array_equal(
+            pfb.numpy_function(pf.double, [tf.constant(later)], tf.float32,
+                               executor=small).numpy(), later * 2)
+    assert small.free_input_bytes == 0
+
+
+def test_torch_gets_pulled_inputs_as_tensors(torch):
+    with pfb.ProcessPool(1, arena_bytes=4096, name="pulled torch pool") as pool:
+        _rings_only(pool)
+        x = tf.constant(np.arange(BIG, dtype=np.float32))
+        got = pfb.array_function(pf.torch_square, [x], tf.float32, framework="torch",
+                                 executor=pool)
+        np.testing.assert_array_equal(got.numpy(), x.numpy() ** 2)
+        assert pfb.array_function(pf.type_name, [x], tf.string, framework="torch",
+                                  executor=pool).numpy() == b"Tensor"
+
+
+def test_a_pool_without_arena_bytes_takes_the_rings():
+    with pfb.ProcessPool(1, arena_bytes=0, name="no arena pool") as pool:
+        _rings_only(pool)
+        assert pool.arena_bytes == 4096  # one page
+        np.testing.assert_array_equal(
+            pfb.numpy_function(pf.plus_one, [tf.constant([1, 2])], tf.int32,
+                               executor=pool).numpy(), [2, 3])
+        x = np.arange(BIG, dtype=np.float32)  # in and out larger than the arenas
+        np.testing.assert_array_equal(
+            pfb.numpy_function(pf.double, [tf.constant(x)], tf.float32,
+                               executor=pool).numpy(), x * 2)
+        assert pfb.numpy_function(pf.upper, [tf.constant(b"ab" * 10_000)], tf.string,
+                                  executor=pool).numpy() == b"AB" * 10_000
+        assert pfb.numpy_function(pf.upper, [tf.constant(b"ab")], tf.string,
+                                  executor=pool).numpy() == b"AB"
+
+
+def test_cupy_has_a_call_flag():
+    # CuPy is not installed here: only the route for it is checked.
+    with pfb.ProcessPool(1, name="cupy flag pool") as pool:
+        assert pool.native_route(pf.double, "cupy", False, False) is not None
+
+
+def _run(script, *args):
+    run = subprocess.run([sys.executable, "-c", script, *args], cwd=TESTS,
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, TESTS])})
+    assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-3000:]
+
+
+# Ctrl-C at any moment of calls whose inputs are pulled (before, during and
+# after the worker asks for them): the pool keeps working, and its arena is
+# whole once the calls are done.
+_INTERRUPTED_SCRIPT = r"""
+import random, signal, threading, time
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+main = threading.main_thread().ident
+random.seed(28)
+with pfb.ProcessPool(2, arena_bytes=4096, name="interrupted pulls") as pool:
+    x = tf.fill([64 << 10], 3.0)  # 256 KiB: always pulled
+    stop = threading.Event()
+    def interrupt():
+        stop.wait(0.5)
+        while not stop.wait(random.uniform(0, 0.006)):
+            signal.pthread_kill(main, signal.SIGINT)
+    sender = threading.Thread(target=interrupt)
+    interrupted = calls = 0
+    sender.start()
+    while calls < 200:
+        try:
+            calls += 1
+            out = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=True,
+                                     executor=pool)
+            assert float(out[0]) == 6.0, (calls, out)
+        except KeyboardInterrupt:
+            interrupted += 1
+    while True:
+        try:
+            stop.set()
+            sender.join()
+            time.sleep(0.05)
+            break
+        except KeyboardInterrupt:
+            pass
+    assert interrupted > 50, interrupted
+    while pool.free_input_bytes != pool.arena_bytes:
+        time.sleep(0.01)
+    for _ in range(8):
+        out = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=True,
+                                 executor=pool)
+        np.testing.assert_array_equal(out.numpy(), np.full(64 << 10, 6.0))
+print("done")
+"""
+
+
+def test_ctrl_c_around_pulls_leaves_the_pool_working():
+    _run(_INTERRUPTED_SCRIPT)
+
+
+def _in_ring_call(thread):
+    """Whether `thread` waits in a ring call (its innermost Python frame)."""
+    frame = sys._current_frames().get(thread.ident)
+    return frame is not None and frame.f_code.co_name == "ring_call"
+
+
+# A caller that stops waiting before its worker pulls the input: the worker
+# is told the input is gone (its call fails, nobody waits for it), and the
+# next calls run.
+_GONE_SCRIPT = r"""
+import os, signal, sys, threading, time
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+gate = sys.argv[1]
+main = threading.main_thread()
+def waiting(thread):
+    frame = sys._current_frames().get(thread.ident)
+    return frame is not None and frame.f_code.co_name == "ring_call"
+with pfb.ProcessPool(1, arena_bytes=4096, name="gone pool") as pool:
+    held = threading.Thread(target=lambda: pfb.numpy_function(
+        pf.wait_for_file, [tf.constant(gate)], tf.int64, executor=pool))
+    held.start()
+    def interrupt():
+        while not waiting(main):
+            time.sleep(0.01)
+        time.sleep(0.1)  # (the caller is in its wait: its signal check runs every 50 ms)
+        signal.pthread_kill(main.ident, signal.SIGINT)
+    threading.Thread(target=interrupt).start()
+    try:
+        pfb.numpy_function(pf.double, [tf.ones([64 << 10])], tf.float32, executor=pool)
+        raise SystemExit("not interrupted")
+    except KeyboardInterrupt:
+        pass
+    open(gate, "w").close()
+    held.join()
+    x = np.arange(64 << 10, dtype=np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(
+            pfb.numpy_function(pf.double, [tf.constant(x)], tf.float32, executor=pool).numpy(),
+            x * 2)
+print("done")
+"""
+
+
+def test_an_input_whose_caller_left_fails_only_its_call(tmp_path):
+    _run(_GONE_SCRIPT, str(tmp_path / "go"))
+
+
+# A worker killed with a call whose input it had not pulled yet behind its
+# running one: the running call fails with WorkerError, the other is resent
+# and its new worker pulls the input.
+_KILLED_SCRIPT = r"""
+import os, signal, sys, threading, time
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+marks = sys.argv[1]
+os.environ["PFB_TEST_MARKS"] = marks
+def waiting(thread):
+    frame = sys._current_frames().get(thread.ident)
+    return frame is not None and frame.f_code.co_name == "ring_call"
+with pfb.ProcessPool(1, arena_bytes=4096, name="killed pool") as pool:
+    outcome = {}
+    def held():
+        try:
+            pfb.numpy_function(pf.hang, [tf.constant(60.0)], tf.int64, executor=pool)
+        except Exception as exc:  # noqa: BLE001 - the worker died in it
+            outcome["held"] = exc
+    x = np.arange(64 << 10, dtype=np.float32)
+    def pulled():
+        outcome["pulled"] = pfb.numpy_function(pf.double, [tf.constant(x)], tf.float32,
+                                               executor=pool).numpy()
+    first = threading.Thread(target=held)
+    first.start()
+    while not os.listdir(marks):  # the worker is in hang()
+        time.sleep(0.01)
+    second = threading.Thread(target=pulled)
+    second.start()
+    while not waiting(second):
+        time.sleep(0.01)
+    time.sleep(0.1)  # (submitted: it waits in 50 ms slices)
+    os.kill(int(os.listdir(marks)[0]), signal.SIGKILL)
+    first.join()
+    second.join()
+    assert "held" in outcome, outcome
+    np.testing.assert_array_equal(outcome["pulled"], x * 2)
+    np.testing.assert_array_equal(
+        pfb.numpy_function(pf.double, [tf.constant(x)], tf.float32, executor=pool).numpy(),
+        x * 2)
+print("done")
+"""
+
+
+def test_a_killed_worker_s_unpulled_call_is_resent(tmp_path):
+    _run(_KILLED_SCRIPT, str(tmp_path))
