@@ -491,7 +491,7 @@ def is_writable(a):
     return np.bool_(a.flags.writeable)
 
 
-def type_name(a):
+def short_type_name(a):
     """The type the function was handed (a NumPy scalar, an array, a tensor)."""
     return np.bytes_(type(a).__name__.encode())
 

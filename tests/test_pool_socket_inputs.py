@@ -78,11 +78,11 @@ def test_pulled_scalars_are_scalars_in_graphs(small):
 
     @tf.function
     def graph(v):
-        return pfb.numpy_function(pf.type_name, [v], tf.string, executor=small)
+        return pfb.numpy_function(pf.short_type_name, [v], tf.string, executor=small)
     # No room at all: the 0-d input is pulled, and is a NumPy scalar in a graph
     # (numpy_function's rule) and a 0-d array eagerly.
     assert graph(tf.constant(2.5)).numpy() == b"float32"
-    assert pfb.numpy_function(pf.type_name, [tf.constant(2.5)], tf.string,
+    assert pfb.numpy_function(pf.short_type_name, [tf.constant(2.5)], tf.string,
                               executor=small).numpy() == b"ndarray"
     np.testing.assert_array_equal(
         pfb.numpy_function(pf.plus_one, [tf.constant(3.0)], tf.float32,
@@ -114,7 +114,7 @@ def test_torch_gets_pulled_inputs_as_tensors(torch):
         got = pfb.array_function(pf.torch_square, [x], tf.float32, framework="torch",
                                  executor=pool)
         np.testing.assert_array_equal(got.numpy(), x.numpy() ** 2)
-        assert pfb.array_function(pf.type_name, [x], tf.string, framework="torch",
+        assert pfb.array_function(pf.short_type_name, [x], tf.string, framework="torch",
                                   executor=pool).numpy() == b"Tensor"
 
 
