@@ -30,6 +30,8 @@ except ImportError:  # the fuzz tests skip without hypothesis
 
 
 _GPUS = tf.config.list_physical_devices("GPU")
+# The environment as the run began: a `gpu` test's fresh interpreter that must see the GPU.
+GPU_ENV = dict(os.environ)
 # The scripts tests run in fresh interpreters check CPU kernels too: their
 # TensorFlow sees no GPU (this process's has initialized CUDA already).
 if _GPUS:

@@ -242,3 +242,13 @@ def test_xla_loop_compares_a_call_under_xla_with_a_plain_tf_function():
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"jit_compile=True [\d.]+ us, plain tf.function [\d.]+ us, "
                      r"plain / XLA [\d.]+", run.stdout), run.stdout
+
+
+def test_gpu_overhead_says_it_needs_a_gpu_where_there_is_none():
+    # On a GPU machine the conftest hides the GPU from fresh interpreters;
+    # tests/test_gpu.py runs the scenario where it sees one.
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, "-m", "benchmarks.gpu_overhead", "--mode", "smoke"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "gpu_overhead: skipped (no GPU: TensorFlow lists no GPU device here)"

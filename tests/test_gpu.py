@@ -28,15 +28,23 @@ def _identity_and_fresh(x):
     return [x, tf.identity(x)]
 
 
+@pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("dtype", DEVICE_DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_eager_py_function_on_gpu_tensors_matches_tensorflow(dtype, shape):
+def test_py_function_on_gpu_tensors_matches_tensorflow(dtype, shape, mode):
     with tf.device("/GPU:0"):
         x = _value(dtype, shape)
-    got = pfb.py_function(_identity_and_fresh, [x], [dtype, dtype])
-    want = tf.py_function(_identity_and_fresh, [x], [dtype, dtype])
+
+    def run(api):
+        def call(v):
+            with tf.device("/GPU:0"):
+                return api(_identity_and_fresh, [v], [dtype, dtype])
+        return (tf.function(call) if mode == "function" else call)(x)
+
+    got, want = run(pfb.py_function), run(tf.py_function)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
+        assert ("GPU" in g.device) == ("GPU" in w.device), (g.device, w.device)
         np.testing.assert_array_equal(g.numpy(), w.numpy())
 
 
@@ -70,6 +78,20 @@ def test_eager_gradient_on_gpu():
         tape.watch(x)
         y = pfb.py_function(lambda a: a * a, [x], tf.float32)
     np.testing.assert_allclose(tape.gradient(y, x).numpy(), [1.0, 2.0, 4.0])
+
+
+def test_graph_gradient_on_gpu():
+    @tf.function
+    def grad(v):
+        with tf.device("/GPU:0"):
+            with tf.GradientTape() as tape:
+                tape.watch(v)
+                y = pfb.py_function(lambda a: a * a, [v], tf.float32)
+            return tape.gradient(y, v)
+
+    with tf.device("/GPU:0"):
+        x = tf.constant([0.5, 1.0, 2.0])
+    np.testing.assert_allclose(grad(x).numpy(), [1.0, 2.0, 4.0])
 
 
 def _mixed(a, b, c):
@@ -114,6 +136,7 @@ def cuda_torch():
 
 
 N = 1 << 22  # large enough that unordered work is seen unfinished
+ROUNDS = 50
 
 
 def _slow_fill(torch, value):
@@ -140,13 +163,13 @@ def test_a_result_from_another_stream_is_complete_before_tf_reads_it(cuda_torch)
         return tf.reduce_min(r), tf.reduce_max(r)
 
     with tf.device("/GPU:0"):
-        for i in range(1, 11):
+        for i in range(1, ROUNDS + 1):
             lo, hi = f(tf.constant([1.0]), tf.constant(float(i)))
             np.testing.assert_allclose([float(lo), float(hi)], [i, i], rtol=1e-4)
 
 
 def test_from_dlpack_orders_the_producers_stream_before_tf(cuda_torch):
-    for i in range(1, 21):
+    for i in range(1, ROUNDS + 1):
         t = _slow_fill(cuda_torch, float(i))
         x = pfb.from_dlpack(t)
         with tf.device("/GPU:0"):
@@ -155,7 +178,7 @@ def test_from_dlpack_orders_the_producers_stream_before_tf(cuda_torch):
 
 
 def test_to_dlpack_is_complete_for_a_consumer_on_another_stream(cuda_torch):
-    for i in range(1, 11):
+    for i in range(1, ROUNDS + 1):
         with tf.device("/GPU:0"):
             x = tf.fill([N], float(i))
             x = x * 1.0 + 0.0
@@ -220,3 +243,68 @@ def test_array_function_cupy_and_jax_on_the_gpu():
     with tf.device("/GPU:0"):
         z = pfb.array_function(lambda a: a + 1, [x], tf.float32, framework="jax")
     np.testing.assert_allclose(z.numpy(), np.full(256, 3.0))
+
+
+# ------------------------------------------------------------- XLA on a GPU --
+
+def _xla_gpu_or_skip():
+    """TF's own XLA on this GPU, as the control: the stand-in CUDA libraries of
+    a trimmed TF build may leave XLA unable to compile there at all."""
+    @tf.function(jit_compile=True)
+    def bare(v):
+        return v * 2.0
+    with tf.device("/GPU:0"):
+        try:
+            bare(tf.ones([4])).numpy()
+        except (tf.errors.OpError, RuntimeError) as e:
+            pytest.skip(f"TensorFlow's XLA does not compile on this GPU: {str(e)[:200]}")
+
+
+def test_py_function_under_xla_on_the_gpu():
+    _xla_gpu_or_skip()
+    seen = []
+
+    def body(a):
+        seen.append(a.device)
+        return a * 3
+
+    @tf.function(jit_compile=True)
+    def f(v):
+        return pfb.py_function(body, [v * 1.0], tf.TensorSpec([4], tf.float32)) + 1.0
+
+    with tf.device("/GPU:0"):
+        for i in range(1, ROUNDS + 1):
+            y = f(tf.fill([4], float(i)))
+            np.testing.assert_array_equal(y.numpy(), np.full(4, 3.0 * i + 1))
+    assert seen
+
+
+def test_array_function_torch_under_xla_on_the_gpu(cuda_torch):
+    _xla_gpu_or_skip()
+
+    @tf.function(jit_compile=True)
+    def f(v):
+        return pfb.array_function(lambda a: a * 2, [v + 0.0], tf.TensorSpec([N], tf.float32),
+                                  framework="torch") - 1.0
+
+    with tf.device("/GPU:0"):
+        for i in range(1, 11):
+            y = f(tf.fill([N], float(i)))
+            assert float(tf.reduce_min(y)) == float(tf.reduce_max(y)) == 2.0 * i - 1
+
+
+# ----------------------------------------------------------------- benchmark --
+
+def test_gpu_overhead_benchmark_reports_a_ratio_on_the_gpu():
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from conftest import GPU_ENV
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-m", "benchmarks.gpu_overhead", "--mode", "smoke"],
+                         cwd=root, env=GPU_ENV, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "GPU:0" in run.stdout, run.stdout
+    assert re.search(r"py_function identity\s+\S+\s+\S+\s+>?[\d.]+x", run.stdout), run.stdout
