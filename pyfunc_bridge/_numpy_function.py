@@ -45,6 +45,10 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=F
     signature = _tout.normalize(Tout)
     inputs = _inputs(inp)
     lib = _library.ops()
+    eager = tf.executing_eagerly()
+    # TF runs a dispatched eager op as a function, which prunes a stateless op
+    # without outputs: eagerly such a call runs once, stateful or not.
+    stateful = stateful or (eager and not signature.dtypes)
     # A worker process receives host memory: pool calls stay on the CPU kernel.
     if framework is not None and pool is None:
         op_name, op = ((ARRAY_OP, lib.pyfunc_bridge_array_function) if stateful else
@@ -53,7 +57,7 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=F
         op_name, op = STATEFUL_OP, lib.pyfunc_bridge_numpy_function
     else:
         op_name, op = STATELESS_OP, lib.pyfunc_bridge_numpy_function_stateless
-    if tf.executing_eagerly():
+    if eager:
         result = _op.run_eagerly(op_name, op, func, inputs, signature, name,
                                  (("copy", copy_attr),), framework, copy_mode=copy_mode,
                                  executor=pool, api=api)
