@@ -287,6 +287,34 @@ def test_keeping_an_input_past_the_call_is_an_error():
     np.testing.assert_array_equal(copied(tf.constant([1.0, 2.0])).numpy(), [2, 3])
 
 
+def test_an_input_released_just_after_the_call_by_another_thread_is_no_error():
+    """JAX computes asynchronously and drops its hold on an input's buffer on
+    its own thread just after the result is ready: a hold let go within a
+    moment of the return is no kept reference."""
+    import threading
+    handed = []
+
+    def hand_off(a):
+        held = threading.Event()
+
+        def hold(view):
+            held.set()
+            threading.Event().wait(0.02)  # still held after the call returned
+            del view
+        thread = threading.Thread(target=hold, args=(a,))
+        handed.append(thread)
+        del a
+        thread.start()
+        held.wait()
+        return np.ones(2, np.float32)
+
+    f = jit(lambda x: pfb.numpy_function(hand_off, [x], tf.TensorSpec([2], tf.float32)))
+    for _ in range(5):
+        np.testing.assert_array_equal(f(tf.constant([1.0, 2.0])).numpy(), [1, 1])
+    for thread in handed:
+        thread.join()
+
+
 # ------------------------------------------------------------ side effects --
 
 def test_stateful_calls_are_neither_merged_nor_dropped():

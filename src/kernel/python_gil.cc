@@ -280,6 +280,14 @@ absl::Status GetBridgeApi(const PfbBridgeApi** api) {
   return absl::OkStatus();
 }
 
+GilRelease::GilRelease() {
+  if (InterpreterRunning() && PyGILState_Check()) saved_ = PyEval_SaveThread();
+}
+
+GilRelease::~GilRelease() {
+  if (saved_ != nullptr) PyEval_RestoreThread(static_cast<PyThreadState*>(saved_));
+}
+
 void ReleaseWithGil(DLManagedTensorVersioned* managed) {
   if (managed == nullptr || managed->deleter == nullptr) return;
   GilScope gil;

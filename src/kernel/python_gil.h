@@ -34,6 +34,20 @@ class GilScope {
   bool first_on_thread_ = false;
 };
 
+// Lets go of the GIL for its lifetime where this thread holds it (a caller
+// that entered TF from Python may), so that other Python threads run while
+// the kernel waits for them.
+class GilRelease {
+ public:
+  GilRelease();
+  ~GilRelease();
+  GilRelease(const GilRelease&) = delete;
+  GilRelease& operator=(const GilRelease&) = delete;
+
+ private:
+  void* saved_ = nullptr;  // this thread's PyThreadState while released
+};
+
 // The conversion layer's API table (imports pyfunc_bridge._conversion on first
 // use).  The GIL must be held.
 absl::Status GetBridgeApi(const PfbBridgeApi** api);

@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -179,6 +181,21 @@ struct Function {
   int32_t flags = 0;
 };
 
+// Whether every view of the call's inputs is gone, given a moment: an
+// asynchronous framework (JAX) drops its hold on its own threads just after
+// the result is ready.
+bool Released(const std::atomic<int>& live) {
+  if (live.load() == 0) return true;
+  GilRelease others_run;  // the threads that hold the views need the GIL
+  constexpr auto kGrace = std::chrono::milliseconds(250);
+  const auto deadline = std::chrono::steady_clock::now() + kGrace;
+  while (live.load() != 0) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return true;
+}
+
 // One call of the conversion layer's driver over XLA buffers.  With `state`
 // set, PfbCall.state goes in and out (a py_function's recorded forward
 // call); `copy_out`: whether the results go to `outs` (false: they are
@@ -255,7 +272,7 @@ absl::Status Run(const Function& f, const std::vector<Buffer>& ins,
   results.Release();  // a result may be a view of an input
   // A view still held would read memory XLA reuses once the call returns.
   // (A recorded py_function state holds its inputs: its caller drops it.)
-  if (state == nullptr && live->load() != 0) {
+  if (state == nullptr && !Released(*live)) {
     return absl::FailedPreconditionError(
         "pyfunc_bridge: the function for key '" + std::string(f.key) +
         "' kept a reference to one of its inputs after it returned; under "
