@@ -38,6 +38,14 @@ if _GPUS:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+def script_env(*paths, **extra):
+    """The environment for a fresh interpreter a test starts: `paths` ahead of
+    the inherited PYTHONPATH (which may be where TensorFlow is), plus `extra`."""
+    inherited = os.environ.get("PYTHONPATH")
+    path = os.pathsep.join([*paths, inherited] if inherited else paths)
+    return {**os.environ, **extra, "PYTHONPATH": path}
+
+
 # PFB_PIN_CPU=1 pins as on a GPU machine, to check the pinning where there is none.
 _PIN = bool(_GPUS) or os.environ.get("PFB_PIN_CPU") == "1"
 _graph_as_default = tf.Graph.as_default

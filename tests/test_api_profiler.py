@@ -306,18 +306,25 @@ def test_calls_without_a_profiler_session_keep_no_memory():
             step(x)
 
     calls(200)  # caches warm
-    gc.collect()
     not_tracemalloc = [tracemalloc.Filter(False, tracemalloc.__file__)]
+
+    def snapshot():
+        gc.collect()
+        return tracemalloc.take_snapshot().filter_traces(not_tracemalloc)
+
     tracemalloc.start()
     try:
-        before = tracemalloc.take_snapshot().filter_traces(not_tracemalloc)
-        calls(3000)
-        gc.collect()
-        after = tracemalloc.take_snapshot().filter_traces(not_tracemalloc)
+        snapshots = [snapshot()]
+        for _ in range(3):
+            calls(3000)
+            snapshots.append(snapshot())
     finally:
         tracemalloc.stop()
-    grown = sum(d.size_diff for d in after.compare_to(before, "filename"))
-    assert grown < 3000  # of 6000 calls: under half a byte per call
+    # Memory kept per call grows in every round; TF's eager op dispatch (on a
+    # GPU machine) moves some kilobytes up or down between rounds.
+    grown = [sum(d.size_diff for d in after.compare_to(before, "filename"))
+             for before, after in zip(snapshots, snapshots[1:])]
+    assert min(grown) < 3000, grown  # of 6000 calls: under half a byte per call
 
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])

@@ -212,8 +212,9 @@ except ImportError:
 from tensorflow.python.eager import context
 assert context._context is None or not context._context._initialized, (
     "the runner created TensorFlow's eager context before forking")
-assert threading.active_count() == 1 and native_threads() == threads, (
-    f"the imports started threads before forking: {native_threads() - threads}")
+# Forking is safe only while the imports started no thread (GPU builds of TF
+# or torch may): otherwise each run gets a fresh interpreter.
+forking = threading.active_count() == 1 and native_threads() == threads
 paths = {}
 for name, program in scenarios.items():
     paths[name] = os.path.join(out, name + ".py")  # a file: autograph reads the source
@@ -226,7 +227,13 @@ while todo or running:
     while todo and len(running) < parallel:
         name, i = todo.pop(0)
         err = os.path.join(out, f"{name}.{i}.err")
-        pid = os.fork()
+        if not forking:
+            pid = os.posix_spawn(sys.executable, [sys.executable, paths[name]], os.environ,
+                                 file_actions=[
+                                     (os.POSIX_SPAWN_OPEN, 2, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+                                     (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
+        else:
+            pid = os.fork()
         if pid == 0:
             fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(fd, 2)

@@ -14,10 +14,13 @@ import time
 
 import numpy as np
 import pytest
+
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
 import process_functions as pf
+
+from conftest import script_env
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -225,6 +228,6 @@ def test_maps_in_daemon_threads_end_quietly_at_exit():
     for _ in range(2):
         run = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], cwd=TESTS,
                              capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, TESTS])})
+                             env=script_env(ROOT, TESTS))
         assert run.returncode == 0, run.stderr[-3000:]
         assert "Traceback" not in run.stderr, run.stderr[-3000:]

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
-from conftest import input_arena_whole
+from conftest import input_arena_whole, script_env
 import pyfunc_bridge as pfb
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -144,7 +144,7 @@ def test_cupy_has_a_call_flag():
 def _run(script, *args):
     run = subprocess.run([sys.executable, "-c", script, *args], cwd=TESTS,
                          capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, TESTS])})
+                         env=script_env(ROOT, TESTS))
     assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-3000:]
 
 

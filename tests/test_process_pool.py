@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
-from conftest import in_arena, input_arena_whole, wait_for
+from conftest import in_arena, input_arena_whole, script_env, wait_for
 import pyfunc_bridge as pfb
 from pyfunc_bridge import _process
 
@@ -190,7 +190,7 @@ def run_script(script, *args):
     its timeout); it prints "done" at its end."""
     run = subprocess.run([sys.executable, "-c", script, *args], cwd=TESTS,
                          capture_output=True, text=True, timeout=SCRIPT_TIMEOUT,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, TESTS])})
+                         env=script_env(ROOT, TESTS))
     assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-3000:]
 
 
@@ -1486,8 +1486,7 @@ def test_busy_workers_end_within_seconds_when_their_parent_dies(tmp_path, how):
     proc = subprocess.Popen(
         [sys.executable, "-c", _BUSY_PARENT_SCRIPT, how], cwd=TESTS,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PFB_TEST_MARKS": str(marks),
-             "PYTHONPATH": os.pathsep.join([ROOT, TESTS])})
+        env=script_env(ROOT, TESTS, PFB_TEST_MARKS=str(marks)))
     pids = []
     try:
         pids = json.loads(proc.stdout.readline())
@@ -1586,7 +1585,7 @@ print("parent " + json.dumps({"before": before, "after": after}), flush=True)
 def test_a_forked_child_gets_a_clear_error_and_the_parent_pool_is_unaffected():
     run = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], cwd=TESTS, capture_output=True,
                          text=True, timeout=240,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, TESTS])})
+                         env=script_env(ROOT, TESTS))
     assert run.returncode == 0, run.stderr[-3000:]
     assert "child hung" not in run.stdout  # on the parent's pool
     lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())

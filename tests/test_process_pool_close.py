@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from conftest import script_env
+
 import pyfunc_bridge as pfb
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -80,8 +82,7 @@ def test_a_close_interrupted_by_ctrl_c_is_finished_by_the_next_close(tmp_path):
     run = subprocess.run(
         [sys.executable, "-c", _INTERRUPTED_CLOSE_SCRIPT, str(marks)], cwd=TESTS,
         capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PFB_TEST_MARKS": str(marks),
-             "PYTHONPATH": os.pathsep.join([ROOT, TESTS])})
+        env=script_env(ROOT, TESTS, PFB_TEST_MARKS=str(marks)))
     assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-3000:]
 
 
