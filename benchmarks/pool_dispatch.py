@@ -3,14 +3,12 @@
 One call in flight at a time, on a ProcessPool(1): the trivial call (an
 identity on 8 bytes) and ``a * 2`` on 8 MiB of float32.  Reported per call:
 wall time, and this process's CPU (user + sys from getrusage, all threads:
-the caller, the reply or reader thread).  The ways:
+the caller, the dispatcher's reply thread).  The ways:
 
 - ``native``: a C loop over the dispatcher without the GIL
   (Dispatcher.call_many), as a kernel's native route calls;
 - ``python``: ProcessPool.ring_call, the rings from Python, as the
   conversion layer's driver calls for eager calls and a kernel's first call;
-- ``socket``: ProcessPool.stage and run, the socket path that remains for
-  inputs that do not fit the input arena;
 - ``eager``: ``pfb.numpy_function(..., executor=pool)`` in eager mode, TF's
   per-op cost included, against ``in-process``: the same eager call without
   a pool.
@@ -61,11 +59,6 @@ def measure(calls):
                     result = pool.ring_call(func, None, (value,), False, False)
                     del result  # its block goes back
 
-            def socket_path(k):
-                for _ in range(k):
-                    result, _, _ = pool.run(func, None, pool.stage((value,)), False)
-                    del result
-
             def eager(k, executor=pool):
                 for _ in range(k):
                     pfb.numpy_function(func, [tensor], dtype, executor=executor)
@@ -74,11 +67,11 @@ def measure(calls):
                 eager(k, None)
 
             rows.append((name, n, [_timed(way, n) for way in
-                                   (native, python, socket_path, eager, in_process)]))
+                                   (native, python, eager, in_process)]))
     return rows
 
 
-WAYS = ("native", "python", "socket", "eager", "in-process")
+WAYS = ("native", "python", "eager", "in-process")
 
 
 def main(argv=None):

@@ -1,10 +1,11 @@
 """Statistics per ProcessPool: what the pool's calls cost and what its workers
 went through, by pool name (``pfb.stats().pools``).
 
-The pool (pyfunc_bridge/_process.py) counts into its name's record from the
-callers' and its reader threads; each record has a lock of its own.  Calls
-that kernels run natively count in their routes (dispatch.h), without
-Python: a record adds up its pools' routes when it is read.  Records
+Every call counts in its route (dispatch.h), whether a kernel or Python
+made it, without Python: a record adds up its pools' routes when it is
+read.  Whoever decodes a DONE in Python adds its results' share
+(add_results), and the pool counts replacements and timeouts; each record
+has a lock of its own.  Records
 are cleared in place, never dropped, so that a pool may keep its record; a
 pool closed since still shows until ``pfb.reset_stats()``.  Counting follows
 ``pfb.enable_stats`` (the conversion layer's switch).
@@ -20,8 +21,8 @@ class PoolStats:
     """Counters of one pool name.
 
     - ``calls``: calls its workers answered (returned or raised);
-    - ``seconds_queued``: from a call's request being queued in this process
-      to its worker starting it (the wait for the worker and the way there);
+    - ``seconds_queued``: from a call being posted in this process to its
+      worker starting it (the wait for the worker and the way there);
     - ``seconds_in_workers``: from a worker starting a call to its reply being
       ready: the function, reading its inputs and writing its results;
     - ``bytes_in`` / ``bytes_out``: the data of the inputs and the results
@@ -53,7 +54,7 @@ class PoolCounters:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._routes = []  # the pools' native routes (the worker module's Route)
+        self._routes = []  # the pools' routes (the worker module's Route)
         self.clear()
 
     def clear(self):
@@ -74,20 +75,8 @@ class PoolCounters:
                 self._routes.remove(route)
                 _add_route_counts(self._counts, route)
 
-    def add_call(self, seconds_queued, seconds_in_worker, bytes_in, bytes_out, copies_saved):
-        """One answered call (the pool checked that counting is on)."""
-        with self._lock:
-            c = self._counts
-            c["calls"] += 1
-            c["seconds_queued"] += seconds_queued
-            c["seconds_in_workers"] += seconds_in_worker
-            c["bytes_in"] += bytes_in
-            c["bytes_out"] += bytes_out
-            c["copies_saved"] += copies_saved
-
     def add_results(self, bytes_out, copies_saved):
-        """The results of a call counted already (a kernel's native call
-        that went on to Python with its reply: its route counted the call)."""
+        """The results of a call its route counted, decoded in Python."""
         with self._lock:
             self._counts["bytes_out"] += bytes_out
             self._counts["copies_saved"] += copies_saved

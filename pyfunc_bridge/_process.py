@@ -4,44 +4,33 @@ py_func and array_function.
 A pool runs functions in worker processes (pyfunc_bridge/_worker.py, a
 script that imports NumPy and the user's function, never TensorFlow), so
 that Python code that holds the GIL runs on as many cores as there are
-workers.  The conversion layer's ``_ProcessConverter``
-(src/conversion/process.pxi) calls ``stage`` (inputs into shared memory) and
-``run`` (submit, wait without the GIL, decode the results) from the bridge's
-one driver.
+workers.
 
-Memory: one input arena per pool and one result arena per worker, each
-``arena_bytes`` of shared memory (``memfd``: anonymous, so nothing is left in
-/dev/shm whatever happens to the processes).  Inputs wait for room in the
-input arena; an input that finds none (the worker pulls it by id), and a
-result that finds its worker's arena full, travel pickled through the
-socket instead.  A block
-goes back only when the process it was handed to says it is done with it
-(pyfunc_bridge/_worker.py says who owns a block when): an input block when
-nothing in the worker views it any more, a result block when its tensor goes.
-
-Traffic: each worker has one socket.  A call goes to a worker that has no
-call (appended to its outbox; the first thread that finds no write under
-way writes every waiting request in one frame), or, when every worker has
-calls, waits in the pool's queue.  The worker runs all it read and answers
-them in one frame; the pool's reader thread for that worker wakes the
-callers and, the worker being free again, hands it a share of the queue.
-So a worker stuck in a function holds only the calls it already had.  A
-function travels once per worker (pickled by _pickling's rule: by value when
-its module imports TensorFlow, else as cloudpickle does; the user's
-function for one autograph converted), then its token does.
+Traffic: every call goes over the shared-memory rings of its worker
+(src/pool/shm_layout.h), through the pool's native dispatcher
+(src/pool/dispatch.h), which schedules it, copies its inputs into the input
+arena and waits for its DONE without the GIL.  Kernels post their calls
+themselves (src/kernel/pool_route.cc); Python posts eager calls, a kernel's
+first call and profiled calls with ``ring_call`` (src/pool/route.pxi), and
+decodes their DONE with ``_answer``.  Each worker's socket carries only
+control (the hello, "ready", its end as the worker's death) and what does
+not fit an arena, pickled: an input the worker pulls by payload id, a
+function's LOAD, a result its arena has no room for, and the argument list
+of a CALL larger than its ring (docs/pool.md).  A function travels once per
+worker (pickled by _pickling's rule: by value when its module imports
+TensorFlow, else as cloudpickle does), then its token does.
 
 Lifetime: workers die with this process (PR_SET_PDEATHSIG, set in the
 worker; _pool_spawn starts them all from one thread); a pool with a timeout
 ends a worker whose call runs past it (_Deadlines); the calls a dead worker
-had not started go to another (_lost); a fork of this process finds the
-pools closed and their shared memory its own (_after_fork_in_child).
+had not started go to another (the dispatcher resends them); a fork of this
+process finds the pools closed and their shared memory its own
+(_after_fork_in_child).
 """
 import atexit
 import builtins
-import collections
 import errno
 import itertools
-import math
 import mmap
 import os
 import pickle
@@ -100,98 +89,6 @@ def _shared_memory(size, name):
         raise
 
 
-def _take(items):
-    """Empties a list that other threads append to; returns what it held."""
-    taken = items[:]
-    del items[:len(taken)]
-    return taken
-
-
-_MAIN_THREAD = threading.main_thread().ident
-
-
-class _Uninterrupted:
-    """Holds KeyboardInterrupt back while a call's blocks change hands, and
-    raises it on leaving, once every block has an owner that will give it
-    back (a block handed to no one would never come back; a block freed
-    while a worker still uses it would give another call's input).
-
-    Only the main thread runs signal handlers, so only there is SIGINT's
-    handler (the one that raises KeyboardInterrupt, or the user's) swapped
-    for one that notes the signal; what it noted runs the old handler on
-    leaving.  Waits for a worker's reply or for room stay outside, so that
-    Ctrl-C still stops a caller that waits."""
-    __slots__ = ("_previous", "_caught")
-
-    def __enter__(self):
-        self._previous = None
-        if threading.get_ident() == _MAIN_THREAD:
-            previous = signal.getsignal(signal.SIGINT)
-            if callable(previous):
-                self._caught = None
-                signal.signal(signal.SIGINT, self._note)
-                self._previous = previous
-        return self
-
-    def _note(self, signum, frame):
-        self._caught = (signum, frame)
-
-    def __exit__(self, *exc):
-        previous = self._previous
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-            if self._caught is not None:
-                previous(*self._caught)  # KeyboardInterrupt, as if it came now
-        return False
-
-
-def _wait_timeout():
-    """The timeout of one wait for a worker or for room: a quarter second in
-    the main thread (its waits loop), None (no limit) elsewhere.  Python runs
-    a signal's handler between bytecodes, or when the wait it is in is
-    interrupted; a SIGINT that arrives after the wait's last look and before
-    it blocks interrupts nothing, and with no limit the KeyboardInterrupt
-    would come only once the wait ends, never for a call queued behind a
-    stuck one.  Only the main thread runs signal handlers."""
-    return 0.25 if threading.get_ident() == _MAIN_THREAD else None
-
-
-_CALLER, _READER = "caller", "reader"
-
-
-class _Call:
-    """One call: its caller waits on `lock`, which the reader releases after
-    setting `reply`.  `holds`: whether the call holds input blocks until its
-    reply (the pool's count of such calls, `_holding`).
-
-    `claims` decides, race-free, who disposes of the reply: the reader
-    appends when the reply arrives, a caller that stops waiting (Ctrl-C)
-    when it gives up; whoever is first there leaves the reply to the other
-    (list.append is atomic).  So the result blocks of an abandoned call go
-    back to its worker whichever comes first.
-
-    The rest is the request (_submit fills it in), kept until the reply: a
-    call may wait in the pool's queue until a worker is free to take it, and
-    a call that its worker had not started when it died is sent again.
-    `blocks` ({offset: size}) are its input blocks: the pool's while the
-    call is queued, its worker's once it is sent (_Worker.inputs).
-
-    `queued_at` and `times` (the worker's (started, ended), from its reply)
-    are time.time_ns(): one clock for every process, and TF's profiler's,
-    for the pool's statistics and the trace."""
-    __slots__ = ("lock", "reply", "holds", "claims", "id", "token", "pickled",
-                 "framework", "args", "writable", "blocks", "queued_at", "times", "sequence")
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.lock.acquire()
-        self.reply = None
-        self.holds = False
-        self.claims = []
-        self.queued_at = time.time_ns()
-        self.times = None
-
-
 # Dispatchers of pools inherited by a fork (ProcessPool._forked): never freed.
 _forked_dispatchers = []
 
@@ -200,13 +97,8 @@ class _Worker:
 
     def __init__(self, pool, index):
         self.index = index
-        self.pending = {}     # call id -> _Call, until its reply or the worker's end
-        self.outbox = []      # requests not yet written
-        self.freed = []       # result blocks the parent no longer holds (process.pxi appends)
-        self.inputs = {}      # offset -> size: input blocks handed to this worker, until it frees them
-        self.forget = []      # tokens of functions the parent dropped
-        self.known = set()    # tokens this worker has the function of
-        self.sent = 0         # requests assigned to it (their order is the order it starts them)
+        # Held while a thread writes the socket (a payload), and by ended():
+        # the descriptor is not closed under a write.
         self.write_lock = threading.Lock()
         self.alive = True
         self.ready = False
@@ -215,7 +107,6 @@ class _Worker:
         self.timed_out = None  # that call's running_call (shm_layout.h)
         self.kill_at = None    # when it gets SIGKILL if its stack has not ended it
         self.trace_fd = None
-        self.path = list(sys.path)  # the sys.path this worker has
         self.proc = None
         # The worker's control segment (src/pool/shm_layout.h: its request
         # and reply rings; None without arenas) and its doorbell, an eventfd
@@ -227,13 +118,7 @@ class _Worker:
         try:
             result_fd, self.result_map = _shared_memory(pool.arena_bytes,
                                                         f"{pool.name}-results")
-            # The address the conversion layer's views start from; the array
-            # keeps the mapping alive for as long as a result block (and so
-            # this object) is held.
-            self.results = (np.frombuffer(self.result_map, np.uint8)
-                            if self.result_map is not None else None)
-            self.results_base = self.results.ctypes.data if self.results is not None else 0
-            hello = {"path": self.path, "result_bytes": pool.arena_bytes, "name": pool.name,
+            hello = {"path": list(sys.path), "result_bytes": pool.arena_bytes, "name": pool.name,
                      "input_bytes": pool.arena_bytes if pool._input_fd else 0}
             extra_fds = []
             if pool._deadlines is not None:
@@ -296,7 +181,7 @@ class _Worker:
         output views one of its blocks (each _ResultBlock keeps it)."""
         with self.write_lock:
             self.sock.close()
-        self.results = self.result_map = None
+        self.result_map = None
         self._close_channel()
 
     def _close_channel(self):
@@ -306,16 +191,6 @@ class _Worker:
         if self.doorbell is not None:
             os.close(self.doorbell)
             self.doorbell = None
-
-
-class _SharedArena:
-    """The input arena's allocator as this Python path sees it: the
-    dispatcher's (one allocator for the arena, whichever path allocates)."""
-
-    def __init__(self, dispatch):
-        self.alloc = dispatch.alloc
-        self.free = dispatch.free
-        self.free_bytes = dispatch.free_bytes
 
 
 class _Functions:
@@ -351,10 +226,6 @@ class _Functions:
         pool = self._pool()
         if pool is not None:
             pool._forget_native(token)
-            for worker in list(pool._workers):
-                if token in worker.known:
-                    worker.known.discard(token)
-                    worker.forget.append(token)
 
 
 def _pickle_function(func):
@@ -373,8 +244,7 @@ class _Deadlines:
 
     Each worker writes the call it starts and when (CLOCK_MONOTONIC, the
     same clock in every process) in its control segment's running call
-    (shm_layout.h), for ring and socket calls alike, and answers each socket
-    call at once rather than once per batch.  A watchdog thread sleeps until
+    (shm_layout.h).  A watchdog thread sleeps until
     the earliest deadline of a running call (at most `timeout`: a call that
     starts meanwhile ends later).  A worker whose call is past its deadline
     gets SIGUSR1, on which ``faulthandler`` writes its Python stack to the
@@ -382,8 +252,8 @@ class _Deadlines:
     the default action); one that does not end within _STACK_GRACE_SECONDS
     gets SIGKILL.  The worker's reader then finds the end of its stream
     (_lost): the call it was told off for fails with CallTimeoutError and the
-    stack, whichever path carried it, and the calls it held but had not
-    started go to another worker, since they never ran."""
+    stack, and the dispatcher sends the calls it held but had not started
+    to another worker, since they never ran."""
 
     def __init__(self, pool, timeout):
         self.timeout_ns = int(timeout * 1e9)
@@ -447,10 +317,9 @@ class _Deadlines:
         return max(wait, 0) / 1e9
 
     def error(self, pool, worker, running, death):
-        """The exception of the call whose running call (shm_layout.h: a ring
-        call's id, or a socket call's with _worker._SOCKET_CALL) is
-        `running`, which `worker` had started when it ended (0: none of its
-        ring calls was told off)."""
+        """The exception of the call whose running call (shm_layout.h, its
+        id) is `running`, which `worker` had started when it ended (0: none
+        of its calls was told off)."""
         if worker.timed_out is None or worker.timed_out != running:
             if worker.timed_out is None:
                 return WorkerError(death)
@@ -575,37 +444,25 @@ class ProcessPool:
         self._start_failures = 0   # workers in a row that ended before they were ready
         self._retry_at = 0.0       # when a broken pool may try again (time.monotonic)
         self._retry_delay = None   # the last back-off (None: none since a worker was ready)
-        self._ids = itertools.count()
-        self._queue = collections.deque()  # _Calls that wait for a free worker
         self.timeout = None if timeout is None else float(timeout)
         self._deadlines = None if timeout is None else _Deadlines(self, self.timeout)
         self._functions = _Functions(self)
         self._counters = _pool_stats.record(self.name)  # pfb.stats().pools[name]
         self._input_fd, self._input_map = _shared_memory(arena_bytes, f"{self.name}-inputs")
-        self._inputs = (np.frombuffer(self._input_map, np.uint8)
-                        if self._input_map is not None else None)
         # The native side of the workers' rings (src/pool/dispatch.h): it
-        # owns the input arena's allocator, which this Python path shares
-        # (its calls' blocks are allocated there too).  None without arenas.
-        self._dispatch = (_worker.pool_module().Dispatcher(self._input_map, workers)
-                          if self._input_map is not None else None)
+        # schedules every call and owns the input arena's allocator.  None
+        # once closed.
+        self._dispatch = _worker.pool_module().Dispatcher(self._input_map, workers)
         self._generations = itertools.count(1)  # a worker slot's attachments
-        # (token, CALL flags) -> the dispatcher's Route for kernels'
-        # native calls (native_route); Python's references, for statistics.
+        # (token, CALL flags) -> the dispatcher's Route of those calls
+        # (native_route); Python's references, for statistics.
         self._routes = {}
         # payload id -> the pickle of a ring call's input that its worker
         # pulls over the socket (Route.call puts and drops it; _receive
         # answers the worker's ("need", id)); ("load", token) -> a
         # function's LOAD pickle, for as long as it is registered.
         self._payloads = {}
-        self._arena = (_SharedArena(self._dispatch) if self._dispatch is not None
-                       else _worker.Arena(0))
-        self._arena_free = threading.Condition()  # guards _holding, workers' inputs
         self._attached = threading.Condition()  # a worker joined the dispatcher (ring_call)
-        # Calls staged and not yet answered that hold input blocks: blocks
-        # they will free or keep.  At 0, waiting for room would wait for ever
-        # (functions keep the rest): a call takes the room that is free now.
-        self._holding = 0
         self._workers = []
         _live_pools.add(self)
         try:
@@ -662,10 +519,9 @@ class ProcessPool:
         descriptors are closed.  Its locks may have been held by a thread
         that the fork did not copy: they are made anew."""
         self._lock = threading.Lock()
-        self._arena_free = threading.Condition()
+        self._attached = threading.Condition()
         self._closed = True
         self._forked_into = os.getpid()
-        self._queue.clear()
         # The dispatcher's reply threads are not in this process, and its
         # rings are the parent's: deleting it would join threads that do not
         # exist and close the parent's rings.  It is kept, unused, for good.
@@ -703,137 +559,25 @@ class ProcessPool:
         kept an input, holds now: ``arena_bytes`` once the pool's calls are
         done and nothing is kept (how to size ``arena_bytes``); 0 when closed.
         Blocks a worker hands back are freed a moment after its call returns."""
-        return self._arena.free_bytes()
+        dispatch = self._dispatch
+        return dispatch.free_bytes() if dispatch is not None else 0
 
     # ------------------------------------------------ the converter's side --
-
-    def stage(self, args):
-        """One description per input (the values _input_arrays made): numbers
-        are copied into the input arena, everything else is pickled."""
-        inputs = self._inputs  # kept: close() lets go of the mapping
-        numbers = [i for i, value in enumerate(args)
-                   if type(value) is np.ndarray and value.dtype.kind not in "OSUMm"
-                   and value.size and inputs is not None]
-        descs = [("v", value) for value in args]
-        try:
-            self._alloc(args, numbers, descs)
-            for value, desc in zip(args, descs):
-                if desc[0] == "s":
-                    target = inputs[desc[1]:desc[1] + value.nbytes]
-                    np.copyto(target.view(value.dtype).reshape(value.shape), value)
-        except BaseException:
-            self.release(descs)
-            raise
-        return descs
-
-    def release(self, descs):
-        """Returns the input blocks of `descs` to the arena and empties it: the
-        blocks of a call that no worker received (run() empties `descs` when it
-        hands the call to a worker, whose blocks then come back as it frees them)."""
-        if not any(d[0] == "s" for d in descs):
-            descs.clear()
-            return
-        with _Uninterrupted():
-            blocks = [(d[1], d[2]) for d in descs if d[0] == "s"]
-            descs.clear()
-            with self._arena_free:
-                for offset, size in blocks:
-                    self._arena.free(offset, size)
-                self._holding -= 1
-                self._arena_free.notify_all()
-
-    def _alloc(self, args, numbers, descs):
-        """Places the inputs `numbers` (indices into `args`) in the arena,
-        taken together: writes ("s", offset, size, dtype, shape) into `descs`
-        for each that gets a block (the caller's to release from then on);
-        one that does not keeps its ("v", value) and travels pickled.  A call
-        holds no block while it waits for room (calls that each held part of
-        their inputs and waited for the rest would wait for each other for
-        ever).  When no call in flight holds blocks, the room there is now is
-        all there will be (functions keep the rest): what does not fit
-        travels pickled."""
-        if not numbers:
-            return
-        sizes = [args[i].nbytes for i in numbers]
-        with self._arena_free:
-            while True:
-                if self._closed:
-                    raise PoolClosedError(f"pyfunc_bridge: {self.name} {self._why_closed()}")
-                with _Uninterrupted():  # from taking the blocks to writing them down
-                    idle = not self._holding
-                    blocks = [self._arena.alloc(n) if n <= self.arena_bytes else None
-                              for n in sizes]
-                    if idle or all(block is not None or n > self.arena_bytes
-                                   for block, n in zip(blocks, sizes)):
-                        if any(block is not None for block in blocks):
-                            self._holding += 1
-                        for i, block in zip(numbers, blocks):
-                            if block is not None:
-                                descs[i] = ("s", *block, args[i].dtype, args[i].shape)
-                        return
-                    for block in blocks:
-                        if block is not None:
-                            self._arena.free(*block)
-                # Calls in flight free or keep their inputs (a wait that
-                # timed out looks again).  Kernels' native calls free theirs
-                # in the dispatcher's reply threads, which do not notify
-                # this condition: with routes, look again every 50 ms.
-                self._arena_free.wait(_wait_timeout() or (_NATIVE_ROOM_LOOK if self._routes
-                                                          else None))
-
-    def run(self, func, framework, descs, writable):
-        """Runs `func` on the staged inputs in a worker; returns (result,
-        bytes the worker wrote to shared memory, copy facts per result: what
-        the function returned was like, for copy=False's decision; see
-        _worker._copy_facts).  Waits with the GIL released.
-
-        A caller that stops waiting (KeyboardInterrupt) abandons the call: its
-        blocks go back when the worker is done with them, never before (at
-        once for a call still in the queue, which leaves it)."""
-        from pyfunc_bridge import _library
-        conversion = _library.conversion()
-        call = _Call()
-        inputs = descs[:]  # for the statistics: _submit hands descs over
-        try:
-            queued = conversion.trace_now()  # 0 unless a profiler records (trace.pxi)
-            self._submit(call, func, framework, descs, writable)
-            timeout = _wait_timeout() or -1
-            while not call.lock.acquire(timeout=timeout):  # releases the GIL while it waits
-                pass
-            if call.times is not None and _pool_stats.counting():
-                self._count_call(call, inputs, writable)
-            with _Uninterrupted():  # the reply's result blocks get their owners
-                ok, payload, moved, worker = call.reply
-                call.reply = None  # taken: nothing left for _abandon to dispose of
-                if queued and call.times:  # the queue and the worker's time, on this thread's trace
-                    conversion.trace_worker(queued, *call.times, worker.pid)
-                if ok:
-                    # No local holds the result: a KeyboardInterrupt raised on
-                    # leaving keeps this frame alive with its traceback, and
-                    # the result's blocks must go back when it is dropped.
-                    return self._decode(payload, worker, moved, conversion.worker_result)
-            payload = [payload if ok is None else _worker_exception(payload)]
-            _raise_acyclic(payload.pop())  # popped: no local of this frame keeps it
-        except BaseException:
-            self._abandon(call)
-            raise
-        finally:
-            self.release(descs)  # the blocks of a call that did not reach the pool
 
     def ring_call(self, func, framework, args, writable, scalars, facts=False):
         """Runs `func` on `args` (the values _input_arrays made) in a worker
         over the rings, as a kernel's native call runs (Route.call): returns
-        (the route, run()'s answer).  Inputs the input arena has no room for, and those
-        the records cannot describe, are pulled by the worker over its
-        socket (Route.call's `payloads`).  None (the socket path) only for a
-        CALL the ring cannot hold (more inputs than its slots).  Waits for a
-        worker while none is attached (the pool is starting or replacing
-        them), with the GIL released."""
+        (the route, which a kernel may keep for its later calls; (result,
+        bytes the worker wrote to shared memory, copy facts per result)).
+        Inputs the input arena has no room for, those the records cannot
+        describe, and the argument list of a CALL larger than the ring, are
+        pulled by the worker over its socket (Route.call's `payloads`).
+        Waits for a worker while none is attached (the pool is starting or
+        replacing them), with the GIL released; Ctrl-C abandons the call
+        (its blocks stay its worker's until it is done with them)."""
         route = self.native_route(func, framework, writable, scalars, facts)
         if route is None:
-            if self._closed:
-                raise PoolClosedError(f"pyfunc_bridge: {self.name} {self._why_closed()}")
-            return None
+            raise PoolClosedError(f"pyfunc_bridge: {self.name} {self._why_closed()}")
         pw = _worker.pool_module()
         from pyfunc_bridge import _library
         conversion = _library.conversion()
@@ -853,7 +597,7 @@ class ProcessPool:
                 if declined.errno == errno.EPIPE or self._closed:
                     raise PoolClosedError(
                         f"pyfunc_bridge: {self.name} {self._why_closed()}") from None
-                return None  # a CALL larger than the ring, even with every input pulled
+                raise
             except pw.DispatchFailed as failed:
                 code, text = failed.args
                 failed = None
@@ -867,26 +611,22 @@ class ProcessPool:
         """Sleeps until a worker may have been attached (or the pool broke or
         closed): _attach, _lost and close notify."""
         with self._attached:
-            self._attached.wait(_wait_timeout() or 0.05)
+            self._attached.wait(0.05)
 
     def native_route(self, func, framework, writable, scalars, facts=False):
-        """A Route that lets a kernel run `func`'s later calls without
-        Python (dispatch.h), or None where they must take this Python path:
-        a pool without arenas, a closed one, and a framework the CALL cannot
-        name (shm_layout.h: torch and JAX travel as PFB_POOL_CALL_* flags;
-        `facts`, copy=False, asks the worker for its copy facts).  A pool's
-        timeout watches native calls as it does the others (_Deadlines).
-        Registered with the dispatcher once per function: the LOAD carries
-        this process's sys.path, as the socket's first function does."""
+        """The Route of `func`'s calls with these CALL flags (dispatch.h;
+        shm_layout.h: torch, JAX and CuPy travel as PFB_POOL_CALL_* flags;
+        `facts`, copy=False, asks the worker for its copy facts), which
+        ring_call posts on and a kernel keeps for its later calls; None
+        once the pool is closed.  A pool's timeout watches every call
+        (_Deadlines).  Registered with the dispatcher once per function: the
+        LOAD carries this process's sys.path."""
         dispatch = self._dispatch
         if dispatch is None or self._closed:
             return None
         pw = _worker.pool_module()
-        framework_flag = pw.FRAMEWORK_FLAGS.get(framework)
-        if framework_flag is None:
-            return None
         flags = ((pw.CALL_WRITABLE if writable else 0) | (pw.CALL_SCALARS if scalars else 0)
-                 | framework_flag | (pw.CALL_FACTS if facts else 0))
+                 | pw.FRAMEWORK_FLAGS[framework] | (pw.CALL_FACTS if facts else 0))
         token, data = self._functions.get(func)
         with self._lock:
             route = self._routes.get((token, flags))
@@ -914,181 +654,19 @@ class ProcessPool:
     def native_reply(self, address, writable):
         return native_reply(self.name, address, writable, self._counters)
 
-    def _count_call(self, call, inputs, writable):
-        """Adds an answered call (its reply not yet taken) to the pool's
-        statistics."""
-        ok, payload, _, _ = call.reply
-        started, finished = (t / 1e9 for t in call.times)
-        items = [] if not ok else [payload[1]] if payload[0] == "one" else payload[1]
-        shared = sum(1 for item in items if item[0] == "s")
-        self._counters.add_call(
-            max(0.0, started - call.queued_at / 1e9), max(0.0, finished - started),
-            sum(_desc_bytes(d) for d in inputs), sum(_desc_bytes(i) for i in items),
-            0 if writable else shared)
-
-    def _submit(self, call, func, framework, descs, writable):
-        """Hands `call` to a worker that has no calls, or queues it until one
-        is free: the request and its input blocks become the pool's (`descs`
-        is emptied), all at once."""
-        token, pickled = self._functions.get(func)
-        if self._broken:
-            self._revive()
-        call.id = next(self._ids)
-        call.token, call.pickled, call.framework, call.writable = (
-            token, pickled, framework, writable)
-        call.blocks = {d[1]: d[2] for d in descs if d[0] == "s"}
-        with _Uninterrupted():
-            with self._lock:
-                if self._closed:
-                    raise PoolClosedError(f"pyfunc_bridge: {self.name} {self._why_closed()}")
-                if self._broken:
-                    raise WorkerError(self._broken)
-                call.holds = bool(call.blocks)
-                call.args = descs[:]
-                descs.clear()
-                free = [w for w in self._workers if w.alive and not w.pending]
-                if not free:
-                    # Every worker has calls (or is being replaced): a stuck
-                    # or slow one must not hold this call too.
-                    self._queue.append(call)
-                    return
-                worker = next((w for w in free if w.ready), free[0])
-                self._assign(worker, [call])
-            self._flush(worker)  # a frame cut short would garble the stream
-
-    def _assign(self, worker, calls):
-        """Appends the requests of `calls` to `worker`'s outbox; their input
-        blocks become the worker's.  The pool's lock is held: a request that
-        finds the token known must not reach the worker before the one that
-        carries the function, and _lost takes a worker's blocks once it is
-        not alive."""
-        for call in calls:
-            worker.pending[call.id] = call
-            worker.sent += 1
-            call.sequence = worker.sent
-            function = None
-            if call.token not in worker.known:
-                worker.known.add(call.token)
-                # With this process's sys.path where it changed since the
-                # worker started (a folder added, a module made at run
-                # time): the worker imports the function's module by it.
-                path = list(sys.path)
-                function = (None if path == worker.path else path, call.pickled)
-                worker.path = path
-            worker.outbox.append((call.id, call.token, function, call.framework, call.args,
-                                  call.writable))
-            worker.inputs.update(call.blocks)
-
-    def _hand_queue(self, worker):
-        """Gives a free `worker` its share of the queued calls, and sends them.
-        A share, not all: the other workers take theirs as they come free,
-        and a batch that meets a stuck call waits with it."""
-        with self._lock:
-            if not (worker.alive and not worker.pending and self._queue):
-                return
-            alive = sum(1 for w in self._workers if w.alive)
-            share = -(-len(self._queue) // max(alive, 1))
-            self._assign(worker, [self._queue.popleft() for _ in range(share)])
-        self._flush(worker)
-
-    def _take_queue(self):
-        """Empties the queue (the pool's lock is held); returns its calls."""
-        calls = list(self._queue)
-        self._queue.clear()
-        return calls
-
-    def _fail(self, calls, error):
-        """Fails `calls`, which no worker received: their input blocks go
-        back to the arena (the pool's lock is not held)."""
-        for call in calls:
-            self.release(call.args)
-            self._answer(call, (None, error, 0, None))
-
-    def _abandon(self, call):
-        """The caller stopped waiting.  A call still queued leaves the queue
-        and gives its blocks back (no worker will see it).  Otherwise
-        whoever comes second, this caller or the reader thread with the
-        reply, disposes of the reply's result blocks (see _Call)."""
-        with _Uninterrupted():
-            with self._lock:
-                queued = call in self._queue
-                if queued:
-                    self._queue.remove(call)
-            if queued:
-                self.release(call.args)
-                return
-            call.claims.append(_CALLER)
-            if call.claims[0] is _READER:  # the reply came: not taken yet, or taken
-                reply, call.reply = call.reply, None
-                if reply is not None:
-                    _discard(reply)
-
-    def _answer(self, call, reply):
-        """The reader thread hands `reply` to the caller, or disposes of it
-        when the caller has abandoned the call."""
-        call.reply = reply
-        call.claims.append(_READER)
-        if call.claims[0] is _READER:
-            call.lock.release()
-        else:
-            call.reply = None
-            _discard(reply)
-
-    def _flush(self, worker):
-        """Writes every waiting request in one frame, unless another caller's
-        write is under way (that writer takes ours too)."""
-        dispatch = self._dispatch
-        if dispatch is not None and worker.generation is not None and worker.outbox:
-            # Native outputs' blocks handed back wait for the worker's next
-            # ring request, which may never come: they go now.
-            dispatch.flush(worker.index)
-        while worker.outbox:
-            if not worker.write_lock.acquire(blocking=False):
-                return
-            try:
-                requests = _take(worker.outbox)
-                message = (_take(worker.freed), _take(worker.forget), requests)
-                try:
-                    _worker.send(worker.sock,
-                                 pickle.dumps(message, protocol=_worker._PICKLE_PROTOCOL))
-                except OSError:
-                    pass  # the worker is gone: its reader fails these calls
-            finally:
-                worker.write_lock.release()
-
-    def _decode(self, payload, worker, moved, result_view):
-        """run()'s answer: (the result, `moved`, its copy facts: one per value);
-        `result_view`: the conversion layer's worker_result."""
-        results = worker.results  # (None once the pool let go of the mapping)
-
-        def value(item):
-            if item[0] == "v":
-                return item[1]
-            if results is None:
-                raise PoolClosedError(f"pyfunc_bridge: {self.name} was closed before the "
-                                      f"call's result was read")
-            _, offset, size, dtype, shape, _ = item
-            return result_view(worker, results, offset, size, dtype, shape)
-
-        kind, body = payload
-        if kind == "one":
-            return value(body), moved, [body[-1]]
-        items = [value(item) for item in body]
-        return (items if kind == "list" else tuple(items)), moved, [item[-1] for item in body]
-
     # ------------------------------------------------------ reader threads --
 
     @staticmethod
     def _read(pool_ref, worker):
-        """The reader thread of one worker: wakes the callers of its replies
-        and gives the worker, once free, its share of the queue; at the end
-        of the stream, settles the calls it still held (_lost).  It holds
-        the pool only while it hands out a read: a pool dropped without
-        close() is collected, and __del__ closes it (its stream then ends)."""
+        """The reader thread of one worker's socket: it answers the worker's
+        pulls and notes its answers too large for its arena; at the end of
+        the stream, the worker is dead (_lost).  It holds the pool only
+        while it handles a read: a pool dropped without close() is
+        collected, and __del__ closes it (its stream then ends)."""
         frames = _worker.FrameReader(worker.sock)
         unreadable = None
         try:
-            # No local keeps a reply while the next is awaited (a large
+            # No local keeps a message while the next is awaited (a large
             # pickled result would stay alive until then).
             while True:
                 received = frames.read(pickle.loads)
@@ -1098,63 +676,43 @@ class ProcessPool:
                 del pool, received
         except (OSError, EOFError):
             pass
-        except Exception as exc:  # noqa: BLE001 - a reply this process cannot load
-            # Its calls are unknown and the stream is lost: end the worker, so
-            # that every call it held fails rather than waits for ever.
+        except Exception as exc:  # noqa: BLE001 - a message this process cannot load
+            # The stream is lost: end the worker, so that every call it held
+            # fails rather than waits for ever.
             worker.proc.kill()
-            unreadable = (f"sent a reply this process cannot unpickle "
+            unreadable = (f"sent a message this process cannot unpickle "
                           f"({type(exc).__name__}: {exc}), so it was ended")
         pool = pool_ref()
         if pool is not None:
             pool._lost(worker, unreadable)
 
     def _receive(self, worker, received):
-        """Hands out the messages of one read; False at the end of the stream."""
-        answered = []
+        """Handles the messages of one read; False at the end of the stream."""
         for message in received:
-            if message[0] == "ring":  # ("ring", call_id, ok, payload, facts): native_reply's
+            kind = message[0]
+            if kind == "ring":  # ("ring", call_id, ok, payload, facts): _answer's
                 _ring_answers.put(message[1], message[2:])
-                continue
-            if message[0] == "need":  # ("need", payload id): a ring call's input
+            elif kind == "need":  # ("need", payload id): a call's input
                 self._send_payload(worker, message[1])
-                continue
-            if message[0] == "ready":  # ("ready", pid)
+            elif kind == "ready":  # ("ready", pid)
                 worker.ready = True
                 self._start_failures = 0
                 self._retry_delay = None
-                continue
-            _, replies, freed = message
-            calls = []  # (None: an unknown id)
-            for call_id, ok, payload, moved, times in replies:
-                call = worker.pending.pop(call_id, None)
-                if call is not None:
-                    call.times = times
-                calls.append((call, (ok, payload, moved, worker)))
-            self._settle(worker, freed, [call for call, _ in calls])
-            answered.extend((call, reply) for call, reply in calls if call is not None)
-        # The worker's next calls first, then its callers: it works while
-        # they wake.
-        if received and not worker.pending:
-            self._hand_queue(worker)
-        for call, reply in answered:
-            self._answer(call, reply)
+            else:
+                raise ValueError(f"an unknown message {kind!r}")
         return bool(received)
 
     def _send_payload(self, worker, payload_id):
         """Answers a worker's ("need", id) (shm_layout.h,
         PFB_POOL_TENSOR_SOCKET): ("payload", id, the pickled input), or None
-        once its caller has stopped waiting.  Requests that a caller left in
-        the outbox while this held the write lock go after it (_flush)."""
+        once its caller has stopped waiting."""
         message = pickle.dumps(("payload", payload_id, self._payloads.get(payload_id)),
                                protocol=_worker._PICKLE_PROTOCOL)
         with worker.write_lock:
             try:
                 _worker.send(worker.sock, message)
             except OSError:
-                pass  # the worker is gone: its reader fails its call
-        del message
-        if worker.outbox:
-            self._flush(worker)
+                pass  # the worker is gone: the dispatcher fails its call
 
     def _attach(self, worker):
         """A worker joins the native dispatcher as it starts: calls posted on
@@ -1185,68 +743,23 @@ class ProcessPool:
                       isinstance(error, (WorkerError, CallTimeoutError)))
         worker.generation = None
 
-    def _settle(self, worker, freed, answered):
-        """The input blocks `worker` freed go back to the arena; the calls
-        `answered` (None: an unknown id) no longer hold blocks in flight (the
-        blocks their functions kept are the worker's until it frees them)."""
-        with self._arena_free:
-            for offset, size in freed:
-                if worker.inputs.pop(offset, None) == size:  # (never a block it does not hold)
-                    self._arena.free(offset, size)
-            self._holding -= sum(1 for call in answered if call is not None and call.holds)
-            self._arena_free.notify_all()
-
     def _lost(self, worker, unreadable=None):
+        """`worker`'s stream ended: it is dead (reaped here).  The dispatcher
+        fails the call it had started (with its timeout's error, if that
+        ended it) and sends the ones it had not started to another worker;
+        a fresh worker takes its slot."""
         with self._lock:
             worker.alive = False
-            held = list(worker.pending.values())
-            worker.pending.clear()
             closing = self._closed
-        again = []  # calls the worker had not started: they never ran
         if closing:
-            when = _EXIT_TEXT if _exiting else "was closed"
-            error = PoolClosedError(f"pyfunc_bridge: {self.name} {when} while the call "
-                                    f"ran in worker process {worker.pid}")
-            failed = [(call, error) for call in held]
-        else:
-            death = self._death(worker, unreadable)
-            # Dead (reaped): the requests it started are counted for good
-            # (shm_layout.h); the later ones never ran.  (One abandoned by
-            # its caller (claims) is not sent again.)
-            channel = worker.channel  # (None once a close() meanwhile ended it)
-            started = channel.socket_calls_started if channel is not None else worker.sent
-            again = [c for c in held if c.sequence > started and not c.claims]
-            failed = [(call, self._died(worker, _worker._SOCKET_CALL | call.id, death))
-                      for call in held if call not in again]
-        # The process is gone (reaped above, or being ended by close()): the
-        # blocks it held are nobody's, but those of the calls sent again,
-        # which go with them to their next worker.
-        with self._arena_free:
-            for call in again:
-                for offset in call.blocks:
-                    worker.inputs.pop(offset, None)
-        self._settle(worker, list(worker.inputs.items()), [call for call, _ in failed])
-        if closing:
-            native = PoolClosedError(f"pyfunc_bridge: {self.name} "
-                                     f"{_EXIT_TEXT if _exiting else 'was closed'} while the "
-                                     f"call ran in worker process {worker.pid}")
-        else:  # its ring call told off for the timeout, if that is what ended it
-            timed_out = worker.timed_out or 0
-            native = self._died(worker, 0 if timed_out & _worker._SOCKET_CALL else timed_out,
-                                death)
-        self._detach(worker, native)
+            error = PoolClosedError(f"pyfunc_bridge: {self.name} "
+                                    f"{_EXIT_TEXT if _exiting else 'was closed'} while the "
+                                    f"call ran in worker process {worker.pid}")
+        else:  # the call told off for the timeout, if that is what ended it
+            error = self._died(worker, worker.timed_out or 0, self._death(worker, unreadable))
+        self._detach(worker, error)
         if not closing:  # (close() ends its workers itself)
             worker.ended()
-        for call, error in failed:
-            self._answer(call, (None, error, 0, worker))
-        if again:
-            with self._lock:
-                closed = self._closed
-                if not closed:
-                    self._queue.extendleft(reversed(again))
-            if closed:
-                self._fail(again, PoolClosedError(
-                    f"pyfunc_bridge: {self.name} was closed before the call ran"))
         if self._deadlines is not None:
             self._deadlines.forget(worker)
         if not closing:
@@ -1284,30 +797,23 @@ class ProcessPool:
     def _replace(self, dead):
         how = None if dead.ready else self._how(dead)
         with self._lock:
-            queued = []
             if how is not None:
                 self._start_failures += 1
                 if self._start_failures >= _START_FAILURES:
-                    queued = self._break(
-                        f"{_START_FAILURES} in a row ended before they were ready (the "
-                        f"last, worker process {dead.pid}, {how}: see its stderr)")
+                    self._break(f"{_START_FAILURES} in a row ended before they were ready "
+                                f"(the last, worker process {dead.pid}, {how}: see its stderr)")
             broken = self._broken
-        if broken:
-            self._fail(queued, WorkerError(broken))
-            return
-        self._start(dead.index)
+        if not broken:
+            self._start(dead.index)
 
     def _start(self, index):
-        """Starts the worker of slot `index`, which takes its share of the
-        queue (as do the other free workers)."""
+        """Starts the worker of slot `index` (the dispatcher posts the calls
+        that wait to it once it is attached)."""
         try:
             fresh = _Worker(self, index)
         except BaseException as exc:  # noqa: BLE001 - recorded for the callers
             with self._lock:
-                queued = self._break(f"a worker could not be started "
-                                     f"({type(exc).__name__}: {exc})")
-                broken = self._broken
-            self._fail(queued, WorkerError(broken))
+                self._break(f"a worker could not be started ({type(exc).__name__}: {exc})")
             return
         with self._lock:
             self._workers[index] = fresh
@@ -1317,15 +823,12 @@ class ProcessPool:
         self._counters.count_worker_replaced()
         if closed:
             self._stop([fresh])
-        else:
-            for worker in list(self._workers):  # the fresh one, and any other free one
-                self._hand_queue(worker)
 
     def _break(self, why):
         """Marks the pool broken (the pool's lock is held): calls fail, saying
         `why`, until the first one after the back-off (doubled each time, to
-        _RETRY_MAX_SECONDS) starts workers again (_revive).  Returns the
-        queued calls, for the caller to fail."""
+        _RETRY_MAX_SECONDS) starts workers again (_revive).  Callers that
+        wait for a worker (ring_call) wake to see it."""
         delay = _RETRY_SECONDS if self._retry_delay is None else min(
             2 * self._retry_delay, _RETRY_MAX_SECONDS)
         self._retry_delay = delay
@@ -1333,7 +836,8 @@ class ProcessPool:
         self._broken = (f"pyfunc_bridge: {self.name} cannot start worker processes: {why}. "
                         f"Calls fail until then: the pool tries again on the first call "
                         f"{delay:g} s after this")
-        return self._take_queue()
+        with self._attached:
+            self._attached.notify_all()
 
     def _revive(self):
         """A broken pool past its back-off starts the workers it lost (the
@@ -1368,17 +872,14 @@ class ProcessPool:
                 self._closed = self._closing = True
                 self._closed_at_exit = self._closed_at_exit or _exiting
                 workers = list(self._workers)
-                queued = self._take_queue()
-            self._finish_close(workers, queued)
+            self._finish_close(workers)
             self._closing = False
 
-    def _finish_close(self, workers, queued):
+    def _finish_close(self, workers):
         """close()'s work, each step safe to run again after an interruption."""
         when = _EXIT_TEXT if _exiting else "was closed"
-        self._fail(queued, PoolClosedError(
-            f"pyfunc_bridge: {self.name} {when} before the call reached a worker"))
-        with self._arena_free:
-            self._arena_free.notify_all()
+        with self._attached:
+            self._attached.notify_all()  # callers waiting for a worker see the close
         self._stop(workers)
         if self._dispatch is not None:
             for w in workers:
@@ -1386,15 +887,14 @@ class ProcessPool:
                                                 f"the call ran in worker process {w.pid}"))
             # Its reply threads have ended; it held the input mapping.
             self._dispatch = None
-            self._arena = _worker.Arena(0)  # late frees of this path's blocks: nothing to do
         if self._deadlines is not None:
             self._deadlines.close()
         if self._input_fd is not None:
             os.close(self._input_fd)
             self._input_fd = None
-        # The input mapping goes with the last reference to it (a stage()
-        # still copying holds one); result mappings, see _Worker.ended.
-        self._inputs = self._input_map = None
+        # The input mapping goes with the last reference to it (a Route.call
+        # still copying holds the dispatcher); result mappings, see _Worker.ended.
+        self._input_map = None
         _live_pools.discard(self)
 
     def _stop(self, workers):
@@ -1414,25 +914,6 @@ class ProcessPool:
             if w.reader is not threading.current_thread():
                 w.reader.join(timeout=5)
             w.ended()
-
-
-def _discard(reply):
-    """Gives the result blocks of a reply that no caller takes back to their
-    worker (with the pool's next message to it)."""
-    ok, payload, _, worker = reply
-    if ok:
-        kind, body = payload
-        for item in ([body] if kind == "one" else body):
-            if item[0] == "s":
-                worker.freed.append((item[1], item[2]))
-
-
-def _desc_bytes(desc):
-    """The data bytes of an input or result description ("s": a block;
-    "v": a pickled value)."""
-    if desc[0] == "s":
-        return np.dtype(desc[3]).itemsize * math.prod(desc[4])
-    return _pool_stats.data_bytes(desc[1])
 
 
 class _RingAnswers:
@@ -1459,17 +940,16 @@ class _RingAnswers:
                 if left <= 0:
                     raise WorkerError(f"pyfunc_bridge: a worker of {pool_name} sent a call's "
                                       f"answer by its socket, and it never arrived")
-                self._arrived.wait(min(left, _wait_timeout() or left))
+                self._arrived.wait(min(left, 0.25))
             return self._answers.pop(call_id)
 
 
 _ring_answers = _RingAnswers()
-_NATIVE_ROOM_LOOK = 0.05  # seconds: see _alloc
 _RING_ANSWER_SECONDS = 60.0
 
 
 def native_reply(pool_name, address, writable=False, counters=None):
-    """run()'s answer (result, bytes moved, copy facts) for a call the kernel
+    """_answer's answer (result, bytes moved, copy facts) for a call the kernel
     ran natively (`address`: its PfbDispatchCall, DONE) whose reply the
     kernel does not turn into outputs itself: the function raised, a value
     came back pickled, a result is not what the op declares (the
@@ -1479,19 +959,19 @@ def native_reply(pool_name, address, writable=False, counters=None):
     result blocks: arrays over them hand them back when they go, a pickled
     value's and an error's go back once read.  The kernel's route counted
     the call for the pool; `counters` (the pool's record) get its results'
-    share here, as _count_call's on the Python path (`writable`: copy=True,
-    which saves no copy)."""
+    share here, as for ring_call's calls (`writable`: copy=True, which saves
+    no copy)."""
     return _answer(pool_name, _worker.pool_module().native_reply(address), writable, counters)
 
 
 def _answer(pool_name, reply, writable, counters):
-    """run()'s answer of a DONE (the worker module's Reply, which holds its
+    """(result, bytes moved, copy facts per result) of a DONE (the worker
+    module's Reply, which holds its
     result blocks until each is claimed): native_reply's, and ring_call's."""
     pw = _worker.pool_module()
     from pyfunc_bridge import _library
     result_view = _library.conversion().worker_result
-    message, arena = reply.message, reply.arena
-    results = arena.array() if arena is not None else None
+    message = reply.message
     read_block = reply.read
 
     def loads(data):
@@ -1526,12 +1006,12 @@ def _answer(pool_name, reply, writable, counters):
             values.append(loads(read_block(offset, size)))
             bytes_out += _pool_stats.data_bytes(values[-1])
         else:  # numbers: a view of the block (strings come back pickled)
-            dtype = _worker._np_dtype(np, code, bits)
-            values.append(reply.view(result_view, results, offset, size, dtype, tuple(shape))
+            dtype = pw.np_dtype(code, bits)
+            values.append(reply.view(result_view, offset, size, dtype, tuple(shape))
                           if size else np.zeros(shape, dtype))
             bytes_out += values[-1].nbytes
             # As the kernel counts (pool_route.cc): a 0-d record the worker
-            # wrote is a NumPy scalar, pickled on the Python path.
+            # copied is a NumPy scalar's bytes, which saves no copy.
             if size and (shape or flags & pw.TENSOR_SHARED):
                 saved += 1
                 moved += 0 if flags & pw.TENSOR_SHARED else values[-1].nbytes
@@ -1612,44 +1092,12 @@ os.register_at_fork(before=lambda: _pool_fork.before_fork(_memfd_names),
 
 class _DefaultPool:
     """executor="process": the process's shared pool, started on first use.
-
-    release and run use the pool that staged the call's inputs, which stage
-    notes on its thread (the driver calls stage, then run and maybe
-    release, on one thread, with no other call in between): the default
-    pool may be replaced meanwhile by another thread (closed, then started
-    anew), and the new one would read other memory at the staged offsets.
-    A call whose pool closed so fails with PoolClosedError."""
-
-    def __init__(self):
-        self._staged = threading.local()  # .pool: a weak reference to the staging pool
-
-    def stage(self, args):
-        pool = default_pool()
-        self._staged.pool = weakref.ref(pool)
-        return pool.stage(args)
-
-    def _staging(self):
-        ref = getattr(self._staged, "pool", None)
-        return ref() if ref is not None else None
-
-    def release(self, descs):
-        pool = self._staging()
-        if pool is not None:
-            pool.release(descs)
-
-    def run(self, func, framework, descs, writable):
-        pool = self._staging()
-        if pool is None:  # collected: it was closed, and its blocks went with it
-            raise PoolClosedError(f"pyfunc_bridge: {self!r} was closed")
-        return pool.run(func, framework, descs, writable)
+    Each call resolves it once (ring_call), so a default pool replaced
+    meanwhile by another thread (closed, then started anew) never sees a
+    call that began in the old one."""
 
     def ring_call(self, func, framework, args, writable, scalars, facts=False):
         return default_pool().ring_call(func, framework, args, writable, scalars, facts)
-
-    def native_route(self, func, framework, writable, scalars, facts=False):
-        """The current default pool's (a route to a pool closed since
-        fails natively, and the kernel's next call comes here again)."""
-        return default_pool().native_route(func, framework, writable, scalars, facts)
 
     def native_reply(self, address, writable):
         # (Pools of one name share a record: the default pool's, whichever ran it.)

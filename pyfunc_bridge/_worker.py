@@ -1,6 +1,5 @@
-"""The worker process of a ProcessPool (pyfunc_bridge/_process.py), and what
-both sides of the pool share: the frames on the socket and the input arena's
-allocator.
+"""The worker process of a ProcessPool (pyfunc_bridge/_process.py), and the
+frames on its socket, which both sides use.
 
 Run as a script (``python <this file> PARENT_PID SOCKET_FD INPUT_FD
 RESULT_FD``), never as ``-m pyfunc_bridge._worker``: importing the package
@@ -9,6 +8,24 @@ imports the standard library only; NumPy, cloudpickle (through pickle), the
 worker's compiled module (``pool_module``) and the user's function load in
 ``main``.
 
+Calls come on the request ring of the worker's control segment
+(src/pool/shm_layout.h: LOAD, CALL, RESULTS_BACK, FORGET, STOP), served by
+_RingServer one at a time and answered on the reply ring (DONE,
+INPUTS_BACK).  The socket, one length-prefixed pickle per frame, carries:
+
+* parent -> worker, first: ``{"path": sys.path, "input_bytes": n,
+  "result_bytes": n, "name": pool name, "ring": {"control_fd",
+  "doorbell_fd", "ring_slots"}}``, and with a pool timeout ``"deadlines":
+  {"trace_fd"}``;
+* worker -> parent, first: ``("ready", pid)``;
+* worker -> parent: ``("need", id)``, asking for a pulled payload (an input
+  or a CALL's argument list that did not fit the arena or the ring, a LOAD's
+  function), answered by ``("payload", id, pickle or None)``; and
+  ``("ring", call_id, ok, pickle, facts)``, an answer too large for the
+  result arena, sent before its DONE;
+* the end of the stream: the pool closed (seen here) or the worker died
+  (seen by the parent).
+
 The result arena is the compiled module's ``ResultArena``: while a function
 runs, NumPy allocates its arrays of 64 KiB or more there, so a fresh result
 that the arena judges exclusive (nothing else in the worker can reach it) is
@@ -16,49 +33,13 @@ sent by its offset without a copy; any other result (one the worker could
 still change, a smaller one) is copied into a fresh block.  Either way its
 copy facts are computed first, from what the function returned.
 
-The protocol, one length-prefixed pickle per frame:
-
-* parent -> worker, first: ``{"path": sys.path, "input_bytes": n,
-  "result_bytes": n, "name": pool name, "ring": {...}}``, and with a pool
-  timeout ``"deadlines": {"trace_fd"}``;
-* worker -> parent, first: ``("ready", pid)``;
-* then parent -> worker: ``(freed, forget, requests)``, every request that was
-  waiting when the parent wrote: ``freed`` are result blocks the parent's
-  tensors no longer hold, ``forget`` function tokens the parent dropped, and
-  each request ``(call_id, token, function, framework, args, writable)``,
-  where ``function`` is None once this worker has the token's function, and
-  is first ``(sys.path or None, pickled function)``: the parent's path where
-  it changed since the last one sent;
-* worker -> parent: ``("done", replies, freed_inputs)``, one reply
-  ``(call_id, ok, payload, bytes_out, (started_ns, ended_ns))`` per request
-  of the frame it answers (with a timeout: one message per call, sent as
-  soon as the call returns), and the input blocks that nothing in this worker refers to any more
-  (see below).  ``(started_ns, ended_ns)`` is the worker's time on the call,
-  by ``time.time_ns()`` (one clock for every process, and TF's profiler's:
-  the parent puts it on its trace and in the pool's statistics).
-
-An argument is ``("s", offset, size, dtype, shape)`` (numbers in the
-parent's input arena) or ``("v", value)`` (pickled: strings, NumPy scalars,
-Python values, and arrays that did not fit).  A result is the same with one
-more item, its copy facts (``_copy_facts``): ``("s", offset, size, dtype,
-shape, facts)`` (in this worker's result arena) or ``("v", value, facts)``.
-
-The request ring of the worker's control segment (src/pool/shm_layout.h,
-named in the hello's ``"ring"``: the segment's descriptor, its slots per ring
-and the eventfd the parent rings) carries calls too, served by _RingServer
-on the same thread, one call at a time: the worker polls its socket and that
-doorbell at once.  A function loaded either way serves calls of both.  Every
-call, ring or socket, shows in the segment's running_call while it runs:
-the parent's scheduling and its timeout watchdog read that one record.
-
-Who owns a block: an input block is the parent's until it writes the request
-that carries it, then this worker's until the worker reports it in
-``freed_inputs``: when the last array (or torch tensor) that views it goes,
-which is when the call returns unless the function kept its input (a cache,
-an accumulator).  A result block is this worker's until the reply that
-carries it, then the parent's until it comes back in ``freed``.
+Who owns a block: shm_layout.h.  An input block is this worker's from its
+CALL (or LOAD) until it posts its offset in INPUTS_BACK: when the last array
+(or torch tensor) that views it goes, which is when the call returns unless
+the function kept its input (a cache, an accumulator).  A result block is
+the parent's from the DONE that carries it until it comes back in
+RESULTS_BACK.
 """
-import bisect
 import math
 import os
 import socket
@@ -70,45 +51,6 @@ import weakref
 ALIGN = 64  # PFB_TENSOR_ALIGNMENT (src/bridge_abi.h): TF's Eigen kernels need it
 _HEADER = struct.Struct("<Q")
 _PICKLE_PROTOCOL = 5
-
-
-class Arena:
-    """First-fit allocator of ALIGN-aligned blocks in ``[0, size)``: the
-    parent's, for its input arena (each worker's result arena has the
-    compiled module's ResultArena)."""
-
-    def __init__(self, size):
-        self.size = size
-        self._free = [(0, size)] if size > 0 else []  # (offset, size), by offset
-
-    def alloc(self, nbytes):
-        """(offset, size) of a free block of at least `nbytes`, or None."""
-        need = max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
-        for i, (offset, size) in enumerate(self._free):
-            if size >= need:
-                if size == need:
-                    del self._free[i]
-                else:
-                    self._free[i] = (offset + need, size - need)
-                return offset, need
-        return None
-
-    def free(self, offset, size):
-        """Returns a block; neighbours merge."""
-        blocks = self._free
-        lo = bisect.bisect_left(blocks, (offset,))  # the first block at or after it
-        if lo < len(blocks) and offset + size == blocks[lo][0]:
-            size += blocks[lo][1]
-            del blocks[lo]
-        if lo > 0 and blocks[lo - 1][0] + blocks[lo - 1][1] == offset:
-            offset = blocks[lo - 1][0]
-            size += blocks[lo - 1][1]
-            lo -= 1
-            del blocks[lo]
-        blocks.insert(lo, (offset, size))
-
-    def free_bytes(self):
-        return sum(size for _, size in self._free)
 
 
 _JOINED = 1 << 16  # a pickle up to this size is joined to its header (one write)
@@ -354,29 +296,26 @@ _ARENA_MIN_BYTES = 64 << 10
 
 
 class _Worker:
+    """What the worker holds across calls: its mappings, its functions, the
+    input blocks its arrays still view, and the copy facts' rules."""
+
     def __init__(self, sock, np, input_map, result_map):
         self.sock = sock
         self.np = np
         self.input_map = input_map
-        self.inputs_base = _address(np.frombuffer(input_map, np.uint8)) if input_map else 0
-        self.results = np.frombuffer(result_map, np.uint8) if result_map else None
+        self.inputs_base = _address(np.frombuffer(input_map, np.uint8))
+        self.results = np.frombuffer(result_map, np.uint8)
         # The result arena's allocator and NumPy handler (src/pool/): a fresh
         # result of the function is already in shared memory.
-        self.arena = (pool_module().ResultArena(result_map, _ARENA_MIN_BYTES)
-                      if result_map else None)
+        self.arena = pool_module().ResultArena(result_map, _ARENA_MIN_BYTES)
         self.functions = {}  # token -> function
-        # id(weak reference) -> (the reference, offset, size) of each input
-        # block something here still views; the reference's callback moves
-        # the block to `inputs_freed`, which the next reply carries.
+        # id(weak reference) -> (the reference, offset) of each input block
+        # something here still views; the reference's callback moves the
+        # block's offset to `inputs_freed`, which INPUTS_BACK carries.
         self.input_blocks = {}
         self.inputs_freed = []
-        # The same for blocks that came in CALL or LOAD messages of the
-        # request ring: they go back in INPUTS_BACK, not on the socket.
-        self.ring_inputs_freed = []
-        self.control = None  # its control segment's Channel: the running call shows there
-        self.timed = False   # a pool timeout: each socket reply goes as its call returns
 
-    def input_block(self, offset, size, ring=False):
+    def input_block(self, offset, size):
         """A uint8 ndarray over one input block, the base of every view of it.
 
         Its own base is not an ndarray (np.frombuffer makes a memoryview), so
@@ -385,36 +324,17 @@ class _Worker:
         callback runs when the last of them goes, whenever that is."""
         block = self.np.frombuffer(self.input_map, self.np.uint8, count=size, offset=offset)
         ref = weakref.ref(block, self._input_gone)
-        self.input_blocks[id(ref)] = (ref, offset, size, ring)
+        self.input_blocks[id(ref)] = (ref, offset)
         return block
 
     def _input_gone(self, ref):
-        _, offset, size, ring = self.input_blocks.pop(id(ref))
-        if ring:  # INPUTS_BACK names a block by its offset
-            self.ring_inputs_freed.append(offset)
-        else:
-            self.inputs_freed.append((offset, size))
+        _, offset = self.input_blocks.pop(id(ref))
+        self.inputs_freed.append(offset)  # INPUTS_BACK names a block by its offset
 
-    def arg(self, item, writable, framework):
-        if item[0] == "v":
-            value = item[1]
-            # An array unpickled from the frame is read-only (it views the
-            # pickle's bytes); copy=True promises a writable one, as an
-            # input block is (and torch has no read-only tensors).
-            if ((writable or framework == "torch") and isinstance(value, self.np.ndarray)
-                    and not value.flags.writeable):
-                value = value.copy()
-            return _wrap_input(self.np, value, framework)
-        _, offset, size, dtype, shape = item
-        arr = self.input_block(offset, size).view(dtype)[:math.prod(shape)].reshape(shape)
-        # The block is this call's own copy: written only under copy=True,
-        # as the bridge's inputs are, and by torch (which has no read-only tensors).
-        if not writable and framework != "torch":
-            arr.flags.writeable = False
-        return _wrap_input(self.np, arr, framework)
-
-    def result(self, value, framework, facts):
-        """(encoded value, bytes written to the result arena)."""
+    def result(self, value, framework):
+        """(("s", offset, size, dtype, shape): a block of the result arena, or
+        ("v", value): a value the caller encodes otherwise; bytes written to
+        the result arena)."""
         np = self.np
         value = _as_numpy(np, value, framework)
         if not isinstance(value, (np.ndarray, np.generic, *_CONVERTED_BY_THE_PARENT,
@@ -428,18 +348,18 @@ class _Worker:
                 arr = None
             if arr is not None and arr.dtype.kind != "O":
                 value = arr
-        if (isinstance(value, np.ndarray) and value.size and self.arena is not None
+        if (isinstance(value, np.ndarray) and value.size
                 and _shares_by_memory(np, value.dtype)):
             block = self.arena.take(value)
             if block is not None:  # the function's own arena memory: no copy
-                return ("s", *block, value.dtype, value.shape, facts), 0
+                return ("s", *block, value.dtype, value.shape), 0
             block = self.arena.reserve(value.nbytes)
             if block is not None:
                 offset, size = block
                 out = self.results[offset:offset + value.nbytes].view(value.dtype)
                 np.copyto(out.reshape(value.shape), value, casting="no")
-                return ("s", offset, size, value.dtype, value.shape, facts), value.nbytes
-        return ("v", value, facts), 0
+                return ("s", offset, size, value.dtype, value.shape), value.nbytes
+        return ("v", value), 0
 
     def copy_facts(self, value, outside, dlpack, read_only, ranges):
         """(writable_elsewhere, compact, aligned, lazy) of a result as the
@@ -472,7 +392,7 @@ class _Worker:
 
     def one_facts(self, value, outside, writable, framework, ranges):
         """copy_facts of a call's result under its copy policy (`writable`:
-        copy=True) and framework; for the socket and ring paths alike."""
+        copy=True) and framework."""
         return self.copy_facts(value, outside, framework is not None,
                                not writable and framework != "torch", ranges)
 
@@ -548,191 +468,14 @@ class _Worker:
             foreign = False  # a view of an input: TensorFlow's memory in-process
         return (foreign, arr.flags.c_contiguous, start % ALIGN == 0, lazy)
 
-    def run(self, request):
-        call_id, token, function, framework, args, writable = request
-        started = time.time_ns()
-        items = []  # a list or tuple result's encoded items, so far
-        try:
-            func = self.functions.get(token)
-            if func is None:
-                import importlib
-                import pickle
-                path, pickled = function
-                if path is not None:
-                    sys.path[:] = path  # the parent's, which changed since the hello
-                importlib.invalidate_caches()  # modules made since the last import
-                func = self.functions[token] = pickle.loads(pickled)
-            values = [self.arg(a, writable, framework) for a in args]
-            result = (self.arena.call(func, values) if self.arena is not None
-                      else func(*values))
-            if framework == "torch" and not writable:
-                # In-process the tensors are TensorFlow's memory, and a write
-                # to one fails the call (the adapter sees it): here too,
-                # though the blocks are this call's own.
-                _adapter_named("torch").check_inputs(values)
-            del values  # the inputs are no longer the worker's, as in-process
-            moved = 0
-            # The copy facts, before any reference is taken to the results.
-            outside = sys.getrefcount(result) - 2  # `result` and getrefcount's argument
-            ranges = [(self.inputs_base + a[1],  # (only DLPack producers' facts read them)
-                       self.inputs_base + a[1] + math.prod(a[4]) * a[3].itemsize)
-                      for a in args if a[0] == "s"] if framework is not None else ()
-            if isinstance(result, (list, tuple)):
-                values = result if type(result) is tuple else tuple(result)
-                facts = self.items_facts(values, result, outside, writable, framework, ranges)
-                for value, value_facts in zip(values, facts):
-                    item, n = self.result(value, framework, value_facts)
-                    items.append(item)
-                    moved += n
-                payload = ("list" if isinstance(result, list) else "tuple", items)
-            else:
-                facts = self.one_facts(result, outside, writable, framework, ranges)
-                item, moved = self.result(result, framework, facts)
-                payload = ("one", item)
-            return (call_id, True, payload, moved, (started, time.time_ns()))
-        except BaseException as exc:  # noqa: BLE001 - the parent raises it
-            self.give_back(items)  # an item that failed after others were placed
-            return (call_id, False, _exception_payload(exc), 0, (started, time.time_ns()))
-
-    def give_back(self, items):
-        """Frees the result blocks of encoded items that will not be sent."""
-        for item in items:
-            if item[0] == "s":
-                self.arena.hand_back(item[1])
-
-    def serve(self, reader, frames, ring=None):
-        """Runs requests until the end of the stream (or a STOP on the
-        ring); `frames`: those read with the hello; `ring`: the _RingServer
-        of this worker's control segment, or None."""
-        import pickle
-        while True:
-            if ring is not None:
-                while ring.serve():
-                    if ring.stopped:
-                        return
-                frames += ring.take_stash()  # read while a call pulled an input
-            if not frames:
-                if ring is not None and not ring.wait():
-                    continue  # the doorbell: the ring has requests
-                frames = reader.read(pickle.loads)
-                if not frames:
-                    return  # the parent closed the pool, or exited
-            # Nothing of these requests or their replies (large pickled
-            # inputs or results among them) stays referenced while the next
-            # frame is awaited.
-            replies = self.answer(frames, pickle, ring)
-            if ring is not None:
-                # Ring blocks these requests let go of (a FORGET on the
-                # socket drops a function that kept ring inputs).
-                ring.inputs_back()
-            if not self.timed:
-                send(self.sock, self.sendable(replies, pickle))
-            replies = None
-            frames = []
-
-    def answer(self, frames, pickle, ring=None):
-        """Runs the requests of `frames` (emptied); returns their replies
-        (none with a timeout: each has gone already).  Each call shows in
-        the control segment while it runs, so that the parent's native
-        dispatch does not queue behind it (src/pool/dispatch.c, choose) and
-        its watchdog sees its deadline (_Deadlines)."""
-        replies = []
-        while frames:
-            freed, forget, requests = frames.pop(0)
-            for offset, _ in freed:
-                self.arena.hand_back(offset)
-            for token in forget:
-                self.functions.pop(token, None)
-            while requests:
-                request = requests.pop(0)
-                control = self.control
-                if control is not None:
-                    control.set_running(_SOCKET_CALL | request[0], time.monotonic_ns())
-                try:
-                    reply = self.run(request)
-                finally:
-                    if control is not None:
-                        control.set_running(0)
-                if not self.timed:
-                    replies.append(reply)
-                    continue
-                # With a timeout, each reply goes at once: a call that
-                # times out must not take the results of the calls run
-                # before it with it.
-                send(self.sock, self.sendable([reply], pickle))
-                reply = None
-        return replies
-
-    def sendable(self, replies, pickle):
-        """The pickle of `replies`, with the input blocks freed since the last
-        one (the calls' inputs, unless a function kept them).  A reply whose
-        result does not pickle becomes its call's TypeError (its arena blocks
-        freed), rather than an error that ends this worker and fails every
-        call of the frame."""
-        freed = self.freed_inputs()
-        try:
-            return pickle.dumps(("done", replies, freed), protocol=_PICKLE_PROTOCOL)
-        except Exception:  # noqa: BLE001 - found reply by reply below
-            pass
-        checked = []
-        for reply in replies:
-            call_id, ok, payload = reply[:3]
-            try:
-                pickle.dumps(reply, protocol=_PICKLE_PROTOCOL)
-            except Exception as exc:  # noqa: BLE001 - the call's error
-                kind, body = payload
-                items = [body] if kind == "one" else body
-                self.give_back(items)
-                bad = next(i for i, item in enumerate(items) if not _pickles(pickle, item))
-                error = TypeError(
-                    f"pyfunc_bridge: result {bad} of the function (a "
-                    f"{type(items[bad][1]).__name__}) cannot be sent back from the worker "
-                    f"process: {type(exc).__name__}: {exc}. Return NumPy arrays or values "
-                    f"that pickle, or run the function in-process (executor=None)")
-                reply = (call_id, False, _exception_payload(error), 0, reply[4])
-            checked.append(reply)
-        return pickle.dumps(("done", checked, freed), protocol=_PICKLE_PROTOCOL)
-
-    def freed_inputs(self):
-        """Takes the input blocks reported gone since the last call."""
-        freed = self.inputs_freed[:]
-        del self.inputs_freed[:len(freed)]  # a callback may append meanwhile
-        return freed
-
 
 # ------------------------------------------------------------ the rings --
-# A worker serves its request ring (src/pool/shm_layout.h: LOAD, CALL,
-# RESULTS_BACK, FORGET, STOP) besides its socket: CALLs name their inputs by
-# PfbPoolTensor records over the pool's input arena, and DONEs their results
-# by records over this worker's result arena, so a call needs no pickle and
-# no socket.  The worker polls its socket and its doorbell (an eventfd the
-# parent rings after posting, when the worker has said it sleeps) at once.
-
-_DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}  # DLPack's DLDataTypeCode
-_DL_KINDS = {code: kind for kind, code in _DL_CODES.items()}
-_DL_BFLOAT = 4
-
-
-def _dl_dtype(dtype):
-    """(code, bits, lanes) of a NumPy dtype that travels as memory, or None."""
-    code = _DL_CODES.get(dtype.kind)
-    if code is not None and (dtype.isnative or dtype.itemsize == 1):
-        return code, dtype.itemsize * 8, 1
-    if dtype.kind == "V" and dtype.name == "bfloat16" and dtype.names is None:
-        return _DL_BFLOAT, 16, 1
-    return None
-
-
-def _np_dtype(np, code, bits):
-    if code == _DL_BFLOAT and bits == 16:
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    kind = _DL_KINDS.get(code)
-    if kind is None or bits % 8:
-        raise ValueError(f"pyfunc_bridge: an input of DLPack dtype ({code}, {bits}) "
-                         f"cannot cross the ring")
-    return np.dtype(f"{kind}{bits // 8}")
-
+# CALLs name their inputs by PfbPoolTensor records over the pool's input
+# arena, and DONEs their results by records over this worker's result arena,
+# so a call needs no pickle.  The worker polls its socket and its doorbell
+# (an eventfd the parent rings after posting, when the worker has said it
+# sleeps) at once.  Dtypes travel as DLPack codes (the pool module's
+# dl_dtype and np_dtype: the one table).
 
 def _strings(np, data, shape):
     """An object array of bytes from a strings block: per element a uint64
@@ -752,15 +495,13 @@ def _strings(np, data, shape):
 
 class _RingServer:
     """A worker's side of its control segment: reads every request there
-    is, runs it, and answers on the reply ring.  One thread (the worker's
-    main thread) runs both this and the socket's requests, one call at a
-    time, as before."""
+    is, runs it, and answers on the reply ring, one call at a time, on the
+    worker's main thread."""
 
-    def __init__(self, worker, pw, channel, doorbell, sock_fd, reader=None):
+    def __init__(self, worker, pw, channel, doorbell, sock_fd, reader):
         import select
         self.worker = worker
-        self.reader = reader  # the socket's FrameReader, which pull() reads too
-        self.stash = []       # frames pull() read that were not its payload
+        self.reader = reader  # the socket's FrameReader, which pull() reads
         self.pw = pw
         self.channel = channel
         self.doorbell = doorbell  # the eventfd the parent rings
@@ -772,6 +513,21 @@ class _RingServer:
         self.stopped = False
         # Words per INPUTS_BACK: what fits a message in this ring.
         self.words_per_message = _words_per_message(pw, channel.ring_slots)
+
+    def run(self):
+        """Serves the ring until a STOP, or the end of the socket's stream
+        (the pool closed, or the parent died), which the socket shows while
+        the worker sleeps: the parent sends nothing else unasked."""
+        import pickle
+        while True:
+            while self.serve():
+                if self.stopped:
+                    return
+            if self.wait():
+                if not self.reader.read(pickle.loads):
+                    return
+                raise RuntimeError("pyfunc_bridge: the parent sent a message the worker "
+                                   "did not ask for")
 
     def wait(self):
         """Sleeps until the socket or the doorbell has something; whether
@@ -826,7 +582,7 @@ class _RingServer:
 
     def inputs_back(self):
         """Posts the ring's input blocks that nothing here views any more."""
-        freed = self.worker.ring_inputs_freed
+        freed = self.worker.inputs_freed
         taken = freed[:]
         del freed[:len(taken)]  # a callback may append meanwhile
         pw = self.pw
@@ -846,30 +602,22 @@ class _RingServer:
             try:
                 data = bytes(worker.input_map[offset:offset + size])
             finally:
-                worker.ring_inputs_freed.append(offset)  # read: the parent's again
+                worker.inputs_freed.append(offset)  # read: the parent's again
         try:
             path, pickled = (pickle.loads(data) if data is not None
                              else self.pull(("load", message.token)))
             if path is not None:
                 sys.path[:] = path
-            importlib.invalidate_caches()
-            # Loaded over the socket already (a kernel's first call takes
-            # the Python path): that object stays, with any state it keeps.
-            if message.token not in worker.functions:
-                worker.functions[message.token] = pickle.loads(pickled)
+            importlib.invalidate_caches()  # modules made since the last import
+            worker.functions[message.token] = pickle.loads(pickled)
             self.load_errors.pop(message.token, None)
         except BaseException as exc:  # noqa: BLE001 - each CALL of it raises it
             self.load_errors[message.token] = exc
 
-    def take_stash(self):
-        taken, self.stash = self.stash, []
-        return taken
-
     def pull(self, payload_id):
-        """The input the parent keeps for this call under `payload_id`
-        (shm_layout.h, PFB_POOL_TENSOR_SOCKET; or a LOAD's function, by
-        ("load", token)), asked for on the socket; the frames read meanwhile
-        wait in `stash` for the main loop."""
+        """What the parent keeps under `payload_id` (shm_layout.h,
+        PFB_POOL_TENSOR_SOCKET: an input, or a packed CALL's inputs; a
+        LOAD's function, by ("load", token)), asked for on the socket."""
         import pickle
         send(self.worker.sock, pickle.dumps(("need", payload_id), protocol=_PICKLE_PROTOCOL))
         while True:
@@ -877,36 +625,55 @@ class _RingServer:
             if not frames:
                 raise ConnectionResetError("pyfunc_bridge: the pool closed while the worker "
                                            "waited for a call's input")
-            for i, frame in enumerate(frames):
-                if frame[0] == "payload" and frame[1] == payload_id:
-                    self.stash += frames[:i] + frames[i + 1:]
-                    if frame[2] is None:
-                        raise RuntimeError(f"pyfunc_bridge: the parent no longer holds "
-                                           f"{payload_id!r} (the call's caller stopped "
-                                           f"waiting, or its function was dropped)")
-                    return pickle.loads(frame[2])
-            self.stash += frames
+            for frame in frames:  # (one: pulls come one at a time)
+                if frame[0] != "payload" or frame[1] != payload_id:
+                    raise RuntimeError(f"pyfunc_bridge: the parent sent {frame[0]!r} for "
+                                       f"{frame[1]!r} while the worker waited for "
+                                       f"{payload_id!r}")
+                if frame[2] is None:
+                    raise RuntimeError(f"pyfunc_bridge: the parent no longer holds "
+                                       f"{payload_id!r} (the call's caller stopped "
+                                       f"waiting, or its function was dropped)")
+                return pickle.loads(frame[2])
+
+    def args(self, message, flags):
+        """The function's arguments: one per input record, or, for a packed
+        CALL (PFB_POOL_CALL_PACKED), those its one pulled payload lists."""
+        pw = self.pw
+        if flags & pw.CALL_PACKED:
+            (record,) = message.items
+            return [self.pulled(value, flags) for value in self.pull(record[4])]
+        return [self.arg(t, flags) for t in message.items]
+
+    def pulled(self, value, flags):
+        """An input pulled over the socket, as a block's input would be:
+        writable only under copy=True and torch; 0-d a NumPy scalar under
+        PFB_POOL_CALL_SCALARS.  A value the records cannot describe stays
+        as it came."""
+        pw, np = self.pw, self.worker.np
+        if not isinstance(value, np.ndarray):
+            return value
+        if flags & (pw.CALL_WRITABLE | pw.CALL_TORCH):
+            if not value.flags.writeable:
+                value = value.copy()
+        else:
+            value.flags.writeable = False
+        if flags & pw.CALL_SCALARS and value.ndim == 0:
+            return value[()]
+        return value
 
     def arg(self, tensor, flags):
         pw, worker = self.pw, self.worker
         np = worker.np
         code, bits, lanes, tflags, offset, size, shape = tensor
         if tflags & pw.TENSOR_SOCKET:
-            arr = self.pull(offset)
-            if not isinstance(arr, np.ndarray):
-                return arr  # a value the records cannot describe, as it came
-            # As a block's input: writable only under copy=True and torch.
-            if flags & (pw.CALL_WRITABLE | pw.CALL_TORCH):
-                if not arr.flags.writeable:
-                    arr = arr.copy()
-            else:
-                arr.flags.writeable = False
-        elif tflags & pw.TENSOR_STRINGS:
-            block = worker.input_block(offset, size, ring=True) if size else b""
+            return self.pulled(self.pull(offset), flags)
+        if tflags & pw.TENSOR_STRINGS:
+            block = worker.input_block(offset, size) if size else b""
             arr = _strings(np, memoryview(block), shape)
             del block  # decoded: the block goes back
         else:
-            dtype = _np_dtype(np, code, bits)
+            dtype = pw.np_dtype(code, bits)
             count = math.prod(shape)
             if not count or not size:
                 arr = np.zeros(shape, dtype)
@@ -914,10 +681,9 @@ class _RingServer:
                 if count * dtype.itemsize > size:
                     raise ValueError(f"pyfunc_bridge: an input of shape {shape} does not "
                                      f"fit its {size}-byte block")
-                arr = (worker.input_block(offset, size, ring=True)
-                       .view(dtype)[:count].reshape(shape))
+                arr = worker.input_block(offset, size).view(dtype)[:count].reshape(shape)
             # Written only under copy=True, as the bridge's inputs are, and
-            # by torch (which has no read-only tensors): as _Worker.arg.
+            # by torch (which has no read-only tensors).
             if not flags & (pw.CALL_WRITABLE | pw.CALL_TORCH):
                 arr.flags.writeable = False
         if flags & pw.CALL_SCALARS and arr.ndim == 0:
@@ -944,10 +710,13 @@ class _RingServer:
                     raise error
                 raise RuntimeError(f"pyfunc_bridge: worker {os.getpid()} has no function "
                                    f"of token {message.token} (no LOAD came before the CALL)")
-            values = [_wrap_input(np, self.arg(t, flags), framework) for t in message.items]
+            values = [_wrap_input(np, v, framework) for v in self.args(message, flags)]
             result = worker.arena.call(func, values)
             if framework == "torch" and not writable:
-                _adapter_named("torch").check_inputs(values)  # as _Worker.run
+                # In-process the tensors are TensorFlow's memory, and a write
+                # to one fails the call (the adapter sees it): here too,
+                # though the blocks are this call's own.
+                _adapter_named("torch").check_inputs(values)
             del values  # the inputs are no longer the worker's, as in-process
             # The copy facts (copy=False), before any reference is taken to the results.
             outside = sys.getrefcount(result) - 2  # `result` and getrefcount's argument
@@ -1021,10 +790,10 @@ class _RingServer:
         pw, worker = self.pw, self.worker
         np = worker.np
         fact_bits = pw.facts_flags(facts)
-        item, moved = worker.result(value, framework, None)
+        item, moved = worker.result(value, framework)
         if item[0] == "s":
-            _, offset, size, dtype, shape, _ = item
-            dl = _dl_dtype(dtype)
+            _, offset, size, dtype, shape = item
+            dl = pw.dl_dtype(dtype)
             if dl is not None:
                 return (*dl, (0 if moved else pw.TENSOR_SHARED) | fact_bits, offset, size,
                         tuple(shape))
@@ -1037,7 +806,7 @@ class _RingServer:
             # too: its bytes in a block, so that the parent's kernel takes it
             # without Python.  (A Python number stays a value: the parent's
             # checks convert it, as in-process.)
-            dl = _dl_dtype(value.dtype) if isinstance(value, np.generic) else None
+            dl = pw.dl_dtype(value.dtype) if isinstance(value, np.generic) else None
             if dl is not None:
                 data = value.tobytes()
                 block = self.place(data)
@@ -1070,12 +839,6 @@ class _NoRoom(Exception):
     """A ring call's result does not fit the result arena."""
 
 
-# The bit a socket request's id carries as the running call in the control
-# segment (ring calls show their own id, which never reaches it): the worker
-# module's SOCKET_CALL, which counts it as a socket call started.
-_SOCKET_CALL = 1 << 63
-
-
 def _pickled(value):
     import pickle
     return pickle.dumps(value, protocol=_PICKLE_PROTOCOL)
@@ -1083,14 +846,6 @@ def _pickled(value):
 
 def _words_per_message(pw, ring_slots):
     return 8 * (min(ring_slots, 64) - 1)
-
-
-def _pickles(pickle, value):
-    try:
-        pickle.dumps(value, protocol=_PICKLE_PROTOCOL)
-    except Exception:  # noqa: BLE001 - any failure: it does not
-        return False
-    return True
 
 
 def _exception_payload(exc):
@@ -1148,13 +903,12 @@ def _die_with_parent(parent_pid, signal):
         os._exit(0)
 
 
-def _watched(worker, deadlines, signal):
+def _watched(deadlines, signal):
     """A pool with a timeout: on SIGUSR1 (the parent's watchdog, which read
     the call's start in the control segment) this worker writes its Python
     stack to its trace file, then lets the signal end it (chain=True calls
     SIGUSR1's default action, which ends the process)."""
     import faulthandler
-    worker.timed = True
     faulthandler.register(signal.SIGUSR1, file=deadlines["trace_fd"], all_threads=True,
                           chain=True)
 
@@ -1170,10 +924,10 @@ def main(argv):
     sock = socket.socket(fileno=sock_fd)
     import pickle
     reader = FrameReader(sock)
-    frames = reader.read(pickle.loads)  # the hello, maybe requests already
+    frames = reader.read(pickle.loads)  # the hello
     if not frames:
         return 0
-    hello = frames.pop(0)
+    (hello,) = frames
     # The parent's imports must resolve here as there (its sys.path; the
     # working directory is inherited).
     sys.path[:] = hello["path"]
@@ -1181,29 +935,21 @@ def main(argv):
     import numpy as np
     maps = []
     for fd, size in ((input_fd, hello["input_bytes"]), (result_fd, hello["result_bytes"])):
-        maps.append(mmap.mmap(fd, size) if size else None)
-        if fd >= 0:
-            os.close(fd)
+        maps.append(mmap.mmap(fd, size))
+        os.close(fd)
     worker = _Worker(sock, np, maps[0], maps[1])
     deadlines = hello.get("deadlines")
     if deadlines is not None:
-        _watched(worker, deadlines, signal)
-    ring = None
-    rings = hello.get("ring")
-    if rings is not None:  # every worker has one: its running call shows there
-        pw = pool_module()
-        control = mmap.mmap(rings["control_fd"], pw.control_bytes(rings["ring_slots"]))
-        os.close(rings["control_fd"])
-        worker.control = pw.Channel(control)
-        if worker.arena is not None:
-            ring = _RingServer(worker, pw, worker.control, rings["doorbell_fd"], sock_fd,
-                               reader)
-            ring.channel.announce(os.getpid())
-        else:  # no arenas: nothing travels on the rings
-            os.close(rings["doorbell_fd"])
+        _watched(deadlines, signal)
+    rings = hello["ring"]
+    pw = pool_module()
+    control = mmap.mmap(rings["control_fd"], pw.control_bytes(rings["ring_slots"]))
+    os.close(rings["control_fd"])
+    ring = _RingServer(worker, pw, pw.Channel(control), rings["doorbell_fd"], sock_fd, reader)
+    ring.channel.announce(os.getpid())
     try:
         sock.sendall(frame(("ready", os.getpid()), pickle.dumps))
-        worker.serve(reader, frames, ring)
+        ring.run()
     except ConnectionError:
         pass  # the pool closed (maybe before this worker was ready), or the parent is gone
     except EOFError:  # the pool module's ChannelClosed: the parent closed the rings

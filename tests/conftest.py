@@ -11,6 +11,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import pyfunc_bridge as pfb  # noqa: E402
+from pool_checks import in_arena, memfd_mappings  # noqa: E402,F401 (shared with scripts)
 
 # Property-based tests (tests/test_conversion_fuzz.py).  "ci" is the default:
 # deterministic (derandomized, no example database) and inside CI's minute;
@@ -188,26 +189,6 @@ def address(array_like):
 def collect():
     for _ in range(3):
         gc.collect()
-
-
-def memfd_mappings(name):
-    """(start, end) of this process's mappings of the memfds whose names
-    start with `name` (a pool's shared memory is memfds named after it,
-    which /proc/self/maps shows and /dev/shm does not)."""
-    found = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if f"/memfd:{name}" in line:
-                start, end = line.split()[0].split("-")
-                found.append((int(start, 16), int(end, 16)))
-    return found
-
-
-def in_arena(pool, tensor):
-    """Whether `tensor`'s memory is a block of one of `pool`'s workers'
-    result arenas (memfds named "<pool name>-results")."""
-    data = pfb.to_numpy(tensor).ctypes.data
-    return any(start <= data < end for start, end in memfd_mappings(f"{pool.name}-results"))
 
 
 def input_arena_whole(pool, seconds=10):

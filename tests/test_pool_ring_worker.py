@@ -2,14 +2,12 @@
 name their inputs by tensor records over the pool's input arena are run and
 answered by DONEs over the worker's result arena, the input blocks come back
 in INPUTS_BACK when nothing in the worker views them, result blocks are
-freed by RESULTS_BACK, functions arrive by LOAD (or by the socket: one token
-space), errors come back pickled.  The test plays the parent's native side
-with the pool's own Channel and input allocator; the worker is a real pool
-worker, which serves its socket at the same time.
+freed by RESULTS_BACK, functions arrive by LOAD, errors come back pickled.
+The test plays the parent's native side with the pool's own Channel and
+input allocator; the worker is a real pool worker.
 
 The pool's native dispatcher (src/pool/dispatch.c) is kept out of these
 tests' pools; tests/test_pool_dispatch.py runs it against real workers."""
-import gc
 import pickle
 import struct
 import time
@@ -38,6 +36,9 @@ class Client:
             assert time.monotonic() < deadline, "the worker never served its ring"
             time.sleep(0.01)
         self.channel = self.worker.channel
+        self.arena = pool._dispatch  # the input arena's allocator
+        self.inputs = np.frombuffer(pool._input_map, np.uint8)
+        self.results = np.frombuffer(self.worker.result_map, np.uint8)
         self.held = {}       # input offset -> size, until INPUTS_BACK
         self.returned = []   # input offsets that came back
         self.done = {}       # call id -> DONE message
@@ -45,8 +46,8 @@ class Client:
         self.tokens = iter(range(SCALAR, 1 << 30))
 
     def block(self, data):
-        offset, size = self.pool._arena.alloc(max(len(data), 1))
-        self.pool._inputs[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
+        offset, size = self.arena.alloc(max(len(data), 1))
+        self.inputs[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
         self.held[offset] = size
         return offset, size
 
@@ -91,7 +92,7 @@ class Client:
                 assert message.kind == pw.MSG_INPUTS_BACK
                 for offset in message.items:
                     size = self.held.pop(offset)  # KeyError: a block not in flight
-                    self.pool._arena.free(offset, size)
+                    self.arena.free(offset, size)
                     self.returned.append(offset)
 
     def result(self, call_id, timeout=30):
@@ -103,7 +104,7 @@ class Client:
     def values(self, done):
         """The DONE's outputs, copied out; its result blocks handed back."""
         out, blocks = [], []
-        results = self.worker.results
+        results = self.results
         for code, bits, lanes, flags, offset, size, shape in done.items:
             data = results[offset:offset + size]
             if flags & pw.TENSOR_PICKLED:
@@ -206,7 +207,7 @@ def test_an_error_comes_back_pickled_with_its_traceback(client):
     done = client.result(_call_and_notify(client, token, np.ones(2)))
     assert done.status == pw.STATUS_ERROR and done.items == []
     offset, size = done.block
-    payload = pickle.loads(client.worker.results[offset:offset + size].tobytes())
+    payload = pickle.loads(client.results[offset:offset + size].tobytes())
     exc = _process._worker_exception(payload)
     assert isinstance(exc, KeyError) and "no 2.0" in str(exc)
     assert "fails" in str(exc.__cause__)
@@ -282,20 +283,3 @@ def test_one_doorbell_wakes_the_worker_for_a_batch_and_replies_come_in_order(cli
         if rung_once >= 2:
             break
     assert rung_once >= 2, f"the worker was asleep for {rung_once} of {round_ + 1} batches"
-
-
-def test_the_socket_path_runs_beside_the_ring(client, monkeypatch):
-    """The worker's socket serves pool calls while the ring serves the
-    client: the same worker, one call at a time."""
-    import tensorflow as tf
-    # The worker is not attached to the pool's dispatcher (the client plays
-    # it): a ring call would wait for an attached worker for ever.
-    monkeypatch.setattr(client.pool, "native_route", lambda *a, **k: None)
-    token = client.load(double)
-    ring_call = _call_and_notify(client, token, np.ones(3))
-    out = pfb.numpy_function(lambda a: a + 1, [tf.constant([1.0, 2.0])], tf.float32,
-                             executor=client.pool)
-    np.testing.assert_array_equal(out.numpy(), [2, 3])
-    [y] = client.values(client.result(ring_call))
-    np.testing.assert_array_equal(y, [2, 2, 2])
-    gc.collect()

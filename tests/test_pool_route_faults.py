@@ -1,9 +1,11 @@
 """Faults found by an adversarial pass over the kernel's native route to a
 pool (src/kernel/pool_route.*, src/pool/dispatch.*): each test failed on the
 code before its fix.  A call takes the route in a tf.data map, on TF's
-threads, after the kernel's first call; the same map over a pool whose
-routes are turned off (its native_route gives None) takes the socket path,
-the reference for what the native path must do and report."""
+threads, after the kernel's first call; the same map while a profiler
+records (bridge.cc offers kernels no route then) takes the rings from
+Python for every call (ProcessPool.ring_call), the reference for what the
+native path must do and report."""
+import contextlib
 import dataclasses
 import os
 import signal
@@ -46,21 +48,32 @@ def pool():
 
 @pytest.fixture(scope="module")
 def python_path_pool():
-    """A pool of the same name (so the same record) whose calls all take the
-    Python path: it offers kernels no route (a pool with a timeout did once;
-    now its calls take the rings too)."""
+    """A pool of the same name (so the same record) whose calls are all
+    made while a profiler records (python_path)."""
     with pfb.ProcessPool(1, name=POOL_NAME) as shared:
-        shared.native_route = lambda *args: None  # the pool's "no route" answer
         yield shared
 
 
-def counted(pool, func, make, dtype, n=12):
+@contextlib.contextmanager
+def python_path(logdir):
+    """Every pool call from Python while it lasts: kernels take no route
+    while a profiler records (bridge.cc, may_route)."""
+    tf.profiler.experimental.start(str(logdir))
+    try:
+        yield
+    finally:
+        tf.profiler.experimental.stop()
+
+
+def counted(pool, func, make, dtype, n=12, logdir=None):
     """pfb.stats() of a sequential tf.data map of `n` calls of `func` (input
-    `make(i)`) in `pool`."""
+    `make(i)`) in `pool`; with `logdir`, all on the Python path."""
     pfb.reset_stats()
-    list(tf.data.Dataset.range(n).map(
+    dataset = tf.data.Dataset.range(n).map(
         lambda i: pfb.numpy_function(func, [make(i)], dtype, executor=pool,
-                                     name="route_fault_fn")))
+                                     name="route_fault_fn"))
+    with python_path(logdir) if logdir is not None else contextlib.nullcontext():
+        list(dataset)
     snapshot = pfb.stats()
     pool_record = dataclasses.asdict(snapshot.pools[POOL_NAME])
     del pool_record["seconds_queued"], pool_record["seconds_in_workers"]
@@ -95,13 +108,10 @@ def one_float(i):
 ], ids=["input view", "fresh", "two results", "strings", "0-d string", "numpy scalar",
         "0-d input"])
 def test_native_calls_count_as_the_python_path_counts(pool, python_path_pool, stats_on, func,
-                                                      make, dtype):
-    python_path = counted(python_path_pool, func, make, dtype)
-    assert python_path_pool._routes == {}
+                                                      make, dtype, tmp_path):
+    reference = counted(python_path_pool, func, make, dtype, logdir=tmp_path)
     native = counted(pool, func, make, dtype)
-    counts = [r.counts() for r in pool._routes.values()]
-    assert sum(c["calls"] for c in counts) >= 8  # the map's calls after its first
-    assert native == python_path
+    assert native == reference
 
 
 def test_a_full_input_arena_sends_native_calls_to_python_at_once():
@@ -150,7 +160,8 @@ def test_result_blocks_of_dropped_native_outputs_go_back_with_python_path_calls(
 def killed_mid_call(pool, name):
     """A sequential map of sleep_at_eight over `pool`, whose worker is
     killed while it runs element 8 (elements 0-7 answered); pfb.stats()'s
-    records of the pool and of the function."""
+    records of the pool and of the function.  The caller picks the path
+    (python_path)."""
     pfb.reset_stats()
     errors = []
 
@@ -166,9 +177,6 @@ def killed_mid_call(pool, name):
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 30
-    while not victim.channel.running_call and not victim.pending:
-        assert time.monotonic() < deadline, "no call started"
-        time.sleep(0.01)
     while pfb.stats().functions.get("killed_fn", None) is None or \
             pfb.stats().functions["killed_fn"].calls < 8:
         assert time.monotonic() < deadline, "elements 0-7 never ran"
@@ -181,13 +189,12 @@ def killed_mid_call(pool, name):
     return snapshot.pools[name], snapshot.functions["killed_fn"]
 
 
-def test_a_call_failed_by_its_worker_s_death_is_not_counted_as_answered(stats_on):
+def test_a_call_failed_by_its_worker_s_death_is_not_counted_as_answered(stats_on, tmp_path):
     """The pool's calls and bytes_in count the calls its workers answered;
     a call whose worker died is the function's error only.  The native
     route counted it in the pool's record too."""
     name = "killed stats pool"
-    with pfb.ProcessPool(1, name=name) as python_path_pool:
-        python_path_pool.native_route = lambda *args: None  # no route: the Python path
+    with pfb.ProcessPool(1, name=name) as python_path_pool, python_path(tmp_path):
         pool_record, function = killed_mid_call(python_path_pool, name)
         assert (function.calls, function.errors) == (9, 1)
         assert (pool_record.calls, pool_record.bytes_in) == (8, 32)

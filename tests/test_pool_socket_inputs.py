@@ -1,8 +1,8 @@
-"""Inputs the input arena has no room for, and those the ring's records
-cannot describe, travel on the worker's socket, pulled by the worker by
-payload id (src/pool/shm_layout.h, PFB_POOL_TENSOR_SOCKET): the call itself
-still goes over the rings.  The sign of that is that the socket call path
-(the pool's public ``stage`` and ``run``) is never entered."""
+"""Inputs the input arena has no room for, those the ring's records cannot
+describe, and the argument list of a call with more inputs than its ring
+holds, travel on the worker's socket, pulled by the worker by payload id
+(src/pool/shm_layout.h, PFB_POOL_TENSOR_SOCKET, PFB_POOL_CALL_PACKED): the
+call itself still goes over the rings, the only way a call goes."""
 import os
 import subprocess
 import sys
@@ -20,18 +20,10 @@ ROOT = os.path.dirname(TESTS)
 BIG = 16 << 10  # float32 elements: 64 KiB, sixteen times a 4 KiB arena
 
 
-def _rings_only(pool):
-    """Makes the socket call path fail the test if a call takes it."""
-    def socket_path(*args, **kwargs):
-        raise AssertionError("the call took the socket call path")
-    pool.stage = pool.run = socket_path
-    return pool
-
-
 @pytest.fixture
 def small():
     with pfb.ProcessPool(1, arena_bytes=4096, name="pulled inputs pool") as pool:
-        yield _rings_only(pool)
+        yield pool
 
 
 def test_an_input_larger_than_the_arena_is_pulled(small):
@@ -109,7 +101,6 @@ def test_kept_inputs_fill_the_arena_and_later_calls_are_pulled(small):
 
 def test_torch_gets_pulled_inputs_as_tensors(torch):
     with pfb.ProcessPool(1, arena_bytes=4096, name="pulled torch pool") as pool:
-        _rings_only(pool)
         x = tf.constant(np.arange(BIG, dtype=np.float32))
         got = pfb.array_function(pf.torch_square, [x], tf.float32, framework="torch",
                                  executor=pool)
@@ -120,7 +111,6 @@ def test_torch_gets_pulled_inputs_as_tensors(torch):
 
 def test_a_pool_without_arena_bytes_takes_the_rings():
     with pfb.ProcessPool(1, arena_bytes=0, name="no arena pool") as pool:
-        _rings_only(pool)
         assert pool.arena_bytes == 4096  # one page
         np.testing.assert_array_equal(
             pfb.numpy_function(pf.plus_one, [tf.constant([1, 2])], tf.int32,
@@ -133,6 +123,58 @@ def test_a_pool_without_arena_bytes_takes_the_rings():
                                   executor=pool).numpy() == b"AB" * 10_000
         assert pfb.numpy_function(pf.upper, [tf.constant(b"ab")], tf.string,
                                   executor=pool).numpy() == b"AB"
+
+
+MANY = 300  # inputs: more records than a worker's ring has slots (256)
+
+
+def _sum_of_all(*values):
+    """The sum of every input (a string counts its length), and the types
+    the function got."""
+    def measure(v):
+        if isinstance(v, bytes):
+            return len(v)
+        arr = np.asarray(v)
+        if arr.dtype.kind in "OSU":
+            return sum(len(e) for e in arr.ravel())
+        return float(np.sum(arr.astype(np.float64)))
+    return (np.float64(sum(measure(v) for v in values)),
+            " ".join(sorted({type(v).__name__ for v in values})).encode())
+
+
+def _many_inputs():
+    """MANY inputs of several kinds: 0-d and 1-d numbers, bytes and a large one."""
+    inputs = []
+    for i in range(MANY):
+        kind = i % 4
+        inputs.append(tf.constant(float(i)) if kind == 0 else
+                      tf.range(i % 7, dtype=tf.int32) if kind == 1 else
+                      tf.constant(b"x" * (i % 5)) if kind == 2 else
+                      tf.fill([8], tf.cast(i, tf.float16)))
+    inputs[7] = tf.ones([BIG])  # larger than the arena of `small`
+    return inputs
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_a_call_with_more_inputs_than_its_ring_holds_runs_as_in_process(small, mode):
+    """Its argument list travels packed, pulled as one payload: the values,
+    and the types the function gets (NumPy scalars in graphs, 0-d arrays
+    eagerly, bytes for strings), are those of the same call in-process."""
+    inputs = _many_inputs()
+
+    def call(executor):
+        def run(*xs):
+            return pfb.numpy_function(_sum_of_all, list(xs), [tf.float64, tf.string],
+                                      executor=executor)
+        if mode == "graph":
+            run = tf.function(run)
+        total, types = run(*inputs)
+        return float(total), types.numpy()
+
+    expected = call(None)
+    assert call(small) == expected
+    assert call(small) == expected  # (a graph's later calls: the kernel's native try first)
+    input_arena_whole(small)
 
 
 def test_cupy_has_a_call_flag():
@@ -152,21 +194,13 @@ def _run(script, *args):
 # after the worker asks for them): the pool keeps working, and its arena is
 # whole once the calls are done.
 _INTERRUPTED_SCRIPT = r"""
-import random, signal, threading, time
 import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
-main = threading.main_thread().ident
-random.seed(28)
+from pool_checks import Interrupts, settled
 with pfb.ProcessPool(2, arena_bytes=4096, name="interrupted pulls") as pool:
     x = tf.fill([64 << 10], 3.0)  # 256 KiB: always pulled
-    stop = threading.Event()
-    def interrupt():
-        stop.wait(0.5)
-        while not stop.wait(random.uniform(0, 0.006)):
-            signal.pthread_kill(main, signal.SIGINT)
-    sender = threading.Thread(target=interrupt)
+    interrupts = Interrupts(seed=28)
     interrupted = calls = 0
-    sender.start()
     while calls < 200:
         try:
             calls += 1
@@ -175,17 +209,9 @@ with pfb.ProcessPool(2, arena_bytes=4096, name="interrupted pulls") as pool:
             assert float(out[0]) == 6.0, (calls, out)
         except KeyboardInterrupt:
             interrupted += 1
-    while True:
-        try:
-            stop.set()
-            sender.join()
-            time.sleep(0.05)
-            break
-        except KeyboardInterrupt:
-            pass
+    interrupts.stop()
     assert interrupted > 50, interrupted
-    while pool.free_input_bytes != pool.arena_bytes:
-        time.sleep(0.01)
+    settled(pool)
     for _ in range(8):
         out = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=True,
                                  executor=pool)

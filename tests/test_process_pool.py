@@ -298,50 +298,6 @@ def test_a_module_on_a_path_added_after_the_pool_started_imports_in_the_workers(
             assert y.numpy().tolist() == [3, 6]
 
 
-def test_a_default_pool_closed_between_stage_and_run_fails_the_call(monkeypatch):
-    """The call fails; it does not run in a fresh default pool on whatever
-    that pool's input arena holds at the staged offsets."""
-    monkeypatch.setattr(_process, "_default", None)
-    descs = _process.DEFAULT.stage([np.arange(4.0)])
-    first = _process._default
-    first.close()
-    try:
-        with pytest.raises(_process.PoolClosedError, match="is closed"):
-            _process.DEFAULT.run(pf.double, None, descs, False)
-        assert _process._default is first  # no pool was started for the call
-    finally:
-        _process._default.close()
-
-
-def test_a_default_pool_replaced_between_stage_and_run_runs_nothing_there(monkeypatch):
-    """Another thread closes the default pool and starts the next one between
-    a call's stage and its run: the call fails on the pool that staged it;
-    it does not run in the new pool, whose arena holds other data (or none)
-    at the staged offsets."""
-    monkeypatch.setattr(_process, "_default", None)
-    descs = _process.DEFAULT.stage([np.arange(4.0)])
-    first = _process._default
-
-    def replace():
-        first.close()
-        _process.default_pool()
-    other = threading.Thread(target=replace)
-    other.start()
-    other.join(timeout=60)
-    second = _process._default
-    try:
-        assert second is not first and not second.closed
-        with pytest.raises(_process.PoolClosedError, match="is closed"):
-            _process.DEFAULT.run(pf.double, None, descs, False)
-        _process.DEFAULT.release(descs)
-        assert second.free_input_bytes == second.arena_bytes  # nothing freed there
-        # The next call stages and runs on the new pool.
-        y = pfb.numpy_function(pf.double, [tf.constant([3])], tf.int32, executor="process")
-        assert y.numpy().tolist() == [6]
-    finally:
-        second.close()
-
-
 def test_no_default_pool_starts_after_the_pools_closed_at_exit(monkeypatch):
     monkeypatch.setattr(_process, "_default", None)
     monkeypatch.setattr(_process, "_exiting", True)
@@ -540,16 +496,18 @@ def test_a_dead_workers_kept_blocks_go_back_to_the_arena():
 
 # Ctrl-C in the waiting caller, again and again, in a fresh interpreter (a
 # signal, and a hang to stop by the timeout).  Each interrupted call stays
-# queued in the worker; its blocks must stay its own until the worker is
-# done with them: inputs (else the next call's input is the block it writes
-# to in place) and results (else they fill the worker's result arena).
+# with the pool (queued, or in its worker); its blocks must stay its own
+# until the worker is done with them: inputs (else the next call's input is
+# the block it writes to in place) and results (else they fill the worker's
+# result arena).
 _INTERRUPTED_SCRIPT = r"""
-import signal, threading, time
+import signal, sys, threading, time
 import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
+from pool_checks import in_arena, settled
 FRAMEWORK = {framework!r}
 BLOCK = 4 << 20  # one 1 Mi-element float32 input or result
-main = threading.main_thread().ident
+main = threading.main_thread()
 
 def call(value):
     x = tf.fill([1 << 20], float(value))
@@ -559,53 +517,30 @@ def call(value):
     return pfb.array_function(pf.slow_double_in_place, [x], tf.float32, copy=True,
                               framework=FRAMEWORK, executor=pool)
 
-def settled(pool):
-    # Waits for the state every call leaves in the end: the arena whole (a
-    # reply's blocks are freed just after its call returns); bounded by the
-    # script's timeout.
-    while pool.free_input_bytes != pool.arena_bytes:
-        time.sleep(0.01)
+def waiting():  # the main thread waits in the pool (its innermost Python frame)
+    frame = sys._current_frames().get(main.ident)
+    return frame is not None and frame.f_code.co_name == "ring_call"
 
-def in_results(pool, out):  # a block of a worker's result arena (a memfd mapping)
-    address = pfb.to_numpy(out).ctypes.data
-    with open("/proc/self/maps") as f:
-        spans = [line.split()[0].split("-") for line in f
-                 if "/memfd:" + pool.name + "-results" in line]
-    return any(int(a, 16) <= address < int(b, 16) for a, b in spans)
-
-def interrupt(moment, seen, gate, returned):
+def interrupt(moment, gate, returned):
     # SIGINT to the main thread at a moment of the call (a state it reaches,
     # never a time, which a loaded machine stretches): at once (its inputs
-    # being placed), once it waits in the pool's queue or its worker has it,
-    # or once its worker has it; never once it returned.
-    def worker_has_it():
-        return bool(set(worker.pending) - seen)  # (set(): one step, under the GIL)
-    if moment == "at once":
-        ready = lambda: True
-    elif moment == "queued":
-        ready = lambda: bool(pool._queue) or worker_has_it()
-    else:
-        ready = worker_has_it
+    # being made), or once it waits for its worker; never once it returned.
+    ready = (lambda: True) if moment == "at once" else waiting
     while True:
         with gate:
             if returned:
                 return
             if ready():
-                signal.pthread_kill(main, signal.SIGINT)
+                signal.pthread_kill(main.ident, signal.SIGINT)
                 return
         time.sleep(0.001)
 
 with pfb.ProcessPool(1, arena_bytes=4 * BLOCK, name="interrupted pool") as pool:
-    # The socket path's queue and hand-overs (inputs too large for the arena
-    # take it); the rings' are _INTERRUPTED_ANYWHERE_SCRIPT's and
-    # _INTERRUPTED_QUEUED_SCRIPT's.
-    pool.native_route = lambda *args, **kwargs: None
-    (worker,) = pool._workers
-    interrupted, most_pending = 0, 0
+    interrupted, most_held = 0, 0
     for i in range(12):
         gate, returned = threading.Lock(), []
         interrupter = threading.Thread(target=interrupt, args=(
-            ("at once", "queued", "worker")[i % 3], set(worker.pending), gate, returned))
+            ("at once", "waiting", "waiting")[i % 3], gate, returned))
         try:
             interrupter.start()
             call(100 + i)
@@ -614,14 +549,12 @@ with pfb.ProcessPool(1, arena_bytes=4 * BLOCK, name="interrupted pool") as pool:
         except KeyboardInterrupt:
             interrupted += 1
         interrupter.join()
-        pending, free = len(worker.pending), pool.free_input_bytes
-        most_pending = max(most_pending, pending)
-        # Each call still queued holds its input block.
-        assert free <= pool.arena_bytes - pending * BLOCK, (i, pending, free)
+        # The blocks of the calls still with the pool are theirs.
+        most_held = max(most_held, pool.arena_bytes - pool.free_input_bytes)
     # (A KeyboardInterrupt raised in a gc callback is ignored: the call runs on.)
-    # A call interrupted while its worker is busy waits in the pool's queue,
-    # which it leaves with its block; one the worker took stays its own.
-    assert interrupted >= 8 and most_pending >= 1, (interrupted, most_pending)
+    # A call interrupted while its worker is busy keeps its input block
+    # until the worker is done with it.
+    assert interrupted >= 8 and most_held >= BLOCK, (interrupted, most_held)
     # The next calls run after the abandoned ones, which wrote in place to
     # their own blocks, not to these calls' inputs.
     for value in (10, 11, 12):
@@ -632,7 +565,7 @@ with pfb.ProcessPool(1, arena_bytes=4 * BLOCK, name="interrupted pool") as pool:
     # (without copy=True, which copies every result).
     out = pfb.numpy_function(pf.identity, [tf.fill([1 << 20], 1.0)], tf.float32,
                              executor=pool)
-    assert in_results(pool, out)
+    assert in_arena(pool, out)
     settled(pool)
 print("done")
 """
@@ -642,21 +575,13 @@ print("done")
 # worker, its reply decoded.  Every block must end with an owner: once the
 # calls are done, the arena is whole and the values right.
 _INTERRUPTED_ANYWHERE_SCRIPT = r"""
-import random, signal, threading, time
 import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
-main = threading.main_thread().ident
-random.seed(18)
+from pool_checks import Interrupts, settled
 with pfb.ProcessPool(2, arena_bytes=1 << 20, name="interrupted pool") as pool:
     x = tf.fill([64 << 10], 3.0)  # 256 KiB: four fit the arena
-    stop = threading.Event()
-    def interrupt():  # SIGINT to the main thread, every 0-6 ms, once it runs
-        stop.wait(0.5)
-        while not stop.wait(random.uniform(0, 0.006)):
-            signal.pthread_kill(main, signal.SIGINT)
-    sender = threading.Thread(target=interrupt)
+    interrupts = Interrupts(seed=18)
     interrupted = calls = 0
-    sender.start()
     while calls < 300:
         try:
             calls += 1
@@ -665,128 +590,15 @@ with pfb.ProcessPool(2, arena_bytes=1 << 20, name="interrupted pool") as pool:
             assert float(out[0]) == 6.0 * (1 + calls % 2), (calls, out)
         except KeyboardInterrupt:
             interrupted += 1
-    while True:
-        try:
-            stop.set()
-            sender.join()
-            time.sleep(0.05)  # (an interrupt still on its way lands here)
-            break
-        except KeyboardInterrupt:
-            pass
+    interrupts.stop()
     assert interrupted > 100, interrupted
-    # The state every call leaves in the end (a reply's blocks are freed
-    # just after its call returns): waited for, bounded by the script's
-    # timeout.
-    while pool.free_input_bytes != pool.arena_bytes:
-        time.sleep(0.01)
+    settled(pool)  # the state every call leaves in the end, or the script's timeout
     for _ in range(8):
         out = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=True,
                                  executor=pool)
         np.testing.assert_array_equal(out.numpy(), np.full(64 << 10, 6.0))
 print("done")
 """
-
-
-# Ctrl-C exactly where blocks change hands: the signal arrives in the middle
-# of taking the input blocks, of handing the call to the worker, and before
-# the reply's result blocks have owners.  Each window is a few bytecodes
-# wide; a signal sent from inside it lands there for sure.
-_INTERRUPTED_HANDOVER_SCRIPT = r"""
-import signal, sys, threading, time
-import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
-main = threading.main_thread().ident
-
-def sigint():  # the handler runs at the next bytecode boundary
-    signal.pthread_kill(main, signal.SIGINT)
-
-def interrupted(*args, **kwargs):
-    try:
-        pfb.numpy_function(*args, **kwargs)
-    except KeyboardInterrupt:
-        return True
-    return False
-
-def settled(pool):
-    # Waits for the arena to be whole once the calls returned (a reply's
-    # blocks are freed just after its call returns); bounded by the
-    # script's timeout.
-    while pool.free_input_bytes != pool.arena_bytes:
-        time.sleep(0.01)
-    return pool.arena_bytes
-
-def in_results(pool, out):  # a block of a worker's result arena (a memfd mapping)
-    address = pfb.to_numpy(out).ctypes.data
-    with open("/proc/self/maps") as f:
-        spans = [line.split()[0].split("-") for line in f
-                 if "/memfd:" + pool.name + "-results" in line]
-    return any(int(a, 16) <= address < int(b, 16) for a, b in spans)
-
-with pfb.ProcessPool(1, arena_bytes=1 << 20, name="handover pool") as pool:
-    # The socket path's hand-overs (inputs too large for the arena take it);
-    # on the rings, blocks change hands in the dispatcher, without bytecode.
-    pool.native_route = lambda *args, **kwargs: None
-    (worker,) = pool._workers
-    x = tf.fill([64 << 10], 10.0)  # 256 KiB, one block
-    BLOCK = 256 << 10
-
-    # 1. While the input blocks are taken: none may be lost.
-    arena_alloc = pool._arena.alloc
-    def alloc(n):
-        block = arena_alloc(n)
-        sigint()
-        return block
-    pool._arena.alloc = alloc
-    assert interrupted(pf.double, [x], tf.float32, executor=pool)
-    pool._arena.alloc = arena_alloc
-    assert settled(pool) == pool.arena_bytes
-
-    # 2. While the call is handed to the worker: its input block is the
-    # worker's from then on (not freed under it, not lost).  The worker
-    # holds the call until the file `go` exists, and the next call's input
-    # is placed before that: were the block freed, the abandoned call would
-    # double the next call's input in place.
-    go = sys.argv[1]
-    class Outbox(list):
-        def append(self, request):
-            super().append(request)
-            sigint()
-    worker.outbox = Outbox()
-    assert interrupted(pf.double_in_place_once_there, [tf.constant(go), x], tf.float32,
-                       copy=True, executor=pool)
-    worker.outbox = []
-    pending, free = len(worker.pending), pool.free_input_bytes
-    assert pending == 1 and free == pool.arena_bytes - BLOCK, (pending, free)
-    def release_once_queued():
-        while not pool._queue:
-            time.sleep(0.001)
-        open(go, "w").close()
-    releaser = threading.Thread(target=release_once_queued)
-    releaser.start()
-    out = pfb.numpy_function(pf.slow_double_in_place, [tf.fill([64 << 10], 3.0)],
-                             tf.float32, copy=True, executor=pool)
-    releaser.join()
-    np.testing.assert_array_equal(out.numpy(), np.full(64 << 10, 6.0))
-    assert settled(pool) == pool.arena_bytes
-
-    # 3. When the reply has come and its result blocks have no owner yet:
-    # they go back to the worker (five leaked would fill its arena).
-    decode = pool._decode
-    def decode_interrupted(*args):
-        sigint()
-        return decode(*args)
-    pool._decode = decode_interrupted
-    for _ in range(5):
-        assert interrupted(pf.identity, [x], tf.float32, executor=pool)
-    pool._decode = decode
-    out = pfb.numpy_function(pf.identity, [x], tf.float32, executor=pool)
-    assert in_results(pool, out)
-print("done")
-"""
-
-
-def test_ctrl_c_where_blocks_change_hands_leaves_every_block_an_owner(tmp_path):
-    run_script(_INTERRUPTED_HANDOVER_SCRIPT, str(tmp_path / "go"))
 
 
 def test_ctrl_c_at_any_moment_of_a_call_leaves_every_block_an_owner():
@@ -1537,7 +1349,7 @@ def test_workers_outlive_the_thread_that_started_them():
 # parent's pools go on with the same workers.
 _FORK_SCRIPT = r"""
 import json, os, signal, sys, time
-import tensorflow as tf, pyfunc_bridge as pfb
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
 from pyfunc_bridge import _process
 
@@ -1555,7 +1367,7 @@ if child == 0:
             if how == "api":
                 run(pool)
             else:  # a graph built before the fork reaches the pool itself
-                pool.run(pf.pid, None, pool.stage([0]), False)
+                pool.ring_call(pf.pid, None, (np.int64(0),), False, False)
         except Exception as exc:  # noqa: BLE001 - reported
             report[how] = f"{type(exc).__name__}: {exc}"
     report["default"] = run("process")

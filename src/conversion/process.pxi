@@ -1,16 +1,17 @@
 # Calls that run in a worker process (executor=, pyfunc_bridge/_process.py):
 # the converter the driver calls for them, and the results that stay in the
-# worker's shared memory.  The pool does the traffic; this file only turns
-# the call's inputs into what the pool stages and the worker's results into
-# ndarrays that the usual checks and copy decision (_export_outputs) take.
+# worker's shared memory.  The pool does the traffic (ProcessPool.ring_call,
+# or the kernel's native call); this file only hands it the call's inputs
+# and turns the worker's results into ndarrays that the usual checks and
+# copy decision (_export_outputs) take.
 
 
 cdef class _ResultBlock:
     """A block of a worker's result arena, kept by the output that views it;
     when the output goes, the block is handed back to the worker (with the
-    pool's next message to it)."""
-    # The pool's handle of the worker: its `freed` list collects returned blocks.
-    cdef object worker
+    dispatcher's next message to it)."""
+    # The dispatcher's reference on the arena (the pool module's NativeArena).
+    cdef object arena
     # The uint8 array over the worker's result mapping: keeps the mapping
     # alive for as long as the block is viewed, after the pool let go of it
     # (closed, or the worker died).
@@ -19,17 +20,18 @@ cdef class _ResultBlock:
     cdef Py_ssize_t size
 
     def __dealloc__(self):
-        if self.worker is not None:
+        if self.arena is not None:
             try:
-                self.worker.freed.append((self.offset, self.size))
+                self.arena.back(self.offset)
             except BaseException:
                 pass  # the interpreter is finalizing: the memory goes with it
 
 
-def worker_result(object worker, cnp.ndarray results, Py_ssize_t offset, Py_ssize_t size,
+def worker_result(object native_arena, cnp.ndarray results, Py_ssize_t offset, Py_ssize_t size,
                   object dtype, tuple shape):
-    """A read-only ndarray of `dtype` and `shape` over a block of `worker`'s
-    result arena (`results`, a uint8 array over its mapping).  Its base is a
+    """A read-only ndarray of `dtype` and `shape` over a block of a worker's
+    result arena (`native_arena`, the pool module's NativeArena, which takes the
+    block back; `results`, a uint8 array over its mapping).  Its base is a
     read-only bridge owner of the block (the worker wrote it, and nothing in
     Python can write it): the copy decision hands it to TensorFlow without a
     copy, and the tensor keeps the block, and with it the mapping."""
@@ -50,7 +52,7 @@ def worker_result(object worker, cnp.ndarray results, Py_ssize_t offset, Py_ssiz
             f"does not hold {nbytes} bytes in its {arena}-byte arena")
     cdef char* data = <char*>cnp.PyArray_DATA(results) + offset
     cdef _ResultBlock block = _ResultBlock.__new__(_ResultBlock)
-    block.worker = worker
+    block.arena = native_arena
     block.results = results
     block.offset = offset
     block.size = size
@@ -104,27 +106,17 @@ cdef class _ProcessConverter(_NumpyConverter):
             if counts != NULL:  # numbers: to shared memory
                 _count_inputs(counts, args, &counts.copied[_WORKER])
             facts = call.copy_mode == PFB_COPY_FALSE  # the worker sends its copy facts
-            answer = self.pool.ring_call(entry.func, self.framework, args, writable,
-                                         self.scalars, facts)
-            if answer is not None:
-                route, answer = answer
-                _count_route(entry, route)  # its pool figures: pfb.stats() reads them
-            else:
-                descs = self.pool.stage(args)
-                for i in range(len(args)):
-                    _swap(args, i, descs[i])
-                answer = self._run_in_pool(call, entry, args)
+            route, answer = self.pool.ring_call(entry.func, self.framework, args, writable,
+                                                self.scalars, facts)
+            _count_route(entry, route)  # its pool figures: pfb.stats() reads them
             result, moved, facts = answer
             answer = None
             if call.route != NULL and call.route[0] == NULL:
-                # Later calls of this kernel go without Python (under
-                # copy=False their results carry the worker's copy facts,
-                # and the kernel hands a result it would refuse back here).
-                route = self.pool.native_route(entry.func, self.framework, writable,
-                                               self.scalars, call.copy_mode == PFB_COPY_FALSE)
-                if route is not None:
-                    _count_route(entry, route)
-                    call.route[0] = <void*><uintptr_t>route.share()
+                # Later calls of this kernel go without Python, on the same
+                # route (under copy=False their results carry the worker's
+                # copy facts, and the kernel hands a result it would refuse
+                # back here).
+                call.route[0] = <void*><uintptr_t>route.share()
         if counts != NULL:
             counts.copied[_WORKER] += moved
         cdef _PoolResult made = _PoolResult.__new__(_PoolResult)
@@ -136,18 +128,6 @@ cdef class _ProcessConverter(_NumpyConverter):
         else:
             made.refused = [None] * len(facts)
         return made
-
-    cdef tuple _run_in_pool(self, PfbCall* call, object entry, tuple args):
-        descs = list(args)
-        try:
-            result, moved, facts = self.pool.run(entry.func, self.framework, descs,
-                                                 call.copy_mode == PFB_COPY_TRUE)
-        except BaseException:
-            # A KeyboardInterrupt can come before run() holds the blocks;
-            # release frees only those that no worker received (run empties descs).
-            self.pool.release(descs)
-            raise
-        return result, moved, facts
 
     cdef int outputs(self, PfbCall* call, object result, Py_ssize_t outside_refs,
                      list ranges, _CallCounts* counts) except -1:

@@ -83,10 +83,6 @@ MAX_NDIM = PFB_POOL_MAX_NDIM
 DEFAULT_CHECKS = PFB_RING_CHECKS
 REQUESTS = 0
 REPLIES = 1
-# The bit a socket request's id carries as the running call (_worker.py
-# _SOCKET_CALL): the parent's ring call ids never reach it.
-cdef uint64_t _socket_call = (<uint64_t>1) << 63
-SOCKET_CALL = _socket_call
 MSG_LOAD = PFB_POOL_MSG_LOAD
 MSG_CALL = PFB_POOL_MSG_CALL
 MSG_RESULTS_BACK = PFB_POOL_MSG_RESULTS_BACK
@@ -110,10 +106,10 @@ CALL_JAX = PFB_POOL_CALL_JAX
 CALL_FACTS = PFB_POOL_CALL_FACTS
 CALL_CUPY = PFB_POOL_CALL_CUPY
 CALL_FRAMEWORKS = PFB_POOL_CALL_FRAMEWORKS
+CALL_PACKED = PFB_POOL_CALL_PACKED
 TENSOR_SOCKET = PFB_POOL_TENSOR_SOCKET
 LOAD_SOCKET = PFB_POOL_LOAD_SOCKET
-# The CALL flag of each framework a ring call can name (shm_layout.h);
-# None: NumPy.  A framework not here takes the socket path.
+# The CALL flag of each framework (shm_layout.h); None: NumPy.
 FRAMEWORK_FLAGS = {None: 0, "torch": PFB_POOL_CALL_TORCH, "jax": PFB_POOL_CALL_JAX,
                    "cupy": PFB_POOL_CALL_CUPY}
 FLAG_FRAMEWORKS = {flag: name for name, flag in FRAMEWORK_FLAGS.items() if flag}
@@ -336,21 +332,12 @@ cdef class Channel:
     def set_running(self, uint64_t call_id, uint64_t since_ns=0):
         """The worker's side: the call it runs now (0: none), and since when
         (CLOCK_MONOTONIC ns): the time first, so that a reader that sees the
-        call sees its time.  A call (a ring CALL's id, or SOCKET_CALL | the
-        socket request's id) counts as started here, before it runs."""
-        if call_id & _socket_call:
-            pfb_store64(&self._control.socket_calls_started,
-                        pfb_load64(&self._control.socket_calls_started) + 1)
-        elif call_id:
+        call sees its time.  A call counts as started here, before it runs."""
+        if call_id:
             pfb_store64(&self._control.ring_calls_started,
                         pfb_load64(&self._control.ring_calls_started) + 1)
         pfb_store64(&self._control.running_since, since_ns)
         pfb_store64(&self._control.running_call, call_id)
-
-    @property
-    def socket_calls_started(self):
-        """The socket requests the worker started (read once it is dead)."""
-        return pfb_load64(&self._control.socket_calls_started)
 
     @property
     def running_call(self):
@@ -598,10 +585,8 @@ class DispatchFailed(RuntimeError):
 cdef class NativeArena:
     """A reference on a worker's result arena as the dispatcher maps it
     (PfbDispatchArena): while this object lives, the mapping does.  Result
-    blocks go back to their worker by ``back(offset)``; ``freed.append((offset,
-    size))`` does the same, so that the conversion layer's result views
-    (worker_result) take this object where the Python path passes its
-    worker."""
+    blocks go back to their worker by ``back(offset)`` (the conversion
+    layer's result views, worker_result, call it when they go)."""
     cdef PfbDispatchArena* _a
 
     def __dealloc__(self):
@@ -614,13 +599,6 @@ cdef class NativeArena:
     @property
     def generation(self):
         return self._a.generation
-
-    @property
-    def freed(self):
-        return self
-
-    def append(self, pair):
-        pfb_dispatch_arena_back(self._a, pair[0])
 
     def back(self, uint64_t offset):
         pfb_dispatch_arena_back(self._a, offset)
@@ -641,6 +619,39 @@ cdef NativeArena _native_arena(PfbDispatchArena* a):
     pfb_dispatch_arena_keep(a)
     made._a = a
     return made
+
+
+# ----------------------------------------------------------------- dtypes --
+# DLPack's DLDataTypeCode (PfbPoolTensor.code) of each NumPy dtype kind whose
+# values travel as memory, bfloat16's apart: the one table, for the records
+# Python posts (route.pxi), those the worker reads and writes (_worker.py)
+# and the replies the parent decodes (_process.py, _answer).
+cdef dict _DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+cdef dict _DL_KINDS = {code: kind for kind, code in _DL_CODES.items()}
+cdef int _DL_BFLOAT = 4  # kDLBfloat
+
+
+def dl_dtype(dtype):
+    """(code, bits, lanes) of a NumPy dtype whose values travel as memory,
+    or None."""
+    code = _DL_CODES.get(dtype.kind)
+    if code is not None and (dtype.isnative or dtype.itemsize == 1):
+        return code, dtype.itemsize * 8, 1
+    if dtype.kind == "V" and dtype.name == "bfloat16" and dtype.names is None:
+        return _DL_BFLOAT, 16, 1
+    return None
+
+
+def np_dtype(int code, int bits):
+    """The NumPy dtype of a record's (code, bits): dl_dtype's inverse."""
+    if code == _DL_BFLOAT and bits == 16:
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    kind = _DL_KINDS.get(code)
+    if kind is None or bits % 8:
+        raise ValueError(f"pyfunc_bridge: a tensor of DLPack dtype ({code}, {bits}) "
+                         f"cannot cross the ring")
+    return np.dtype(f"{kind}{bits // 8}")
 
 
 include "route.pxi"
@@ -727,12 +738,6 @@ cdef class Dispatcher:
     def forget(self, uint64_t token):
         pfb_dispatch_forget(self._d, token)
 
-    def flush(self, int index):
-        """Posts the result blocks and FORGETs waiting for worker `index`'s
-        next ring request now (dispatch.h)."""
-        with nogil:
-            pfb_dispatch_flush(self._d, index)
-
     def attach(self, int index, Channel channel not None, int doorbell, results,
                uint64_t generation):
         cdef _Held held = _Held(results)
@@ -779,7 +784,7 @@ cdef class Dispatcher:
                 keep.append(arr)
                 inputs[i].data = cnp.PyArray_DATA(arr)
                 inputs[i].nbytes = cnp.PyArray_NBYTES(arr)
-                inputs[i].code = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}[arr.dtype.kind]
+                inputs[i].code = _DL_CODES[arr.dtype.kind]
                 inputs[i].bits = arr.dtype.itemsize * 8
                 inputs[i].lanes = 1
                 inputs[i].ndim = arr.ndim

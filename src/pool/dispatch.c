@@ -699,10 +699,10 @@ static int alloc_blocks(PfbDispatch* d, const uint64_t* sizes, uint32_t count,
     for (uint32_t i = 0; i < got; ++i)
       if (sizes[i]) pfb_arena_free(d->arena, offsets[i]);
     /* Inputs come back as workers let go of them (INPUTS_BACK), after
-     * their calls.  With no native call in flight, the room there is now
-     * is all there will be (functions keep the rest; the Python path's
-     * calls are its own to judge, as _process.py _alloc does): the call
-     * goes to the Python path at once rather than after the timeout. */
+     * their calls.  With no call in flight, the room there is now is all
+     * there will be (functions keep the rest): the caller hears ENOSPC at
+     * once rather than after the timeout, and pulls inputs instead
+     * (route.pxi, _move_to_socket). */
     /* Counted before `outstanding` is read (on_done lowers it, then reads
      * this): either this sees the DONE, or its reply thread sees this
      * waiter and wakes it. */
@@ -796,25 +796,6 @@ static void notify(Worker* w) {
   bump(&w->d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
 }
 
-void pfb_dispatch_flush(PfbDispatch* d, int index) {
-  if (index < 0 || index >= d->workers_count || __atomic_load_n(&d->closed, SC)) return;
-  Worker* w = &d->workers[index];
-  pthread_mutex_lock(&w->back_lock);
-  int waiting = w->back.count != 0;
-  pthread_mutex_unlock(&w->back_lock);
-  /* (`forget` is guarded by `post`: a stale look only sends it next time) */
-  if (!waiting && __atomic_load_n(&w->forget.count, __ATOMIC_RELAXED) == 0) return;
-  /* Busy: a producer is posting, and takes them (or the next one will).
-   * Never waited for: a producer may hold it while it waits for room on
-   * the ring, which may wait for the caller (a reader thread) here. */
-  if (pthread_mutex_trylock(&w->post) != 0) return;
-  if (w->attached) {
-    post_back(w, 0);
-    notify(w);
-  }
-  post_unlock(w);
-}
-
 /* ------------------------------------------------------------ the queue -- */
 
 /* A worker whose call has run this long takes no call more while it has
@@ -824,8 +805,8 @@ void pfb_dispatch_flush(PfbDispatch* d, int index) {
  * it. */
 #define LONG_CALL_NS 20000000
 
-/* Whether w's running call (any call, ring or socket: the worker shows it
- * in its control segment) has run LONG_CALL_NS. */
+/* Whether w's running call (the worker shows it in its control segment)
+ * has run LONG_CALL_NS. */
 static int held(Worker* w, int64_t now) {
   uint64_t running = __atomic_load_n(&w->control->running_call, __ATOMIC_ACQUIRE);
   uint64_t since = __atomic_load_n(&w->control->running_since, __ATOMIC_RELAXED);
@@ -834,8 +815,8 @@ static int held(Worker* w, int64_t now) {
 
 /* Whether w may take one call more now: attached, under its credits, and
  * not held by a long call while it has one of ours.  (Held with none of
- * ours, by a call of the Python path, it keeps its credits: no DONE of
- * ours would come to ask again.)  Exact under `queue_lock` with `post`
+ * ours, by a call posted by a test's own producer, it keeps its credits: no
+ * DONE of ours would come to ask again.)  Exact under `queue_lock` with `post`
  * held, a hint otherwise. */
 static int has_credit(Worker* w, int64_t now) {
   if (!__atomic_load_n(&w->attached, SC)) return 0;
@@ -1315,6 +1296,10 @@ uint64_t pfb_dispatch_free_bytes(PfbDispatch* d) {
   uint64_t n = pfb_arena_free_bytes(d->arena);
   pthread_mutex_unlock(&d->arena_lock);
   return n;
+}
+
+uint32_t pfb_dispatch_ring_slots(PfbDispatch* d) {
+  return __atomic_load_n(&d->ring_slots, SC);
 }
 
 /* -------------------------------------------------------------- routes -- */

@@ -194,13 +194,6 @@ int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns);
  * blocks are freed now; a posted one's results go back when they come. */
 void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call);
 
-/* Posts what waits to go to worker `index` with its next request (result
- * blocks handed back, FORGETs), now: the pool's Python path calls this when
- * it writes to the worker's socket, since that worker's next ring request
- * may never come (its later calls all eager), and its result arena would
- * stay full of blocks nobody holds. */
-void pfb_dispatch_flush(PfbDispatch* d, int index);
-
 /* Result arenas (PfbDispatchArena): a reference more (for a block the
  * caller keeps), one less, and a block handed back to its worker (with that
  * worker's next request; nothing when the worker is gone: its arena dies
@@ -212,13 +205,17 @@ void pfb_dispatch_arena_back(PfbDispatchArena* arena, uint64_t offset);
  * records', or its error's). */
 void pfb_dispatch_reply_back(PfbDispatchCall* call);
 
-/* The input arena's allocator, for the pool's Python path, which shares
- * the arena: a block of at least `nbytes` now (0, its offset and size) or
- * ENOMEM; and its free (0, or EINVAL for no live block there), which wakes
- * the native callers waiting for room. */
+/* The input arena's allocator, for tests that play the parent's side of a
+ * worker's rings: a block of at least `nbytes` now (0, its offset and size)
+ * or ENOMEM; and its free (0, or EINVAL for no live block there), which
+ * wakes the callers waiting for room.  Its free bytes now. */
 int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size);
 int pfb_dispatch_free(PfbDispatch* d, uint64_t offset);
 uint64_t pfb_dispatch_free_bytes(PfbDispatch* d);
+
+/* The slots of a worker's request ring (0 until a worker was attached): a
+ * CALL of more slots is E2BIG, and travels packed (PFB_POOL_CALL_PACKED). */
+uint32_t pfb_dispatch_ring_slots(PfbDispatch* d);
 
 /* Counters, for tests and statistics. */
 typedef struct PfbDispatchCounts {

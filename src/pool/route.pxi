@@ -38,17 +38,32 @@ class Declined(OSError):
 _payload_ids = itertools.count(1)
 
 
-cdef _socket_input(object value, PfbDispatchInput* item, dict payloads, list ids):
-    """Fills `item` for one input pulled over the socket: its pickle goes
-    into `payloads` under a fresh id (listed in `ids`, whose caller drops
-    them); the value as the block would have made it (bytes: a 0-d array of
-    bytes; a NumPy scalar: a 0-d array)."""
+cdef object _as_array(object value):
+    """`value` as the records take it (bytes: a 0-d array of bytes; a NumPy
+    scalar: a 0-d array; an array as it is), or None: a value they cannot
+    describe."""
     if isinstance(value, bytes):
         arr = np.empty((), dtype=object)
         arr[()] = value
-        value = arr
-    elif isinstance(value, np.generic):
-        value = np.asarray(value)
+        return arr
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    return None
+
+
+cdef object _pulled(object value):
+    """`value` as a worker that pulls it gets it: as its block would have
+    made it, or as it is where no block could (shm_layout.h)."""
+    arr = _as_array(value)
+    return value if arr is None else arr
+
+
+cdef _put_payload(object value, PfbDispatchInput* item, dict payloads, list ids):
+    """Fills `item` for an input the worker pulls over its socket: the
+    pickle of `value` goes into `payloads` under a fresh id (listed in
+    `ids`, whose caller drops them)."""
     try:
         data = pickle.dumps(value, protocol=5)
     except Exception as exc:
@@ -65,6 +80,29 @@ cdef _socket_input(object value, PfbDispatchInput* item, dict payloads, list ids
     item.lanes = 1
     item.flags = PFB_POOL_TENSOR_SOCKET
     item.ndim = 0
+
+
+cdef bint _too_long(PfbDispatchInput* inputs, Py_ssize_t n, uint32_t ring_slots) noexcept:
+    """Whether a CALL of these records would not fit a ring of `ring_slots`
+    (0: not known yet) or a message."""
+    cdef uint64_t slots = 1
+    cdef Py_ssize_t i
+    cdef uint64_t most = PFB_POOL_MAX_MESSAGE_SLOTS
+    if ring_slots and ring_slots < most:
+        most = ring_slots
+    for i in range(n):
+        slots += pfb_pool_tensor_slots(inputs[i].ndim)
+    return slots > most
+
+
+cdef _pack(object values, PfbDispatchInput* inputs, dict payloads, list ids):
+    """Makes inputs[0] the one record of a packed CALL (PFB_POOL_CALL_PACKED):
+    its payload is the list of every input as a pulled one (those pulled
+    alone so far are dropped)."""
+    for payload_id in ids:
+        payloads.pop(payload_id, None)
+    del ids[:]
+    _put_payload([_pulled(value) for value in values], &inputs[0], payloads, ids)
 
 
 cdef bint _move_to_socket(object values, PfbDispatchInput* inputs, Py_ssize_t n, uint64_t room,
@@ -85,22 +123,17 @@ cdef bint _move_to_socket(object values, PfbDispatchInput* inputs, Py_ssize_t n,
         if room and need <= room:
             break
         need -= size
-        _socket_input(values[i], &inputs[i], payloads, ids)
+        _put_payload(_pulled(values[i]), &inputs[i], payloads, ids)
         moved = True
     if not moved and room:  # they fit the room in bytes, not in its pieces: all go
         return _move_to_socket(values, inputs, n, 0, payloads, ids)
     return moved
 
 
-
 cdef int64_t _clock_ns(int clock) noexcept:
     cdef timespec t
     clock_gettime(clock, &t)
     return <int64_t>t.tv_sec * 1000000000 + t.tv_nsec
-
-
-# DLPack's DLDataTypeCode of a NumPy dtype kind whose values travel as memory.
-cdef dict _DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
 
 
 cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list keep,
@@ -110,14 +143,8 @@ cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list k
     what it points to in `keep`; adds its data's bytes (strings' without
     their length prefixes) to `data_bytes`.  0, or EINVAL."""
     cdef Py_ssize_t d
-    if isinstance(value, bytes):
-        arr = np.empty((), dtype=object)
-        arr[()] = value
-    elif isinstance(value, np.ndarray):
-        arr = value
-    elif isinstance(value, np.generic):
-        arr = np.asarray(value)
-    else:
+    arr = _as_array(value)
+    if arr is None:
         return EINVAL
     if arr.ndim > PFB_POOL_MAX_NDIM:
         return EINVAL
@@ -139,13 +166,10 @@ cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list k
         item.flags = PFB_POOL_TENSOR_STRINGS
         data_bytes[0] += total
     else:
-        code = _DL_CODES.get(kind)
-        if code is not None and (arr.dtype.isnative or arr.dtype.itemsize == 1):
-            item.code = code
-        elif kind == "V" and arr.dtype.name == "bfloat16" and arr.dtype.names is None:
-            item.code = 4  # kDLBfloat
-        else:
+        dl = dl_dtype(arr.dtype)
+        if dl is None:
             return EINVAL
+        item.code = dl[0]
         if not arr.flags.c_contiguous:
             arr = arr.copy(order="C")  # (ascontiguousarray would make a 0-d array 1-d)
         keep.append(arr)
@@ -172,6 +196,7 @@ cdef class Reply:
     cdef readonly object message
     cdef readonly object arena
     cdef set _held  # offsets of the blocks not claimed yet
+    cdef object _results  # arena.array(), made on the first claim
 
     def __dealloc__(self):
         if self._held and self.arena is not None:
@@ -182,14 +207,14 @@ cdef class Reply:
         """The bytes of the block at `offset` (`size` used); it goes back."""
         self._claim(offset)
         try:
-            return bytes(self.arena.array()[offset:offset + size])
+            return bytes(self._array()[offset:offset + size])
         finally:
             (<NativeArena>self.arena).back(offset)
 
-    def view(self, make_view, results, uint64_t offset, uint64_t size, dtype, shape):
+    def view(self, make_view, uint64_t offset, uint64_t size, dtype, shape):
         """make_view(arena, results, offset, size, dtype, shape): the
         conversion layer's worker_result, whose array owns the block."""
-        made = make_view(self.arena, results, offset, size, dtype, shape)
+        made = make_view(self.arena, self._array(), offset, size, dtype, shape)
         self._held.discard(offset)
         return made
 
@@ -197,6 +222,12 @@ cdef class Reply:
         if offset not in self._held:
             raise ValueError(f"pyfunc_bridge: no unclaimed result block at offset {offset}")
         self._held.discard(offset)
+
+    cdef object _array(self):
+        """The uint8 array over the result arena, one per Reply."""
+        if self._results is None:
+            self._results = self.arena.array()
+        return self._results
 
 
 cdef Reply _reply(PfbDispatchCall* call):
@@ -242,8 +273,9 @@ cdef class Route:
         inputs its workers pull over their sockets (shm_layout.h,
         PFB_POOL_TENSOR_SOCKET): an input the records cannot describe goes
         so, and when the arena has no room for the inputs, those
-        _move_to_socket picks.  Each stays there until this returns or
-        raises.
+        _move_to_socket picks; a call whose records would not fit the ring
+        goes packed, its inputs all in one payload (PFB_POOL_CALL_PACKED).
+        Each stays there until this returns or raises.
 
         Waits without the GIL, in slices, and handles signals between them:
         an exception there (Ctrl-C) abandons the call as a kernel that stops
@@ -264,6 +296,8 @@ cdef class Route:
         cdef int rc = 0
         cdef bint submitted = False
         cdef int moves = 0  # times inputs were moved to the socket for room
+        cdef uint32_t flags = r.flags
+        cdef uint32_t count = <uint32_t>n  # the CALL's records (1 once packed)
         keep = []
         ids = []  # payload ids of this call's inputs in `payloads`
         try:
@@ -273,26 +307,36 @@ cdef class Route:
                 rc = _ring_input(values[i], &inputs[i], &dims[i * PFB_POOL_MAX_NDIM], keep,
                                  &data_bytes)
                 if rc and payloads is not None:
-                    _socket_input(values[i], &inputs[i], payloads, ids)
+                    _put_payload(_pulled(values[i]), &inputs[i], payloads, ids)
                 elif rc:
                     raise Declined(rc, f"pyfunc_bridge: input {i} ({type(values[i]).__name__}) "
                                        f"is neither numbers nor bytes")
+            if payloads is not None and _too_long(inputs, n, pfb_dispatch_ring_slots(r.d)):
+                _pack(values, inputs, payloads, ids)
+                flags |= PFB_POOL_CALL_PACKED
+                count = 1
             while True:
                 posted = _clock_ns(CLOCK_REALTIME)
                 while True:  # waits for room in slices
                     with nogil:
-                        rc = pfb_dispatch_submit(r.d, r.token, r.flags, inputs, <uint32_t>n,
+                        rc = pfb_dispatch_submit(r.d, r.token, flags, inputs, count,
                                                  _SLICE_NS, &call)
                     if rc != ETIMEDOUT:
                         break
                     PyErr_CheckSignals()
                 if ((rc == ENOSPC or rc == E2BIG) and payloads is not None
-                        and _move_to_socket(values, inputs, n,
+                        and _move_to_socket(values, inputs, count,
                                             pfb_dispatch_free_bytes(r.d)
                                             if rc == ENOSPC and not moves else 0,
                                             payloads, ids)):
                     moves += 1
                     continue  # the same call, with fewer blocks (the second time: none)
+                if (rc == E2BIG and payloads is not None and count > 1
+                        and _too_long(inputs, count, pfb_dispatch_ring_slots(r.d))):
+                    _pack(values, inputs, payloads, ids)  # (the ring's size came meanwhile)
+                    flags |= PFB_POOL_CALL_PACKED
+                    count = 1
+                    continue
                 if rc:
                     raise Declined(rc, f"pyfunc_bridge: the dispatcher declined the call "
                                        f"({os.strerror(rc)})")

@@ -8,15 +8,15 @@
  * pointer: blocks travel as offsets into an arena, records sit at indices of
  * a ring.
  *
- * What runs on it today: the arenas' allocator (arena.h) and the result
- * arena's NumPy handler; every pool worker maps its control segment and
- * serves its request ring (pyfunc_bridge/_worker.py, _RingServer: LOAD,
- * CALL, RESULTS_BACK, FORGET, STOP, answered by DONE and INPUTS_BACK) beside
- * its socket, one call at a time.  The parent's ProcessPool
- * (pyfunc_bridge/_process.py) lays the segments out; kernels post their
- * calls on the rings through the native dispatcher (dispatch.h;
- * src/kernel/pool_route.h), and so does Python (src/pool/route.pxi).  The
- * socket carries control and what does not fit an arena (docs/pool.md).
+ * What runs on it: the arenas' allocator (arena.h) and the result arena's
+ * NumPy handler; every pool worker maps its control segment and serves its
+ * request ring (pyfunc_bridge/_worker.py, _RingServer: LOAD, CALL,
+ * RESULTS_BACK, FORGET, STOP, answered by DONE and INPUTS_BACK), one call
+ * at a time.  The parent's ProcessPool (pyfunc_bridge/_process.py) lays the
+ * segments out; every call goes on the rings through the native dispatcher
+ * (dispatch.h), posted by kernels (src/kernel/pool_route.h) or by Python
+ * (src/pool/route.pxi).  The worker's socket carries control and what does
+ * not fit an arena or a ring (docs/pool.md).
 
  * THE SEGMENTS (each a memfd: anonymous, so no exit path leaves a name in
  * /dev/shm; freed when the last process that maps it goes)
@@ -130,8 +130,9 @@
 /* 3: CALL flags name array_function's framework and ask for copy facts,
  * which a DONE's tensor records carry (PFB_POOL_TENSOR_ALIASED ..).
  * 4: a CALL's input, and a LOAD's function, may be pulled over the socket
- * (PFB_POOL_TENSOR_SOCKET, PFB_POOL_LOAD_SOCKET); PFB_POOL_CALL_CUPY. */
-#define PFB_POOL_LAYOUT_VERSION 4
+ * (PFB_POOL_TENSOR_SOCKET, PFB_POOL_LOAD_SOCKET); PFB_POOL_CALL_CUPY.
+ * 5: no socket calls (socket_calls_started is gone); PFB_POOL_CALL_PACKED. */
+#define PFB_POOL_LAYOUT_VERSION 5
 
 /* Every block starts at a multiple of this and is a multiple of it long:
  * PFB_TENSOR_ALIGNMENT (bridge_abi.h), which TensorFlow needs to use memory
@@ -153,8 +154,7 @@ enum {
    * parent's path where it changed since the last one this worker got, as
    * on the socket.  Handed back in INPUTS_BACK once loaded.  Posted before
    * the first CALL of that token to this worker, in the same ring: it
-   * arrives first.  (A token is a token of the pool: a function loaded
-   * either way, socket or ring, serves both.) */
+   * arrives first. */
   PFB_POOL_MSG_LOAD = 1,
   /* A call: `call_id`, `token`, `count` inputs as PfbPoolTensor records in
    * the input arena; flags PFB_POOL_CALL_*; `stamp` the parent's
@@ -189,22 +189,27 @@ enum {
   PFB_POOL_CALL_SCALARS = 2,
   /* array_function's framework (at most one of the two): the worker hands
    * the function torch tensors or JAX arrays made from the input blocks, and
-   * takes its results back as NumPy arrays, as its socket path does
-   * (pyfunc_bridge/_worker.py, _wrap_input and _as_numpy).  Under torch the
+   * takes its results back as NumPy arrays (pyfunc_bridge/_worker.py,
+   * _wrap_input and _as_numpy).  Under torch the
    * inputs are writable (torch has no read-only tensors) and a write to one
    * fails the call unless PFB_POOL_CALL_WRITABLE, as in-process. */
   PFB_POOL_CALL_TORCH = 4,
   PFB_POOL_CALL_JAX = 8,
   /* CuPy: the worker hands the function NumPy arrays over the blocks and
-   * takes DLPack results back as NumPy arrays, as its socket path did (a
-   * worker has no GPU context of TensorFlow's to make CuPy arrays over). */
+   * takes DLPack results back as NumPy arrays (a worker has no GPU context
+   * of TensorFlow's to make CuPy arrays over). */
   PFB_POOL_CALL_CUPY = 32,
   PFB_POOL_CALL_FRAMEWORKS = 4 | 8 | 32,
   /* copy=False: the worker sets each result record's copy facts
    * (PFB_POOL_TENSOR_ALIASED ..), which the parent's copy decision judges;
    * without it they are zero (computing them costs the worker time that
    * only copy=False uses). */
-  PFB_POOL_CALL_FACTS = 16
+  PFB_POOL_CALL_FACTS = 16,
+  /* A call whose input records would not fit its ring (more inputs than
+   * its slots): its one record is a PFB_POOL_TENSOR_SOCKET input whose
+   * payload is the pickled list of all its inputs, each as a pulled input
+   * (src/pool/route.pxi, _pack), which the function gets as its arguments. */
+  PFB_POOL_CALL_PACKED = 64
 };
 
 /* PfbPoolMessage.flags of a LOAD. */
@@ -349,19 +354,17 @@ typedef struct PfbPoolControl {
   /* Written by the worker. */
   uint32_t worker_pid;
   uint32_t worker_ready;        /* 1 once it serves its request ring */
-  /* The call it runs now, 0 between calls: a ring CALL's id, or a socket
-   * request's id with bit 63 set.  The one record the parent reads for
-   * scheduling (dispatch.c, choose) and a pool's timeout (_process.py,
-   * _Deadlines). */
+  /* The call it runs now (a CALL's id), 0 between calls.  The one record
+   * the parent reads for scheduling (dispatch.c, choose) and a pool's
+   * timeout (_process.py, _Deadlines). */
   uint64_t running_call;
   uint64_t running_since;       /* CLOCK_MONOTONIC ns that call started */
-  /* The calls it started, ring CALLs and socket requests apart (each
-   * counted before it runs).  It runs each kind in the order it was sent,
-   * so when it dies, the parent tells the calls it never started (the
-   * later ones) from those it did, and sends them to another worker. */
+  /* The CALLs it started (each counted before it runs).  It runs them in
+   * the order they were posted, so when it dies, the parent tells the calls
+   * it never started (the later ones) from those it did, and sends them to
+   * another worker. */
   uint64_t ring_calls_started;
-  uint64_t socket_calls_started;
-  unsigned char worker_pad[PFB_POOL_SLOT_BYTES - 40];
+  unsigned char worker_pad[PFB_POOL_SLOT_BYTES - 32];
   PfbPoolRingWords requests;
   PfbPoolRingWords replies;
   /* Then: PfbPoolSlot request_slots[ring_slots];

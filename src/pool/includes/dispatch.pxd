@@ -79,7 +79,6 @@ cdef extern from "dispatch.h" nogil:
     void pfb_dispatch_release(PfbDispatch* d)
     void pfb_dispatch_disown(PfbDispatch* d)
     void pfb_dispatch_forget(PfbDispatch* d, uint64_t token)
-    void pfb_dispatch_flush(PfbDispatch* d, int index)
     void pfb_dispatch_arena_keep(PfbDispatchArena* arena)
     void pfb_dispatch_arena_drop(PfbDispatchArena* arena)
     void pfb_dispatch_arena_back(PfbDispatchArena* arena, uint64_t offset)
@@ -103,3 +102,4 @@ cdef extern from "dispatch.h" nogil:
     int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size)
     int pfb_dispatch_free(PfbDispatch* d, uint64_t offset)
     uint64_t pfb_dispatch_free_bytes(PfbDispatch* d)
+    uint32_t pfb_dispatch_ring_slots(PfbDispatch* d)

@@ -26,6 +26,7 @@ cdef extern from "shm_layout.h" nogil:
         PFB_POOL_CALL_FACTS
         PFB_POOL_CALL_CUPY
         PFB_POOL_CALL_FRAMEWORKS
+        PFB_POOL_CALL_PACKED
         PFB_POOL_LOAD_SOCKET
         PFB_POOL_DONE_ONE
         PFB_POOL_DONE_TUPLE
@@ -87,7 +88,6 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t running_call
         uint64_t running_since
         uint64_t ring_calls_started
-        uint64_t socket_calls_started
         PfbPoolRingWords requests
         PfbPoolRingWords replies
 

@@ -1,0 +1,66 @@
+"""Checks that pool tests share with the scripts they run in fresh
+interpreters (which import this module, never conftest): where a result
+lives, when a pool's input arena is whole again, and a stream of Ctrl-C."""
+import random
+import signal
+import threading
+import time
+
+import pyfunc_bridge as pfb
+
+
+def memfd_mappings(name):
+    """(start, end) of this process's mappings of the memfds whose names
+    start with `name` (a pool's shared memory is memfds named after it,
+    which /proc/self/maps shows and /dev/shm does not)."""
+    found = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if f"/memfd:{name}" in line:
+                start, end = line.split()[0].split("-")
+                found.append((int(start, 16), int(end, 16)))
+    return found
+
+
+def in_arena(pool, tensor):
+    """Whether `tensor`'s memory is a block of one of `pool`'s workers'
+    result arenas (memfds named "<pool name>-results")."""
+    data = pfb.to_numpy(tensor).ctypes.data
+    return any(start <= data < end for start, end in memfd_mappings(f"{pool.name}-results"))
+
+
+def settled(pool):
+    """Waits until `pool`'s input arena is whole again (its calls done: a
+    worker's blocks are freed a moment after its call returns); a script's
+    timeout bounds the wait."""
+    while pool.free_input_bytes != pool.arena_bytes:
+        time.sleep(0.01)
+    return pool.arena_bytes
+
+
+class Interrupts:
+    """SIGINT to the main thread every 0 to `most` seconds, from `after`
+    seconds on, until stop(); a script's main thread calls in between."""
+
+    def __init__(self, seed, most=0.006, after=0.5):
+        self._main = threading.main_thread().ident
+        self._random = random.Random(seed)
+        self._stop = threading.Event()
+        self._sender = threading.Thread(target=self._send, args=(most, after))
+        self._sender.start()
+
+    def _send(self, most, after):
+        self._stop.wait(after)
+        while not self._stop.wait(self._random.uniform(0, most)):
+            signal.pthread_kill(self._main, signal.SIGINT)
+
+    def stop(self):
+        """Ends the stream; a SIGINT still on its way lands in here."""
+        while True:
+            try:
+                self._stop.set()
+                self._sender.join()
+                time.sleep(0.05)
+                return
+            except KeyboardInterrupt:
+                pass
