@@ -23,16 +23,37 @@ NO_GPU = "no GPU: TensorFlow lists no GPU device here"
 
 
 def variants():
-    """name -> loop body; ("py_function", function) -> (ours' name, TF's name)."""
+    """name -> loop body; (family, function) -> (ours' name, TF's name).
+    numpy_function has no GPU kernel (NumPy reads host memory, in TF too):
+    its rows include TF's copies between the GPU and the host."""
     bodies = {BARE: lambda x: x * 1.0}
     pairs = {}
-    for fn, arity in ([(fn, 1) for fn in T.FUNCTIONS]
-                      + [(fn, 2) for fn in T.TWO_INPUT_FUNCTIONS]):
-        ours, theirs = f"pfb py_function {fn.__name__}", f"tf py_function {fn.__name__}"
-        bodies[ours] = lambda x, fn=fn, k=arity: pfb.py_function(fn, [x] * k, tf.float32)
-        bodies[theirs] = lambda x, fn=fn, k=arity: tf.py_function(fn, [x] * k, tf.float32)
-        pairs[("py_function", fn.__name__)] = (ours, theirs)
+    cases = ([("py_function", fn, 1) for fn in T.FUNCTIONS]
+             + [("py_function", fn, 2) for fn in T.TWO_INPUT_FUNCTIONS]
+             + [("numpy_function", T.identity, 1)])
+    for family, fn, arity in cases:
+        ours_api, tf_api = getattr(pfb, family), getattr(tf, family)
+        ours, theirs = f"pfb {family} {fn.__name__}", f"tf {family} {fn.__name__}"
+        bodies[ours] = lambda x, f=ours_api, fn=fn, k=arity: f(fn, [x] * k, tf.float32)
+        bodies[theirs] = lambda x, f=tf_api, fn=fn, k=arity: f(fn, [x] * k, tf.float32)
+        pairs[(family, fn.__name__)] = (ours, theirs)
     return bodies, pairs
+
+
+def measure_eager(calls, repeats, device, label="gpu_overhead eager"):
+    """Eager py_function identity on a GPU tensor: seconds per call, ours and TF's."""
+    with tf.device(device):
+        x = tf.zeros([16], tf.float32)
+
+    def run(api):
+        def one():
+            with tf.device(device):
+                for _ in range(calls):
+                    y = api(T.identity, [x], tf.float32)
+                y.numpy()
+        return lambda: T.timed(one) / calls
+    return T.alternate({"ours": run(pfb.py_function), "tf": run(tf.py_function)},
+                       repeats, label)
 
 
 def measure(iterations, repeats, device, label="gpu_overhead"):
@@ -53,22 +74,27 @@ def measure(iterations, repeats, device, label="gpu_overhead"):
         return T.interleaved(runs, BARE, repeats, label), pairs
 
 
-def summarize(samples, pairs, device):
+def summarize(samples, pairs, device, eager):
     bare = [s.bare for name in samples for s in samples[name]]
+    us = {name: [v * 1e6 for v in values] for name, values in eager.items()}
     return {"unit": "microseconds of overhead per call on GPU tensors (per-iteration time "
                     "minus the mean of the two bare x * 1.0 loops run around it); "
-                    "ratio = TF's overhead / ours",
+                    "ratio = TF's overhead / ours; eager: us per call, whole",
             "device": device,
             "bare_op_us": T.median(bare) * 1e6,
-            "cases": T.overhead_cases(samples, pairs)}
+            "cases": T.overhead_cases(samples, pairs),
+            "eager py_function identity": T.compare(us["ours"], us["tf"])}
 
 
 def table(result):
     if "skipped" in result:
         return f"gpu_overhead: skipped ({result['skipped']})"
+    e = result["eager py_function identity"]
     return "\n".join(T.overhead_table(
         f"gpu_overhead on {result['device']} (us per call above a bare op of "
-        f"{result['bare_op_us']:.2f} us; ratio = TF / ours)", result["cases"]))
+        f"{result['bare_op_us']:.2f} us; ratio = TF / ours)", result["cases"])
+        + [f"  eager py_function identity, whole call: ours {e['ours']:.1f} us, "
+           f"TF {e['tf']:.1f} us, ratio {e['ratio']:.1f}x (range {T.fmt_range(e['ratio_range'])})"])
 
 
 # mode -> (iterations per run, repetitions)
@@ -79,8 +105,10 @@ def run(mode="full"):
     gpus = tf.config.list_logical_devices("GPU")
     if not gpus:
         return {"skipped": NO_GPU}
-    samples, pairs = measure(*MODES[mode], gpus[0].name)
-    return summarize(samples, pairs, gpus[0].name)
+    iterations, repeats = MODES[mode]
+    samples, pairs = measure(iterations, repeats, gpus[0].name)
+    eager = measure_eager(iterations // 3, repeats, gpus[0].name)
+    return summarize(samples, pairs, gpus[0].name, eager)
 
 
 if __name__ == "__main__":
