@@ -28,24 +28,42 @@ def _identity_and_fresh(x):
     return [x, tf.identity(x)]
 
 
-@pytest.mark.parametrize("mode", ["eager", "function"])
+def _sweep_run(api, mode, x, dtype):
+    """[identity, fresh] of `x` through `api` in `mode`, as NumPy values, and
+    the devices of the results where they are tensors."""
+    def call(v):
+        with tf.device("/GPU:0"):
+            return api(_identity_and_fresh, [v], [dtype, dtype])
+    if mode == "eager":
+        out = call(x)
+    elif mode == "function":
+        out = tf.function(call)(x)
+    elif mode == "tf.data":
+        out = next(iter(tf.data.Dataset.from_tensors(x).map(lambda v: tuple(call(v)))))
+    else:  # session
+        with tf.Graph().as_default():
+            v = tf.constant(x.numpy(), dtype)
+            with tf.device("/GPU:0"):
+                op = call(v)
+            config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+            with tf.compat.v1.Session(config=config) as sess:
+                return [np.asarray(r) for r in sess.run(op)], None
+    return [r.numpy() for r in out], [r.device for r in out]
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "tf.data", "session"])
 @pytest.mark.parametrize("dtype", DEVICE_DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_py_function_on_gpu_tensors_matches_tensorflow(dtype, shape, mode):
     with tf.device("/GPU:0"):
         x = _value(dtype, shape)
-
-    def run(api):
-        def call(v):
-            with tf.device("/GPU:0"):
-                return api(_identity_and_fresh, [v], [dtype, dtype])
-        return (tf.function(call) if mode == "function" else call)(x)
-
-    got, want = run(pfb.py_function), run(tf.py_function)
+    got, got_devices = _sweep_run(pfb.py_function, mode, x, dtype)
+    want, want_devices = _sweep_run(tf.py_function, mode, x, dtype)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
-        assert ("GPU" in g.device) == ("GPU" in w.device), (g.device, w.device)
-        np.testing.assert_array_equal(g.numpy(), w.numpy())
+        np.testing.assert_array_equal(g, w)
+    if got_devices is not None:
+        assert [("GPU" in d) for d in got_devices] == [("GPU" in d) for d in want_devices]
 
 
 def test_eager_py_function_runs_the_callers_function_wherever_tf_runs_the_kernel():
