@@ -7,6 +7,7 @@ repetitions, each paired within one repetition) is the result.
 """
 import argparse
 import collections
+import contextlib
 import statistics
 import sys
 import time
@@ -180,6 +181,24 @@ def graph_loop(body):
             x = y
         return x
     return run
+
+
+def loop_runs(bodies, x, iterations, scope=lambda name: contextlib.nullcontext()):
+    """name -> a run timing `iterations` iterations of the body's graph_loop
+    on `x` (seconds per iteration; the result is fetched, so a GPU's work is
+    done), each run inside `scope(name)`.  Each loop is traced first."""
+    n = tf.constant(iterations)
+    runs = {}
+    for name, body in bodies.items():
+        loop = graph_loop(body)
+        with scope(name):
+            loop(x, tf.constant(2))  # trace
+
+        def run(loop=loop, name=name):
+            with scope(name):
+                return timed(lambda: loop(x, n).numpy()) / iterations
+        runs[name] = run
+    return runs
 
 
 def overhead_us(samples, name):

@@ -60,18 +60,9 @@ def measure(iterations, repeats, device, label="gpu_overhead"):
     """name -> one T.Bracketed sample (seconds per iteration) per repetition."""
     with tf.device(device):
         x = tf.zeros([16], tf.float32)
-        n = tf.constant(iterations)
-        bodies, pairs = variants()
-        runs = {}
-        for name, body in bodies.items():
-            loop = T.graph_loop(body)
-            loop(x, tf.constant(2))  # trace
-
-            def run(loop=loop):
-                with tf.device(device):
-                    return T.timed(lambda: loop(x, n).numpy()) / iterations
-            runs[name] = run
-        return T.interleaved(runs, BARE, repeats, label), pairs
+    bodies, pairs = variants()
+    runs = T.loop_runs(bodies, x, iterations, scope=lambda name: tf.device(device))
+    return T.interleaved(runs, BARE, repeats, label), pairs
 
 
 def summarize(samples, pairs, device, eager):

@@ -17,6 +17,7 @@ and the ratio as ">y"), never as a negative figure.
 
     python -m benchmarks.graph_overhead [--mode smoke|quick|full]
 """
+import contextlib
 import sys
 
 import tensorflow as tf
@@ -51,23 +52,22 @@ def measure(iterations, repeats, label="graph_overhead"):
     """name -> one T.Bracketed sample (seconds per iteration) per repetition."""
     # Zeros: each result feeds the next call, and a_plus_b doubles its input.
     x = tf.zeros([16], tf.float32)
-    n = tf.constant(iterations)
     bodies, pairs = variants()
-    runs = {}
-    for name, body in bodies.items():
-        loop = T.graph_loop(body)
-        loop(x, tf.constant(2))  # trace
-
-        def run(loop=loop, counting={STATS_ON: True, STATS_OFF: False}.get(name)):
-            previous = pfb.enable_stats(counting) if counting is not None else None
-            try:
-                return T.timed(lambda: loop(x, n)) / iterations
-            finally:
-                if counting is not None:
-                    pfb.enable_stats(previous)
-        runs[name] = run
+    runs = T.loop_runs(bodies, x, iterations, scope=_counting)
     compared = [name for name in runs if name not in (BARE, STATS_ON, STATS_OFF)]
     return T.interleaved(runs, BARE, repeats, label, order=lambda r: _abba(compared)), pairs
+
+
+@contextlib.contextmanager
+def _counting(name):
+    """The statistics forced on or off for the two A/B variants."""
+    counting = {STATS_ON: True, STATS_OFF: False}.get(name)
+    previous = pfb.enable_stats(counting) if counting is not None else None
+    try:
+        yield
+    finally:
+        if counting is not None:
+            pfb.enable_stats(previous)
 
 
 def _abba(compared):
