@@ -13,7 +13,7 @@ import tensorflow as tf  # noqa: E402
 import pyfunc_bridge as pfb  # noqa: E402
 from pool_checks import in_arena, memfd_mappings  # noqa: E402,F401 (shared with scripts)
 
-# Property-based tests (tests/test_conversion_fuzz.py).  "ci" is the default:
+# Property-based tests (tests/conversion/test_conversion_fuzz.py).  "ci" is the default:
 # deterministic (derandomized, no example database) and inside CI's minute;
 # "long" explores deeper.  Pick one with --hypothesis-profile=long or the
 # HYPOTHESIS_PROFILE environment variable.
@@ -29,6 +29,12 @@ try:
 except ImportError:  # the fuzz tests skip without hypothesis
     pass
 
+
+# The folder of the helper modules (this one, process_functions, travel_functions,
+# pool_checks, dlpack_ctypes) that tests in the layer folders below, the fresh
+# interpreters they start and pool workers import by name; the checkout above it.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
 
 _GPUS = tf.config.list_physical_devices("GPU")
 # The environment as the run began: a `gpu` test's fresh interpreter that must see the GPU.
@@ -81,7 +87,7 @@ def _pins(node):
 def _cpu_placement(request):
     """Tests run on the CPU unless marked `gpu`: TF places ops on a GPU when
     there is one, and most tests check what a CPU kernel does (host memory,
-    zero-copy addresses).  tests/test_gpu.py covers the GPU kernels."""
+    zero-copy addresses).  tests/gpu/test_gpu.py covers the GPU kernels."""
     if not _pins(request.node):
         yield
         return

@@ -20,13 +20,13 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
-from conftest import in_arena, input_arena_whole, script_env, wait_for
+from conftest import ROOT, TESTS, in_arena, input_arena_whole, script_env, wait_for
 import pyfunc_bridge as pfb
 from pyfunc_bridge import _process
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+# This file's folder: scripts import this module by name (`import test_process_pool`).
+HERE = os.path.dirname(os.path.abspath(__file__))
 _worker_file = _process._worker.__file__
-ROOT = os.path.dirname(TESTS)
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +190,7 @@ def run_script(script, *args):
     its timeout); it prints "done" at its end."""
     run = subprocess.run([sys.executable, "-c", script, *args], cwd=TESTS,
                          capture_output=True, text=True, timeout=SCRIPT_TIMEOUT,
-                         env=script_env(ROOT, TESTS))
+                         env=script_env(ROOT, TESTS, HERE))
     assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-3000:]
 
 
@@ -916,7 +916,7 @@ def test_a_killed_worker_fails_its_call_and_the_pool_recovers(tmp_path, monkeypa
     with pfb.ProcessPool(2, name="fault pool") as faulty:
         thread, box = _call_in_thread(pf.hang, 30.0, faulty)
         # Killed once the call runs (one it had not started would run in the
-        # other worker: tests/test_pool_resend.py).
+        # other worker: tests/pool/test_pool_resend.py).
         wait_for(lambda: len(os.listdir(marks)) == 1, seconds=30)
         victim = int(os.listdir(marks)[0])
         os.kill(victim, signal.SIGKILL)

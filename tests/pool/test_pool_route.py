@@ -1,7 +1,7 @@
 """The kernel's native route to a pool (src/kernel/pool_route.*, through
 src/pool/dispatch.h): which calls take it, what it hands back to Python, and
 the lifetimes of what it makes (output tensors over a worker's result arena,
-the dispatcher behind a kernel).  tests/test_pool_native.py checks values,
+the dispatcher behind a kernel).  tests/pool/test_pool_native.py checks values,
 errors and statistics against in-process, whichever way the calls go."""
 import gc
 import os

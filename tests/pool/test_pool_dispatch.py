@@ -5,7 +5,7 @@ reply threads without Python; LOAD once per worker; input blocks back when
 the worker lets go; result blocks handed back; a worker's death fails its
 native calls with the pool's message; and, the point of it, calls keep
 completing while another thread holds the GIL (issue 19's proof, at the
-dispatcher; tests/test_pool_native.py has it at op level)."""
+dispatcher; tests/pool/test_pool_native.py has it at op level)."""
 import ctypes
 import pickle
 import threading

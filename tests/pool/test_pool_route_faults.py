@@ -22,10 +22,8 @@ import tensorflow as tf
 import pyfunc_bridge as pfb
 import process_functions as pf
 
-from conftest import script_env
+from conftest import ROOT, TESTS, script_env
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TESTS)
 
 POOL_NAME = "route faults pool"
 
