@@ -3,6 +3,7 @@ import contextlib
 import gc
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -202,6 +203,27 @@ def input_arena_whole(pool, seconds=10):
     blocks handed back: the worker's reply thread frees them a moment after
     a call returns); fails the test after `seconds`."""
     wait_for(lambda: pool.free_input_bytes == pool.arena_bytes, seconds)
+
+
+def serving(pool, seconds=60):
+    """Returns `pool` once each of its workers has answered a call, and so
+    serves its rings (a call that finds no worker serving takes the Python
+    path whole).  Rounds of calls that hold a worker for a moment, one per
+    worker at once, reach every worker; fails the test after `seconds`."""
+    import process_functions as pf
+
+    def call(_):
+        return int(pfb.numpy_function(pf.slow_pid, [tf.constant(0.05)], tf.int64,
+                                      executor=pool))
+    deadline = time.monotonic() + seconds
+    answered = set()
+    with ThreadPoolExecutor(pool.workers) as threads:
+        while not pool.pids() or not set(pool.pids()) <= answered:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"workers {sorted(set(pool.pids()) - answered)} "
+                                     f"never answered")
+            answered.update(threads.map(call, range(pool.workers)))
+    return pool
 
 
 def wait_for(condition, seconds=10):

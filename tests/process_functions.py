@@ -470,8 +470,9 @@ def hang_at_twenty(i):
 
 
 def sleep_at_eight(a):
+    """Element 8 marks (_mark), then sleeps: a worker busy in a known call."""
     if int(a) == 8:
-        import time
+        _mark()
         time.sleep(30)
     return a
 
