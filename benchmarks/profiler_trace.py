@@ -68,7 +68,7 @@ def pipeline(pool, loops):
 
 def read_trace(logdir):
     """Every event of the host plane of the one .xplane.pb under `logdir`
-    (tests/test_api_profiler.py reads traces with it too)."""
+    (tests/api/test_api_profiler.py reads traces with it too)."""
     paths = glob.glob(os.path.join(str(logdir), "**", "*.xplane.pb"), recursive=True)
     if len(paths) != 1:
         raise RuntimeError(f"expected one .xplane.pb under {logdir}, found {paths}")

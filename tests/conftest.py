@@ -3,6 +3,7 @@ import contextlib
 import gc
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -13,7 +14,7 @@ import tensorflow as tf  # noqa: E402
 import pyfunc_bridge as pfb  # noqa: E402
 from pool_checks import in_arena, memfd_mappings  # noqa: E402,F401 (shared with scripts)
 
-# Property-based tests (tests/test_conversion_fuzz.py).  "ci" is the default:
+# Property-based tests (tests/conversion/test_conversion_fuzz.py).  "ci" is the default:
 # deterministic (derandomized, no example database) and inside CI's minute;
 # "long" explores deeper.  Pick one with --hypothesis-profile=long or the
 # HYPOTHESIS_PROFILE environment variable.
@@ -29,6 +30,12 @@ try:
 except ImportError:  # the fuzz tests skip without hypothesis
     pass
 
+
+# The folder of the helper modules (this one, process_functions, travel_functions,
+# pool_checks, dlpack_ctypes) that tests in the layer folders below, the fresh
+# interpreters they start and pool workers import by name; the checkout above it.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
 
 _GPUS = tf.config.list_physical_devices("GPU")
 # The environment as the run began: a `gpu` test's fresh interpreter that must see the GPU.
@@ -81,7 +88,7 @@ def _pins(node):
 def _cpu_placement(request):
     """Tests run on the CPU unless marked `gpu`: TF places ops on a GPU when
     there is one, and most tests check what a CPU kernel does (host memory,
-    zero-copy addresses).  tests/test_gpu.py covers the GPU kernels."""
+    zero-copy addresses).  tests/gpu/test_gpu.py covers the GPU kernels."""
     if not _pins(request.node):
         yield
         return
@@ -196,6 +203,27 @@ def input_arena_whole(pool, seconds=10):
     blocks handed back: the worker's reply thread frees them a moment after
     a call returns); fails the test after `seconds`."""
     wait_for(lambda: pool.free_input_bytes == pool.arena_bytes, seconds)
+
+
+def serving(pool, seconds=60):
+    """Returns `pool` once each of its workers has answered a call, and so
+    serves its rings (a call that finds no worker serving takes the Python
+    path whole).  Rounds of calls that hold a worker for a moment, one per
+    worker at once, reach every worker; fails the test after `seconds`."""
+    import process_functions as pf
+
+    def call(_):
+        return int(pfb.numpy_function(pf.slow_pid, [tf.constant(0.05)], tf.int64,
+                                      executor=pool))
+    deadline = time.monotonic() + seconds
+    answered = set()
+    with ThreadPoolExecutor(pool.workers) as threads:
+        while not pool.pids() or not set(pool.pids()) <= answered:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"workers {sorted(set(pool.pids()) - answered)} "
+                                     f"never answered")
+            answered.update(threads.map(call, range(pool.workers)))
+    return pool
 
 
 def wait_for(condition, seconds=10):

@@ -1,4 +1,4 @@
-"""Functions that tests/test_process_pool.py runs in worker processes.
+"""Functions that tests/pool/test_process_pool.py runs in worker processes.
 
 A module of its own, importing only the standard library and NumPy: a worker
 imports a function's module to run it (functions travel by reference), and
@@ -470,8 +470,9 @@ def hang_at_twenty(i):
 
 
 def sleep_at_eight(a):
+    """Element 8 marks (_mark), then sleeps: a worker busy in a known call."""
     if int(a) == 8:
-        import time
+        _mark()
         time.sleep(30)
     return a
 

@@ -1,4 +1,4 @@
-"""Module-level functions for tests/test_travel.py, imported by name in the
+"""Module-level functions for tests/pipelines/test_travel.py, imported by name in the
 processes that test starts (it puts this folder on their PYTHONPATH).
 
 Importing this module declares the first group portable, as any user module

@@ -49,7 +49,7 @@ EXPECTED = {
     "ArgsAndDecoratorsTest.test_bad_args":
         "four of its py_function cases leave out Tout or inp, which pfb's py_function takes "
         "as no outputs or no inputs (README, differences: kept from the first release); its "
-        "other cases raise TF's TypeError (tests/test_api_contract.py checks them against TF)",
+        "other cases raise TF's TypeError (tests/api/test_api_contract.py checks them against TF)",
 }
 
 # The names the pfb side replaces: script_ops' and their public exports.

@@ -3,7 +3,6 @@ describe, and the argument list of a call with more inputs than its ring
 holds, travel on the worker's socket, pulled by the worker by payload id
 (src/pool/shm_layout.h, PFB_POOL_TENSOR_SOCKET, PFB_POOL_CALL_PACKED): the
 call itself still goes over the rings, the only way a call goes."""
-import os
 import subprocess
 import sys
 
@@ -12,11 +11,9 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
-from conftest import input_arena_whole, script_env
+from conftest import ROOT, TESTS, input_arena_whole, script_env
 import pyfunc_bridge as pfb
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TESTS)
 BIG = 16 << 10  # float32 elements: 64 KiB, sixteen times a 4 KiB arena
 
 

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
 
 SCRIPT = textwrap.dedent("""
     import json, os

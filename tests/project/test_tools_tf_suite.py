@@ -8,9 +8,8 @@ import textwrap
 
 import pytest
 
+from conftest import ROOT
 from tools import tf_suite
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def result(status, message="", missing=None):

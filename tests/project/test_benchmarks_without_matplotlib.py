@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
 
 # None in sys.modules makes `import matplotlib` fail as if it were missing.
 RUN_WITHOUT_MATPLOTLIB = textwrap.dedent("""

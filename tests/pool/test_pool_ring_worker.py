@@ -7,7 +7,7 @@ The test plays the parent's native side with the pool's own Channel and
 input allocator; the worker is a real pool worker.
 
 The pool's native dispatcher (src/pool/dispatch.c) is kept out of these
-tests' pools; tests/test_pool_dispatch.py runs it against real workers."""
+tests' pools; tests/pool/test_pool_dispatch.py runs it against real workers."""
 import pickle
 import struct
 import time

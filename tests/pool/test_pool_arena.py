@@ -15,7 +15,8 @@ ALIGN = pw.ALIGN
 def test_alignment_is_the_tensor_alignment():
     """shm_layout.h restates bridge_abi.h's alignment (the worker's module
     does not see bridge_abi.h): the two must agree, and the module's with them."""
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    from conftest import ROOT
+    src = os.path.join(ROOT, "src")
 
     def define(header, name):
         with open(os.path.join(src, header)) as f:

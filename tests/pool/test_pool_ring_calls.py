@@ -4,7 +4,7 @@ copy=False calls (the worker's copy facts travel in the DONE's records:
 src/pool/shm_layout.h, PFB_POOL_CALL_* and PFB_POOL_TENSOR_*).
 
 Written against the public API: a call that needs no Python in this process
-keeps completing while a thread holds the GIL (tests/test_pool_native.py's
+keeps completing while a thread holds the GIL (tests/pool/test_pool_native.py's
 proof), and what the pool answers is what in-process pfb answers, values
 and error texts alike, whichever path a call took.  A map's first calls take
 the Python path; the gated functions below change what they return after

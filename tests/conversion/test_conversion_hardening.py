@@ -18,12 +18,11 @@ import tensorflow as tf
 
 import pyfunc_bridge as pfb
 import dlpack_ctypes as dl
-from conftest import address, collect
+from conftest import TESTS, address, collect
 
 conv = pfb._library.conversion()
 KINDS = pytest.mark.parametrize("versioned", [True, False], ids=["versioned", "legacy"])
 F64 = dl.DLDataType(dl.kDLFloat, 64, 1)
-TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def aligned(values, dtype=np.float32):

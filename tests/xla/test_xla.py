@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
+from conftest import ROOT, TESTS
 from pyfunc_bridge import _library
 
 NUMERIC = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
@@ -42,9 +43,6 @@ def jit(fn):
 
 def hlo(fn, *args):
     return fn.experimental_get_compiler_ir(*args)(stage="hlo")
-
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run_script(code, PYTHONPATH=None, **env):
@@ -486,7 +484,6 @@ def test_saved_model_with_jit_compile_runs_in_a_fresh_process(tmp_path):
     """Saved with jit_compile=True functions, loaded where only the declared
     (portable) functions are known: XLA compiles in the loading process and
     the custom call resolves the function from the op's attributes."""
-    tests = os.path.dirname(os.path.abspath(__file__))
     path = str(tmp_path / "model")
     _run_script(f"""
         import tensorflow as tf, pyfunc_bridge as pfb
@@ -503,7 +500,7 @@ def test_saved_model_with_jit_compile_runs_in_a_fresh_process(tmp_path):
             return y, tape.gradient(y, x)
         module.grad = tf.function(grad, input_signature=[spec], jit_compile=True)
         tf.saved_model.save(module, {path!r})
-        """, PYTHONPATH=tests)
+        """, PYTHONPATH=TESTS)
     lines = _run_script(f"""
         import tensorflow as tf, pyfunc_bridge as pfb
         import travel_functions  # declares the functions portable
@@ -512,5 +509,5 @@ def test_saved_model_with_jit_compile_runs_in_a_fresh_process(tmp_path):
         print(module.numpy(x).numpy().tolist())
         y, dy = module.grad(x)
         print(y.numpy().tolist(), dy.numpy().tolist())
-        """, PYTHONPATH=tests)
+        """, PYTHONPATH=TESTS)
     assert lines[-2:] == ["[3.0, 5.0, 7.0]", "[1.0, 8.0, 27.0] [3.0, 12.0, 27.0]"]

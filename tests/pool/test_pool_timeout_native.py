@@ -4,7 +4,7 @@ does, and a native call that overruns fails with the timeout's error while
 the calls its worker had not started run in another worker.
 
 Written against the public API (`executor=`, `pids()`, `pfb.stats()`); the
-sign of native calls is tests/test_pool_native.py's: they keep completing
+sign of native calls is tests/pool/test_pool_native.py's: they keep completing
 while a thread of this process holds the GIL."""
 import re
 import threading

@@ -354,7 +354,7 @@ def malformed_inner(case):
 
 _INNER = """
 import json, os, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {here!r}]
 import conftest
 from hypothesis import settings
 settings.load_profile({profile!r})
@@ -369,8 +369,10 @@ def test_malformed_tensors_are_refused(request, tmp_path):
                or os.environ.get("HYPOTHESIS_PROFILE", "ci"))
     last = tmp_path / "last_case"
     env = dict(os.environ, PFB_FUZZ_LAST=str(last), TF_CPP_MIN_LOG_LEVEL="3")
-    tests = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", _INNER.format(tests=tests, profile=profile)],
+    from conftest import TESTS
+    here = os.path.dirname(os.path.abspath(__file__))  # the script imports this module
+    proc = subprocess.run([sys.executable, "-c", _INNER.format(tests=TESTS, here=here,
+                                                                profile=profile)],
                           capture_output=True, text=True, env=env, timeout=3000)
     figures = [line for line in proc.stdout.splitlines() if line.startswith("FIGURES ")]
     if figures:

@@ -2,18 +2,14 @@
 is finished by the next one, and a copy of a pool is refused.  The Ctrl-C
 case runs in a subprocess (its pool's workers must end with it)."""
 import copy
-import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import script_env
+from conftest import ROOT, TESTS, script_env
 
 import pyfunc_bridge as pfb
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TESTS)
 
 # close() is interrupted (SIGINT, as Ctrl-C) while it waits for a worker that
 # is stuck in a call; the next close() must end that worker and let go of the

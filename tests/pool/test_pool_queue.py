@@ -7,7 +7,7 @@ the pool's Python path guaranteed.  Every path meets a queued call: its
 caller abandons it (its blocks come back at once), the dispatcher closes
 (it fails), a worker dies (the queue waits for the replacement).
 
-Through the worker module's Dispatcher (as tests/test_pool_dispatch.py),
+Through the worker module's Dispatcher (as tests/pool/test_pool_dispatch.py),
 with a function held at a gate the test opens (a file), never a sleep."""
 import os
 import signal

@@ -13,9 +13,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
+from conftest import ROOT
 from pyfunc_bridge import _library
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TF_DISTRIBUTIONS = re.compile(r"^(tensorflow|tensorflow-cpu|tensorflow_cpu|tf-nightly)\b", re.I)
 
 

@@ -20,13 +20,13 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
-from conftest import in_arena, input_arena_whole, script_env, wait_for
+from conftest import ROOT, TESTS, in_arena, input_arena_whole, script_env, wait_for
 import pyfunc_bridge as pfb
 from pyfunc_bridge import _process
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+# This file's folder: scripts import this module by name (`import test_process_pool`).
+HERE = os.path.dirname(os.path.abspath(__file__))
 _worker_file = _process._worker.__file__
-ROOT = os.path.dirname(TESTS)
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +190,7 @@ def run_script(script, *args):
     its timeout); it prints "done" at its end."""
     run = subprocess.run([sys.executable, "-c", script, *args], cwd=TESTS,
                          capture_output=True, text=True, timeout=SCRIPT_TIMEOUT,
-                         env=script_env(ROOT, TESTS))
+                         env=script_env(ROOT, TESTS, HERE))
     assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-3000:]
 
 
@@ -270,11 +270,16 @@ def test_closures_and_lambdas_travel_by_value(pool):
 
 
 def test_the_default_pool(monkeypatch):
+    # A default pool of this test's own, closed at its end: the default pool
+    # has no public handle (it is closed at exit).
     monkeypatch.setattr(_process, "_default", None)
     try:
         y = pfb.numpy_function(pf.double, [tf.constant([3])], tf.int32, executor="process")
         assert y.numpy().tolist() == [6]
-        assert _process._default.workers >= 1
+        worker = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
+                                        executor="process"))
+        with open(f"/proc/{worker}/status") as f:  # a worker process of this one
+            assert f"PPid:\t{os.getpid()}\n" in f.read()
     finally:
         _process._default.close()
 
@@ -916,7 +921,7 @@ def test_a_killed_worker_fails_its_call_and_the_pool_recovers(tmp_path, monkeypa
     with pfb.ProcessPool(2, name="fault pool") as faulty:
         thread, box = _call_in_thread(pf.hang, 30.0, faulty)
         # Killed once the call runs (one it had not started would run in the
-        # other worker: tests/test_pool_resend.py).
+        # other worker: tests/pool/test_pool_resend.py).
         wait_for(lambda: len(os.listdir(marks)) == 1, seconds=30)
         victim = int(os.listdir(marks)[0])
         os.kill(victim, signal.SIGKILL)
@@ -1019,26 +1024,32 @@ def test_a_pool_whose_workers_cannot_start_says_why_and_tries_again_later(tmp_pa
 
     def call():
         return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=broken))
-    with pfb.ProcessPool(1, name="broken pool") as broken:
-        wait_for(lambda: broken._broken, seconds=60)
+    def refused():
+        """The message of a call that fails while the pool is broken (a call
+        waits while workers start), and the time by which its back-off ends."""
         with pytest.raises(tf.errors.UnknownError) as info:
             call()
         message = info.value.message
+        delay = re.search(r"tries again on the first call (\d+) s after this", message)
+        assert delay, message
+        return message, time.monotonic() + int(delay.group(1))
+    with pfb.ProcessPool(1, name="broken pool") as broken:
+        message, retry = refused()
         assert "broken pool cannot start worker processes: 3 in a row ended before " \
                "they were ready" in message
         assert "exited with status 3" in message and "see its stderr" in message
         assert "tries again on the first call 1 s after" in message
         # After the back-off a call starts workers again; they fail again,
         # and the pool waits twice as long.
-        wait_for(lambda: time.monotonic() >= broken._retry_at, seconds=10)
+        wait_for(lambda: time.monotonic() >= retry, seconds=10)
         with pytest.raises(tf.errors.UnknownError, match="exited with status 3"):
             call()
-        wait_for(lambda: broken._broken, seconds=60)
-        assert "tries again on the first call 2 s after" in broken._broken
+        message, retry = refused()
+        assert "tries again on the first call 2 s after" in message
         monkeypatch.setattr(_process._worker, "__file__", _worker_file)  # they can start
-        wait_for(lambda: time.monotonic() >= broken._retry_at, seconds=10)
+        wait_for(lambda: time.monotonic() >= retry, seconds=10)
         pid = call()
-        assert broken.pids() == [pid] and not broken._broken
+        assert broken.pids() == [pid] and call() == pid  # no longer broken
 
 
 def test_a_function_that_exits_its_process_fails_with_the_status():

@@ -319,8 +319,7 @@ def test_gpu_overhead_benchmark_reports_a_ratio_on_the_gpu():
     import subprocess
     import sys
 
-    from conftest import GPU_ENV
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from conftest import GPU_ENV, ROOT as root
     run = subprocess.run([sys.executable, "-m", "benchmarks.gpu_overhead", "--mode", "smoke"],
                          cwd=root, env=GPU_ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
+
 SCENARIOS = ["graph_overhead", "eager_overhead", "tf_data", "size_sweep", "memory",
              "gil_bound"]
 
@@ -246,7 +247,7 @@ def test_xla_loop_compares_a_call_under_xla_with_a_plain_tf_function():
 
 def test_gpu_overhead_says_it_needs_a_gpu_where_there_is_none():
     # On a GPU machine the conftest hides the GPU from fresh interpreters;
-    # tests/test_gpu.py runs the scenario where it sees one.
+    # tests/gpu/test_gpu.py runs the scenario where it sees one.
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     run = subprocess.run([sys.executable, "-m", "benchmarks.gpu_overhead", "--mode", "smoke"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
