@@ -137,7 +137,7 @@
 /* Every block starts at a multiple of this and is a multiple of it long:
  * PFB_TENSOR_ALIGNMENT (bridge_abi.h), which TensorFlow needs to use memory
  * without a copy.  (Restated rather than included: the worker's module does
- * not see bridge_abi.h; tests/test_pool_arena.py checks that the two agree.) */
+ * not see bridge_abi.h; tests/pool/test_pool_arena.py checks that the two agree.) */
 #define PFB_POOL_ALIGN 64
 #define PFB_POOL_SLOT_BYTES 64
 #define PFB_POOL_MAX_NDIM 64
