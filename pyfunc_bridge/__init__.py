@@ -36,8 +36,8 @@ from pyfunc_bridge import _resolve  # noqa: E402,F401
 
 __version__ = "0.1.0"
 # The conversion API lives in the conversion layer (src/conversion/dlpack_api.pxi),
-# which is imported on first access; so is the pool (_process, its worker
-# module, cloudpickle), which executor= also imports on first use.
+# which is imported on first access; so is the pool (pyfunc_bridge.pool, the
+# worker package, cloudpickle), which executor= also imports on first use.
 _CONVERSION_API = ("from_dlpack", "to_dlpack", "to_numpy", "from_numpy")
 __all__ = ["numpy_function", "py_func", "py_function", "eager_py_func", "array_function",
            "stats", "reset_stats", "enable_stats", "portable", "trust_pickled", "ProcessPool",
@@ -55,7 +55,7 @@ def __getattr__(name):
         globals()[name] = function  # later lookups skip this hook
         return function
     if name == "ProcessPool":
-        from pyfunc_bridge._process import ProcessPool
+        from pyfunc_bridge.pool.process_pool import ProcessPool
         globals()[name] = ProcessPool
         return ProcessPool
     raise AttributeError(f"module 'pyfunc_bridge' has no attribute {name!r}")

@@ -78,7 +78,7 @@ _ANONYMOUS_FILE = "<dynamic-code>"
 
 def pickler_class():
     """cloudpickle's Pickler, and the two things the bridge's pickles need
-    beyond it (the pool's by-value pickler, _pickling, builds on it):
+    beyond it (the pool's by-value pickler, pool/pickling.py, builds on it):
 
     - an autograph-converted function is pickled as the user's;
     - a function pickled by value leaves out the attribute TensorFlow's

@@ -34,13 +34,13 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=F
                executor=None, api="numpy_function"):
     """The op for `func`; `framework`: None (NumPy) or an array_function adapter;
     `portable`: embed the pickled function in graph ops (_portable.py);
-    `executor`: where the calls run (_process.executor)."""
+    `executor`: where the calls run (pool/process_pool.py, executor)."""
     _op.check_callable(func)
     if executor is None:
         pool = None
     else:  # the pool's modules load with its first use (import stays cheap)
-        from pyfunc_bridge import _process
-        pool = _process.executor(executor, api)
+        from pyfunc_bridge.pool import process_pool
+        pool = process_pool.executor(executor, api)
     copy_attr, copy_mode = _library.conversion().copy_policy(copy)
     signature = _tout.normalize(Tout)
     inputs = _inputs(inp)

@@ -30,7 +30,7 @@ class Entry:
     0-d inputs a NumPy function receives as 0-d arrays (in graphs: as NumPy
     scalars, as TensorFlow hands them over); it picks the converter.
     `executor`: None (in this process), or the pool the calls run in
-    (pyfunc_bridge/_process.py), whose converter the entry gets.  `api`: the
+    (pyfunc_bridge/pool/), whose converter the entry gets.  `api`: the
     public function that built the op ("numpy_function", "py_func",
     "array_function"), for the profiler's events; None: the conversion layer
     tells it from the call (an op loaded from elsewhere, py_function).

@@ -93,7 +93,7 @@ class StatsSnapshot:
     else the function's ``__qualname__``; ``total``: their sum; ``enabled``:
     whether counting was on when the snapshot was taken.
 
-    ``pools``: pool name -> PoolStats (pyfunc_bridge/_pool_stats.py), for
+    ``pools``: pool name -> PoolStats (pyfunc_bridge/pool/statistics.py), for
     the ProcessPools with calls or faults counted.
 
     ``eager_tensor_path``: how py_function's kernel turns its TF tensors into
@@ -184,9 +184,9 @@ def reset_stats():
 
 
 def _pools(what, none):
-    """`what` of the pools' statistics (_pool_stats), or `none` while no pool
+    """`what` of the pools' statistics (pool/statistics.py), or `none` while no pool
     was used: that module loads with the pool's (import stays cheap)."""
-    pool_stats = sys.modules.get("pyfunc_bridge._pool_stats")
+    pool_stats = sys.modules.get("pyfunc_bridge.pool.statistics")
     return none if pool_stats is None else getattr(pool_stats, what)()
 
 
@@ -205,7 +205,7 @@ def enable_stats(flag=True):
     """
     previous = _library.conversion().enable_stats(bool(flag))
     # Kernels' native pool calls count in the worker module (dispatch.h);
-    # a pool's first route sets it too (_process.ProcessPool.native_route).
+    # a pool's first route sets it too (pool/process_pool.py, ProcessPool.native_route).
     pool_module = sys.modules.get("pyfunc_bridge._pool_worker")
     if pool_module is not None:
         pool_module.set_counting(bool(flag))

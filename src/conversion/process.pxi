@@ -1,4 +1,4 @@
-# Calls that run in a worker process (executor=, pyfunc_bridge/_process.py):
+# Calls that run in a worker process (executor=, pyfunc_bridge/pool/process_pool.py):
 # the converter the driver calls for them, and the results that stay in the
 # worker's shared memory.  The pool does the traffic (ProcessPool.ring_call,
 # or the kernel's native call); this file only hands it the call's inputs

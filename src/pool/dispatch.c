@@ -234,7 +234,7 @@ static void push_back(void* worker, uint64_t offset) {
 }
 
 /* Notes the result blocks of a DONE nobody takes, to hand them back. */
-static void give_back_results(Worker* w, const PfbPoolSlot* message) {
+static void hand_back_results(Worker* w, const PfbPoolSlot* message) {
   pthread_mutex_lock(&w->back_lock);
   each_result_block(message, push_back, w);
   pthread_mutex_unlock(&w->back_lock);
@@ -279,7 +279,7 @@ static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots) {
   }
   PfbPoolSlot* copy = call ? (PfbPoolSlot*)malloc(slots * sizeof(PfbPoolSlot)) : NULL;
   if (copy == NULL) {  /* abandoned (or no memory): its blocks go back */
-    give_back_results(w, message);
+    hand_back_results(w, message);
     if (call != NULL) {
       call->error = strdup("pyfunc_bridge: no memory for a pool call's reply");
       call->error_code = 8; /* RESOURCE_EXHAUSTED */
@@ -1155,7 +1155,7 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
   for (uint32_t i = 0; i < count; ++i)
     if (sizes[i]) memcpy(d->input_base + offsets[i], inputs[i].data, sizes[i]);
   /* Unique in the process: a DONE's answer that went by the socket is
-   * found by its id alone (_process.py, native_reply). */
+   * found by its id alone (pyfunc_bridge/pool/answers.py, native_reply). */
   call->id = __atomic_add_fetch(&next_call_id, 1, SC);
   call->state = PFB_DISPATCH_WAITING;
   q = queued_new(fn, flags, inputs, count, sizes, offsets, slots, call);

@@ -16,7 +16,7 @@
  * before it wakes the caller.  So a worker stuck in a slow call holds only
  * the calls it already had; the rest go to the workers that come free.
  *
- * What stays with Python (pyfunc_bridge/_process.py): starting workers and
+ * What stays with Python (pyfunc_bridge/pool/): starting workers and
  * laying out their segments (it attaches each to the dispatcher), noticing a
  * worker's death (its socket ends: pfb_dispatch_lost fails that worker's
  * calls with the message Python built), and decoding what is not plain
@@ -141,7 +141,7 @@ void pfb_dispatch_release(PfbDispatch* d);
  * workers), and its reply threads are not in this process.  Refuses every
  * call from now on (EPIPE) without touching the rings or joining threads,
  * and closes this process's copies of the doorbells; its memory is never
- * freed (its mappings the op layer makes private, _pool_fork.py). */
+ * freed (its mappings the op layer makes private, pyfunc_bridge/pool/fork.py). */
 void pfb_dispatch_disown(PfbDispatch* d);
 
 /* Worker slot `index` is served by a worker with this control segment

@@ -33,6 +33,12 @@ class Declined(OSError):
     are pulled over the socket)."""
 
 
+
+class DispatchFailed(RuntimeError):
+    """A dispatched call failed without a reply: (TF error code, message)."""
+
+
+
 # Payload ids of inputs pulled over the socket (PFB_POOL_TENSOR_SOCKET):
 # unique in the process, as a pool's payloads dict needs.
 _payload_ids = itertools.count(1)
@@ -186,64 +192,6 @@ cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list k
     return 0
 
 
-cdef class Reply:
-    """A DONE taken off its call (Route.call, native_reply): its Message, and
-    its result blocks (in `arena`, a NativeArena), each this object's until
-    claimed, by ``read`` (its bytes; the block goes back at once) or ``view``
-    (an array that hands it back when it goes).  The blocks nobody claimed go
-    back when this object goes: an exception anywhere (Ctrl-C between two
-    bytecodes) loses none, and a claim runs no bytecode."""
-    cdef readonly object message
-    cdef readonly object arena
-    cdef set _held  # offsets of the blocks not claimed yet
-    cdef object _results  # arena.array(), made on the first claim
-
-    def __dealloc__(self):
-        if self._held and self.arena is not None:
-            for offset in self._held:
-                (<NativeArena>self.arena).back(offset)
-
-    def read(self, uint64_t offset, uint64_t size):
-        """The bytes of the block at `offset` (`size` used); it goes back."""
-        self._claim(offset)
-        try:
-            return bytes(self._array()[offset:offset + size])
-        finally:
-            (<NativeArena>self.arena).back(offset)
-
-    def view(self, make_view, uint64_t offset, uint64_t size, dtype, shape):
-        """make_view(arena, results, offset, size, dtype, shape): the
-        conversion layer's worker_result, whose array owns the block."""
-        made = make_view(self.arena, self._array(), offset, size, dtype, shape)
-        self._held.discard(offset)
-        return made
-
-    cdef _claim(self, uint64_t offset):
-        if offset not in self._held:
-            raise ValueError(f"pyfunc_bridge: no unclaimed result block at offset {offset}")
-        self._held.discard(offset)
-
-    cdef object _array(self):
-        """The uint8 array over the result arena, one per Reply."""
-        if self._results is None:
-            self._results = self.arena.array()
-        return self._results
-
-
-cdef Reply _reply(PfbDispatchCall* call):
-    """The Reply of a DONE `call`: its blocks are the Reply's from now on."""
-    cdef Reply made = Reply.__new__(Reply)
-    made.message = _decode_message(call.reply)
-    made.arena = _native_arena(call.arena) if call.arena != NULL else None
-    made._held = set()
-    if made.arena is not None:
-        for item in made.message.items:
-            if item[5]:  # (its size: an empty result has no block)
-                made._held.add(item[4])
-        if made.message.status == PFB_POOL_STATUS_ERROR and made.message.block[1]:
-            made._held.add(made.message.block[0])
-    return made
-
 
 cdef class Route:
     """A native way to one function of a pool (PfbDispatchRoute): ``share()``
@@ -395,3 +343,4 @@ cdef class Route:
         """Zeroes the counts (pfb.reset_stats); a call counting meanwhile may
         keep a part of its figures."""
         memset(&self._r.counts, 0, sizeof(PfbDispatchRouteCounts))
+

@@ -10,9 +10,9 @@
  *
  * What runs on it: the arenas' allocator (arena.h) and the result arena's
  * NumPy handler; every pool worker maps its control segment and serves its
- * request ring (pyfunc_bridge/_worker.py, _RingServer: LOAD, CALL,
+ * request ring (pyfunc_bridge/worker/ring_server.py, RingServer: LOAD, CALL,
  * RESULTS_BACK, FORGET, STOP, answered by DONE and INPUTS_BACK), one call
- * at a time.  The parent's ProcessPool (pyfunc_bridge/_process.py) lays the
+ * at a time.  The parent's ProcessPool (pyfunc_bridge/pool/) lays the
  * segments out; every call goes on the rings through the native dispatcher
  * (dispatch.h), posted by kernels (src/kernel/pool_route.h) or by Python
  * (src/pool/route.pxi).  The worker's socket carries control and what does
@@ -189,8 +189,8 @@ enum {
   PFB_POOL_CALL_SCALARS = 2,
   /* array_function's framework (at most one of the two): the worker hands
    * the function torch tensors or JAX arrays made from the input blocks, and
-   * takes its results back as NumPy arrays (pyfunc_bridge/_worker.py,
-   * _wrap_input and _as_numpy).  Under torch the
+   * takes its results back as NumPy arrays (pyfunc_bridge/worker/values.py,
+   * wrap_input and as_numpy).  Under torch the
    * inputs are writable (torch has no read-only tensors) and a write to one
    * fails the call unless PFB_POOL_CALL_WRITABLE, as in-process. */
   PFB_POOL_CALL_TORCH = 4,
@@ -356,7 +356,7 @@ typedef struct PfbPoolControl {
   uint32_t worker_ready;        /* 1 once it serves its request ring */
   /* The call it runs now (a CALL's id), 0 between calls.  The one record
    * the parent reads for scheduling (dispatch.c, choose) and a pool's
-   * timeout (_process.py, _Deadlines). */
+   * timeout (pyfunc_bridge/pool/timeouts.py, Deadlines). */
   uint64_t running_call;
   uint64_t running_since;       /* CLOCK_MONOTONIC ns that call started */
   /* The CALLs it started (each counted before it runs).  It runs them in

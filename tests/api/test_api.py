@@ -493,8 +493,9 @@ _SUBPROCESS = textwrap.dedent("""
     # TensorFlow itself imports jax when it is installed (and cloudpickle):
     # only new imports count.
     already = {m for m in ("torch", "jax", "jaxlib", "cloudpickle") if m in sys.modules}
-    POOL = ("pyfunc_bridge._process", "pyfunc_bridge._worker", "pyfunc_bridge._pool_stats",
-            "pyfunc_bridge._pool_worker", "pyfunc_bridge._pickling", "cloudpickle")
+    POOL = ("pyfunc_bridge.pool.process_pool", "pyfunc_bridge.worker.start_worker",
+            "pyfunc_bridge.pool.statistics", "pyfunc_bridge._pool_worker",
+            "pyfunc_bridge.pool.pickling", "cloudpickle")
 
     def state():
         with open("/proc/self/maps") as f:
@@ -578,8 +579,9 @@ def test_a_pool_loads_its_modules_on_first_use(fresh_interpreter):
     state = fresh_interpreter["after_pool"]
     assert fresh_interpreter["pool_value"] == -1.0
     # (cloudpickle counts where TensorFlow did not import it already.)
-    assert {"pyfunc_bridge._process", "pyfunc_bridge._worker", "pyfunc_bridge._pool_stats",
-            "pyfunc_bridge._pool_worker", "pyfunc_bridge._pickling"} <= set(state["pool"])
+    assert {"pyfunc_bridge.pool.process_pool", "pyfunc_bridge.worker.start_worker",
+            "pyfunc_bridge.pool.statistics", "pyfunc_bridge._pool_worker",
+            "pyfunc_bridge.pool.pickling"} <= set(state["pool"])
 
 
 def test_import_with_mismatched_tf_fails(fresh_interpreter):

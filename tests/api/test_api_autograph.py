@@ -10,7 +10,8 @@ import tensorflow as tf
 from tensorflow.python.autograph.impl import api as autograph_api
 
 import pyfunc_bridge as pfb
-from pyfunc_bridge import _autograph, _process
+from pyfunc_bridge import _autograph
+from pyfunc_bridge.pool import process_pool as _process
 
 
 def converted_functions(build, *args):

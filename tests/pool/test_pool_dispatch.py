@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import pyfunc_bridge as pfb
-from pyfunc_bridge import _pickling, _worker
+from pyfunc_bridge.pool import pickling as _pickling
+from pyfunc_bridge.worker import compiled as _worker
 
 pw = _worker.pool_module()
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import pyfunc_bridge as pfb
-from pyfunc_bridge import _worker
+from pyfunc_bridge.worker import compiled as _worker
 from conftest import wait_for
 from test_pool_dispatch import ready, register
 

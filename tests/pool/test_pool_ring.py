@@ -179,7 +179,7 @@ def test_no_wake_when_the_consumer_is_awake(channel):
 _ECHO = textwrap.dedent(r"""
     import mmap, os, sys, time
     sys.path.insert(0, sys.argv[1])
-    import _worker
+    from worker import compiled as _worker
     pw = _worker.pool_module()
     assert "tensorflow" not in sys.modules and "pyfunc_bridge" not in sys.modules
     fd = int(sys.argv[2])

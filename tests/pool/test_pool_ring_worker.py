@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import pyfunc_bridge as pfb
-from pyfunc_bridge import _pickling, _process, _worker
+from pyfunc_bridge.pool import pickling as _pickling, process_pool as _process
+from pyfunc_bridge.worker import compiled as _worker
 
 pw = _worker.pool_module()
 R, Q = pw.REQUESTS, pw.REPLIES

@@ -22,7 +22,7 @@ import tensorflow as tf
 import process_functions as pf
 from conftest import ROOT, TESTS, in_arena, input_arena_whole, script_env, wait_for
 import pyfunc_bridge as pfb
-from pyfunc_bridge import _process
+from pyfunc_bridge.pool import process_pool as _process
 
 # This file's folder: scripts import this module by name (`import test_process_pool`).
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -1213,7 +1213,7 @@ _EXIT_SCRIPT = textwrap.dedent("""
     how = sys.argv[1]
     executor = "process" if how.startswith("default") else pfb.ProcessPool(2)
     pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=executor)
-    from pyfunc_bridge import _process
+    from pyfunc_bridge.pool import process_pool as _process
     pool = _process.default_pool() if executor == "process" else executor
     print(json.dumps(pool.pids()), flush=True)
     if how == "default in flight":
@@ -1362,7 +1362,7 @@ _FORK_SCRIPT = r"""
 import json, os, signal, sys, time
 import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
-from pyfunc_bridge import _process
+from pyfunc_bridge.pool import process_pool as _process
 
 def run(executor):
     return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=executor))
@@ -1699,7 +1699,7 @@ def test_frames_larger_than_the_reader_buffer_arrive_whole():
     """FrameReader: small frames share its buffer, a large one gets its own,
     in any split of the stream."""
     import pickle
-    from pyfunc_bridge import _worker
+    from pyfunc_bridge.worker import frames as _worker
     a, b = socket.socketpair()
     b.settimeout(20)  # a frame that never completes fails the test
     try:

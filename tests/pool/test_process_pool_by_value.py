@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import process_functions as pf
 import pyfunc_bridge as pfb
-from pyfunc_bridge import _pickling
+from pyfunc_bridge.pool import pickling as _pickling
 
 MODULES = {
     # A pipeline module: imports TensorFlow, and maps that need only NumPy.

@@ -1,4 +1,4 @@
-"""A forked child lets go of its parent's pools' shared memory (_process.py
+"""A forked child lets go of its parent's pools' shared memory (pool/process_pool.py
 calls ``before_fork``, ``after_fork_in_parent`` and ``forget_shared_memory``
 from its at-fork hooks).
 

@@ -1,4 +1,5 @@
-"""How a function is pickled for a worker process (pyfunc_bridge/_process.py).
+"""How a function is pickled for a worker process (pyfunc_bridge/pool/), and
+the token each function has in a pool's workers.
 
 A function sent by name makes the worker import its module.  A pipeline's
 map functions usually live in a module that imports TensorFlow, and a worker
@@ -24,11 +25,14 @@ length of one ``dumps``, under a lock, and unregistered after.
 """
 import importlib
 import io
+import itertools
 import sys
 import threading
 import types
+import weakref
 
 from pyfunc_bridge import _autograph
+from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL
 
 _TENSORFLOW = "tensorflow"
 _lock = threading.Lock()  # one dumps at a time touches cloudpickle's registry
@@ -163,3 +167,47 @@ def _registered(cloudpickle, name):
     user: then it stays so, and stays theirs to unregister)."""
     registry = cloudpickle.list_registry_pickle_by_value()
     return any(n in registry for n in _with_parents(name))
+class Functions:
+    """func -> (token, pickle) for the life of func; a function dropped in
+    this process is dropped from the workers too."""
+
+    def __init__(self, pool):
+        self._pool = weakref.ref(pool)
+        self._by_id = {}
+        self._tokens = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def get(self, func):
+        found = self._by_id.get(id(func))
+        if found is not None and found[0]() is func:
+            return found[1], found[2]
+        with self._lock:
+            found = self._by_id.get(id(func))
+            if found is not None and found[0]() is func:
+                return found[1], found[2]
+            token = next(self._tokens)
+            data = pickle_function(func)
+            key = id(func)
+            try:
+                ref = weakref.ref(func, lambda _, key=key, token=token: self._drop(key, token))
+            except TypeError:  # not weakly referable: kept (ids must not be reused)
+                ref = (lambda func=func: func)
+            self._by_id[key] = (ref, token, data)
+            return token, data
+
+    def _drop(self, key, token):
+        self._by_id.pop(key, None)
+        pool = self._pool()
+        if pool is not None:
+            pool._forget_native(token)
+
+
+def pickle_function(func):
+    try:  # by value or by name (this module's rule), as written (not as autograph converted it)
+        return dumps(func, PICKLE_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(
+            f"executor: the function {func!r} cannot be sent to a worker process "
+            f"({type(exc).__name__}: {exc}); it probably captures an object that cannot "
+            f"cross processes (a lock, a file, a session). Create that object inside "
+            f"the function, or run it in-process (executor=None)") from exc

@@ -1,5 +1,5 @@
 """The thread that starts every worker process of this process's pools
-(_process.py's workers are started through ``spawner.popen``)."""
+(pool/worker_process.py starts them through ``spawner.popen``)."""
 import os
 import queue
 import subprocess
@@ -9,7 +9,7 @@ import threading
 class Spawner:
     """Starts the worker processes, all from one thread that lives as long as
     this process.  A worker asks the kernel to kill it when its parent dies
-    (PR_SET_PDEATHSIG, pyfunc_bridge/_worker.py); the kernel's "parent" is
+    (PR_SET_PDEATHSIG, pyfunc_bridge/worker/start_worker.py); the kernel's "parent" is
     the *thread* that started it, and the threads that start workers come
     and go (a tf.data thread's first call, a reader thread replacing a dead
     worker): a worker started by one of them would be killed with it."""

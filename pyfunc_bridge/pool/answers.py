@@ -1,0 +1,118 @@
+"""The decoding of a call's answer: a DONE (its result records over the
+worker's result arena, or an error), or an answer that came by the socket."""
+import pickle
+import threading
+import time
+
+import numpy as np
+
+from pyfunc_bridge.pool import statistics
+from pyfunc_bridge.pool.errors import WorkerError, raise_acyclic, worker_exception
+from pyfunc_bridge.worker.compiled import pool_module
+
+
+class RingAnswers:
+    """Answers of native calls that went by a worker's socket (no room in
+    its result arena: shm_layout.h, PFB_POOL_STATUS_SOCKET), by call id (ids
+    are unique in the process), from the reader threads to native_reply."""
+
+    def __init__(self):
+        self._answers = {}
+        self._arrived = threading.Condition()
+
+    def put(self, call_id, answer):
+        with self._arrived:
+            self._answers[call_id] = answer
+            self._arrived.notify_all()
+
+    def take(self, call_id, pool_name):
+        # The worker wrote it before the DONE: its reader has it or reads it
+        # next (a dead worker's stream is read to its end first).
+        deadline = time.monotonic() + _RING_ANSWER_SECONDS
+        with self._arrived:
+            while call_id not in self._answers:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WorkerError(f"pyfunc_bridge: a worker of {pool_name} sent a call's "
+                                      f"answer by its socket, and it never arrived")
+                self._arrived.wait(min(left, 0.25))
+            return self._answers.pop(call_id)
+
+
+ring_answers = RingAnswers()
+_RING_ANSWER_SECONDS = 60.0
+
+
+def native_reply(pool_name, address, writable=False, counters=None):
+    """decode_answer's answer (result, bytes moved, copy facts) for a call the kernel
+    ran natively (`address`: its PfbDispatchCall, DONE) whose reply the
+    kernel does not turn into outputs itself: the function raised, a value
+    came back pickled, a result is not what the op declares (the
+    conversion layer's checks then raise as for any result), or copy=False
+    may refuse it (the copy facts, per result, come from its record's flags:
+    shm_layout.h, PFB_POOL_TENSOR_ALIASED ..).  Takes its
+    result blocks: arrays over them hand them back when they go, a pickled
+    value's and an error's go back once read.  The kernel's route counted
+    the call for the pool; `counters` (the pool's record) get its results'
+    share here, as for ring_call's calls (`writable`: copy=True, which saves
+    no copy)."""
+    return decode_answer(pool_name, pool_module().native_reply(address), writable, counters)
+
+
+def decode_answer(pool_name, reply, writable, counters):
+    """(result, bytes moved, copy facts per result) of a DONE (the worker
+    module's Reply, which holds its
+    result blocks until each is claimed): native_reply's, and ring_call's."""
+    pw = pool_module()
+    from pyfunc_bridge import _library
+    result_view = _library.conversion().worker_result
+    message = reply.message
+    read_block = reply.read
+
+    def loads(data):
+        try:
+            return pickle.loads(data)
+        except Exception as exc:  # noqa: BLE001 - this call's error; the worker lives on
+            raise WorkerError(f"pyfunc_bridge: a worker of {pool_name} sent a reply this "
+                              f"process cannot unpickle ({type(exc).__name__}: {exc})") from exc
+
+    def count(bytes_out, saved):
+        if counters is not None and statistics.counting():
+            counters.add_results(bytes_out, 0 if writable else saved)
+
+    if message.status == pw.STATUS_SOCKET:
+        ok, data, facts = ring_answers.take(message.call_id, pool_name)
+        if ok:
+            value = loads(data)
+            several = type(value) in (list, tuple)
+            count(sum(map(statistics.data_bytes, value if several else [value])), 0)
+            return value, 0, facts
+        raise_acyclic(worker_exception(pickle.loads(data)))
+    if message.status != pw.STATUS_OK:
+        offset, size = message.block
+        raise_acyclic(
+            worker_exception(pickle.loads(read_block(offset, size))) if size
+            else RuntimeError(f"pyfunc_bridge: a worker of {pool_name} failed a call "
+                              f"and could not send its error (no room in its arena)"))
+    values, facts = [], []
+    bytes_out = saved = moved = 0
+    for code, bits, lanes, flags, offset, size, shape in message.items:
+        if flags & pw.TENSOR_PICKLED:
+            values.append(loads(read_block(offset, size)))
+            bytes_out += statistics.data_bytes(values[-1])
+        else:  # numbers: a view of the block (strings come back pickled)
+            dtype = pw.np_dtype(code, bits)
+            values.append(reply.view(result_view, offset, size, dtype, tuple(shape))
+                          if size else np.zeros(shape, dtype))
+            bytes_out += values[-1].nbytes
+            # As the kernel counts (pool_route.cc): a 0-d record the worker
+            # copied is a NumPy scalar's bytes, which saves no copy.
+            if size and (shape or flags & pw.TENSOR_SHARED):
+                saved += 1
+                moved += 0 if flags & pw.TENSOR_SHARED else values[-1].nbytes
+        facts.append(pw.flags_facts(flags))
+    count(bytes_out, saved)
+    if message.flags == pw.DONE_ONE and len(values) == 1:
+        return values[0], moved, facts
+    return (values if message.flags == pw.DONE_LIST else tuple(values)), moved, facts
+

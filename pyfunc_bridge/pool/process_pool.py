@@ -1,0 +1,468 @@
+"""The pool's facade: ``ProcessPool``, the default pool and the ``executor=``
+of numpy_function, py_func and array_function.  Its parts (this package's
+other modules) never import it.
+
+A pool runs functions in worker processes (pyfunc_bridge/worker/, a
+script that imports NumPy and the user's function, never TensorFlow), so
+that Python code that holds the GIL runs on as many cores as there are
+workers.
+
+Traffic: every call goes over the shared-memory rings of its worker
+(src/pool/shm_layout.h), through the pool's native dispatcher
+(src/pool/dispatch.h), which schedules it, copies its inputs into the input
+arena and waits for its DONE without the GIL.  Kernels post their calls
+themselves (src/kernel/pool_route.cc); Python posts eager calls, a kernel's
+first call and profiled calls with ``ring_call`` (src/pool/route.pxi), and
+decodes their DONE with ``decode_answer`` (answers.py).  Each worker's socket carries only
+control (the hello, "ready", its end as the worker's death) and what does
+not fit an arena, pickled: an input the worker pulls by payload id, a
+function's LOAD, a result its arena has no room for, and the argument list
+of a CALL larger than its ring (docs/pool.md).  A function travels once per
+worker (pickled by pickling.py's rule: by value when its module imports
+TensorFlow, else as cloudpickle does), then its token does.
+
+Lifetime: workers die with this process (PR_SET_PDEATHSIG, set in the
+worker; spawn.py starts them all from one thread); a pool with a timeout
+ends a worker whose call runs past it (timeouts.py); the calls a dead worker
+had not started go to another (the dispatcher resends them); a fork of this
+process finds the pools closed and their shared memory its own
+(_after_fork_in_child, fork.py).  Starting, watching and replacing
+workers is supervision.py's (a base class of ProcessPool).
+"""
+import atexit
+import errno
+import itertools
+import os
+import pickle
+import sys
+import threading
+import weakref
+from numbers import Real
+
+from pyfunc_bridge.pool import fork, statistics
+from pyfunc_bridge.pool.answers import decode_answer, native_reply
+from pyfunc_bridge.pool.errors import (EXIT_TEXT, PoolClosedError, WorkerError,
+                                       dispatch_error, raise_acyclic)
+from pyfunc_bridge.pool.pickling import Functions
+from pyfunc_bridge.pool.supervision import Supervision
+from pyfunc_bridge.pool.timeouts import Deadlines
+from pyfunc_bridge.pool.worker_process import WorkerProcess, shared_memory
+from pyfunc_bridge.worker.compiled import pool_module
+from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL
+
+# Names that the tests of #18 and #19 reach through this module (they read
+# private names; they go once those tests check contracts only, #28).
+from pyfunc_bridge.pool.errors import worker_exception as _worker_exception  # noqa: E402,F401
+from pyfunc_bridge.pool.pickling import pickle_function as _pickle_function  # noqa: E402,F401
+from pyfunc_bridge.pool.spawn import spawner as _spawner  # noqa: E402,F401
+from pyfunc_bridge.worker import start_worker as _worker  # noqa: E402,F401
+
+DEFAULT_ARENA_BYTES = 64 << 20
+_MIN_ARENA_BYTES = 4096      # one page: arena_bytes=0 and smaller pools get this much
+
+
+class ProcessPool(Supervision):
+    """Worker processes that run ``numpy_function`` / ``py_func`` /
+    ``array_function`` calls outside this process, so that Python code that
+    holds the GIL runs on several cores (pass it as ``executor=``).
+
+    Args:
+      workers: how many processes (default: one per core this process may use).
+      arena_bytes: the shared memory for inputs, and again for each worker's
+        results (default 64 MiB; at least one page, 4096 bytes, which
+        ``0`` asks for): the pool maps at most ``(workers + 1) *
+        arena_bytes``.  Inputs wait for room while calls in flight may free
+        some; an input that finds none, or is larger than the arena, and a
+        result when its worker's arena is full, travels pickled through the
+        worker's socket instead (slower, still correct).
+      name: the pool's name in errors (default ``ProcessPool-<n>``).
+      timeout: the seconds a call may run in a worker (default None: no
+        limit), counted from when the worker starts it.  A call past it fails
+        with ``tf.errors.DeadlineExceededError``, whose message holds the
+        function's Python stack at that moment (file, line and function);
+        its worker is ended and replaced, and the calls that worker held but
+        had not started run in another.
+
+    Workers are fresh interpreters (``sys.executable``, never a fork of this
+    process) with this process's ``sys.path`` (as it is when a function is
+    first sent to a worker) and working directory; they import NumPy and the
+    functions they run, not TensorFlow.  A function
+    whose module imports TensorFlow (directly or through what its globals
+    hold) travels by value, with the globals it uses, so that the worker does
+    not import that module; the functions and classes it uses follow the same
+    rule, and the modules it uses (``tf`` included) are imported by name.  A
+    worker so imports TensorFlow only when the function uses it.  They share no
+    Python state with this process or with each other: a function that keeps
+    state keeps one copy per worker.  A worker that dies fails the calls it
+    held with :class:`WorkerError` and is replaced.  ``pfb.stats().pools[name]``
+    counts its calls, their time queued and in workers, the bytes in and
+    out, the copies saved, workers replaced and timeouts.  Use it as a context
+    manager or call :meth:`close`; pools still open are closed at exit.
+
+    >>> import numpy as np, tensorflow as tf
+    >>> import pyfunc_bridge as pfb
+    >>> with pfb.ProcessPool(1) as pool:
+    ...     pfb.numpy_function(np.negative, [tf.constant([1, 2])], tf.int32,
+    ...                        executor=pool).numpy()
+    array([-1, -2], dtype=int32)
+    """
+
+    _numbers = itertools.count(1)
+
+    def __init__(self, workers=None, *, arena_bytes=DEFAULT_ARENA_BYTES, name=None,
+                 timeout=None):
+        if workers is None:
+            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+                else (os.cpu_count() or 1)
+        if type(workers) is not int or workers < 1:
+            raise ValueError(f"workers must be a positive int or None (one per core), "
+                             f"got {workers!r}")
+        if type(arena_bytes) is not int or arena_bytes < 0:
+            raise ValueError(f"arena_bytes must be a non-negative int, got {arena_bytes!r}")
+        arena_bytes = max(arena_bytes, _MIN_ARENA_BYTES)  # every pool has rings and arenas
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str or None, got {type(name).__name__}")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, Real)
+                                    or not 0 < timeout < float("inf")):
+            raise ValueError(f"timeout must be a positive number of seconds, or None for "
+                             f"no limit, got {timeout!r}")
+        self.name = name or f"ProcessPool-{next(ProcessPool._numbers)}"
+        _memfd_names.add(self.name)  # before its first memfd (fork.py)
+        self.workers = workers
+        self.arena_bytes = arena_bytes
+        self._lock = threading.Lock()
+        self._closed = False    # no new calls: close() has begun
+        self._closing = False   # close() began and has not finished (an interrupted close)
+        self._close_lock = threading.Lock()  # one close() at a time, to its end
+        self._closed_at_exit = False  # closed by _close_pools (_why_closed says so)
+        self._pid = os.getpid()      # the process whose pool this is (see _forked)
+        self._forked_into = None     # this process's pid, in a fork of that process
+        self._broken = None        # why no worker can start, once that is clear
+        self._start_failures = 0   # workers in a row that ended before they were ready
+        self._retry_at = 0.0       # when a broken pool may try again (time.monotonic)
+        self._retry_delay = None   # the last back-off (None: none since a worker was ready)
+        self.timeout = None if timeout is None else float(timeout)
+        self._deadlines = None if timeout is None else Deadlines(self, self.timeout)
+        self._functions = Functions(self)
+        self._counters = statistics.record(self.name)  # pfb.stats().pools[name]
+        self._input_fd, self._input_map = shared_memory(arena_bytes, f"{self.name}-inputs")
+        # The native side of the workers' rings (src/pool/dispatch.h): it
+        # schedules every call and owns the input arena's allocator.  None
+        # once closed.
+        self._dispatch = pool_module().Dispatcher(self._input_map, workers)
+        self._generations = itertools.count(1)  # a worker slot's attachments
+        # (token, CALL flags) -> the dispatcher's Route of those calls
+        # (native_route); Python's references, for statistics.
+        self._routes = {}
+        # payload id -> the pickle of a ring call's input that its worker
+        # pulls over the socket (Route.call puts and drops it; _receive
+        # answers the worker's ("need", id)); ("load", token) -> a
+        # function's LOAD pickle, for as long as it is registered.
+        self._payloads = {}
+        self._attached = threading.Condition()  # a worker joined the dispatcher (ring_call)
+        self._workers = []
+        _live_pools.add(self)
+        try:
+            for i in range(workers):
+                self._workers.append(WorkerProcess(self, i))
+                self._attach(self._workers[-1])
+        except BaseException:
+            self.close()
+            raise
+        if self._deadlines is not None:
+            self._deadlines.thread.start()
+
+    def __repr__(self):
+        state = "closed" if self._closed else f"{self.workers} workers"
+        return f"<pyfunc_bridge.ProcessPool {self.name!r} ({state})>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __copy__(self):
+        # A copy would hold the same workers, sockets and memfds: closing one
+        # would close the other's descriptors under it.
+        raise TypeError(f"{self!r} cannot be copied (copy.copy or copy.deepcopy): a copy "
+                        f"would share its worker processes and shared memory, and closing "
+                        f"either would break the other; pass the pool itself (threads may "
+                        f"share one), or start another ProcessPool")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def _why_closed(self):
+        if self._closed_at_exit:
+            # (A daemon thread's call that fails so ends silently: _close_pools.)
+            return EXIT_TEXT
+        if self._forked_into is None:
+            return "is closed"
+        return (f"belongs to process {self._pid}, and this process ({self._forked_into}) "
+                f"is a fork of it: a pool's workers serve only the process that started "
+                f"them. Start a ProcessPool in this process (executor=\"process\" starts "
+                f"a fresh default pool in a forked process)")
+
+    def pids(self):
+        """The process ids of the current workers."""
+        return [w.pid for w in self._workers if w.alive]
+
+    @property
+    def free_input_bytes(self):
+        """The bytes of the input arena that no call, and no function that
+        kept an input, holds now: ``arena_bytes`` once the pool's calls are
+        done and nothing is kept (how to size ``arena_bytes``); 0 when closed.
+        Blocks a worker hands back are freed a moment after its call returns."""
+        dispatch = self._dispatch
+        return dispatch.free_bytes() if dispatch is not None else 0
+
+    # ------------------------------------------------ the converter's side --
+
+    def ring_call(self, func, framework, args, writable, scalars, facts=False):
+        """Runs `func` on `args` (the values _input_arrays made) in a worker
+        over the rings, as a kernel's native call runs (Route.call): returns
+        (the route, which a kernel may keep for its later calls; (result,
+        bytes the worker wrote to shared memory, copy facts per result)).
+        Inputs the input arena has no room for, those the records cannot
+        describe, and the argument list of a CALL larger than the ring, are
+        pulled by the worker over its socket (Route.call's `payloads`).
+        Waits for a worker while none is attached (the pool is starting or
+        replacing them), with the GIL released; Ctrl-C abandons the call
+        (its blocks stay its worker's until it is done with them)."""
+        route = self.native_route(func, framework, writable, scalars, facts)
+        if route is None:
+            raise PoolClosedError(f"pyfunc_bridge: {self.name} {self._why_closed()}")
+        pw = pool_module()
+        from pyfunc_bridge import _library
+        conversion = _library.conversion()
+        traced = conversion.trace_now()  # 0 unless a profiler records (trace.pxi)
+        while True:
+            if self._broken:
+                self._revive()
+                if self._broken:
+                    raise WorkerError(self._broken)
+            try:
+                reply, index, _ = route.call(args, self._payloads)
+                break
+            except pw.Declined as declined:
+                if declined.errno == errno.EAGAIN and not self._closed:
+                    self._wait_for_worker()
+                    continue
+                if declined.errno == errno.EPIPE or self._closed:
+                    raise PoolClosedError(
+                        f"pyfunc_bridge: {self.name} {self._why_closed()}") from None
+                raise
+            except pw.DispatchFailed as failed:
+                code, text = failed.args
+                failed = None
+                raise_acyclic(dispatch_error(code, text))
+        if traced:
+            conversion.trace_worker(traced, reply.message.stamp, reply.message.ended,
+                                    self._workers[index].pid)
+        return route, decode_answer(self.name, reply, writable, self._counters)
+
+    def _wait_for_worker(self):
+        """Sleeps until a worker may have been attached (or the pool broke or
+        closed): _attach, _lost and close notify."""
+        with self._attached:
+            self._attached.wait(0.05)
+
+    def native_route(self, func, framework, writable, scalars, facts=False):
+        """The Route of `func`'s calls with these CALL flags (dispatch.h;
+        shm_layout.h: torch, JAX and CuPy travel as PFB_POOL_CALL_* flags;
+        `facts`, copy=False, asks the worker for its copy facts), which
+        ring_call posts on and a kernel keeps for its later calls; None
+        once the pool is closed.  A pool's timeout watches every call
+        (Deadlines).  Registered with the dispatcher once per function: the
+        LOAD carries this process's sys.path."""
+        dispatch = self._dispatch
+        if dispatch is None or self._closed:
+            return None
+        pw = pool_module()
+        flags = ((pw.CALL_WRITABLE if writable else 0) | (pw.CALL_SCALARS if scalars else 0)
+                 | pw.FRAMEWORK_FLAGS[framework] | (pw.CALL_FACTS if facts else 0))
+        token, data = self._functions.get(func)
+        with self._lock:
+            route = self._routes.get((token, flags))
+            if route is None:
+                if not dispatch.knows(token):
+                    load = pickle.dumps((list(sys.path), data), protocol=PICKLE_PROTOCOL)
+                    dispatch.register(token, load)
+                    self._payloads[("load", token)] = load  # a LOAD the arena has no room for
+                pw.set_counting(statistics.counting())
+                route = self._routes[(token, flags)] = dispatch.route(token, flags)
+                self._counters.add_route(route)
+        return route
+
+    def _forget_native(self, token):
+        """`token`'s function was dropped: its routes go, and the
+        dispatcher forgets it (its workers get a FORGET)."""
+        dispatch = self._dispatch
+        with self._lock:
+            for key in [k for k in self._routes if k[0] == token]:
+                self._counters.drop_route(self._routes.pop(key))
+            self._payloads.pop(("load", token), None)
+        if dispatch is not None:
+            dispatch.forget(token)
+
+    def native_reply(self, address, writable):
+        return native_reply(self.name, address, writable, self._counters)
+
+    # --------------------------------------------------------------- close --
+
+    def __del__(self):
+        if ((not getattr(self, "_closed", True) or getattr(self, "_closing", False))
+                and hasattr(self, "_workers")):
+            self.close()  # dropped without close() (or mid-close): its workers end with it
+
+    def close(self):
+        """Ends the workers and frees the shared memory; calls in flight fail
+        with PoolClosedError.  Idempotent; a close() that was interrupted
+        (Ctrl-C while it waits for a worker) is finished by the next one, or
+        at interpreter exit."""
+        if self._forked_into is not None:
+            return  # the parent's pool, closed in this fork by _forked
+        with self._close_lock:  # a concurrent close() returns once this one has ended
+            with self._lock:
+                if self._closed and not self._closing:
+                    return
+                self._closed = self._closing = True
+                self._closed_at_exit = self._closed_at_exit or _exiting
+                workers = list(self._workers)
+            self._finish_close(workers)
+            self._closing = False
+
+    def _finish_close(self, workers):
+        """close()'s work, each step safe to run again after an interruption."""
+        when = EXIT_TEXT if _exiting else "was closed"
+        with self._attached:
+            self._attached.notify_all()  # callers waiting for a worker see the close
+        self._stop(workers)
+        if self._dispatch is not None:
+            for w in workers:
+                self._detach(w, PoolClosedError(f"pyfunc_bridge: {self.name} {when} while "
+                                                f"the call ran in worker process {w.pid}"))
+            # Its reply threads have ended; it held the input mapping.
+            self._dispatch = None
+        if self._deadlines is not None:
+            self._deadlines.close()
+        if self._input_fd is not None:
+            os.close(self._input_fd)
+            self._input_fd = None
+        # The input mapping goes with the last reference to it (a Route.call
+        # still copying holds the dispatcher); result mappings, see WorkerProcess.ended.
+        self._input_map = None
+        _live_pools.discard(self)
+
+
+# ------------------------------------------------------------- executors --
+
+_live_pools = weakref.WeakSet()
+_memfd_names = set()  # the names of every pool's memfds (fork.py)
+_default = None
+_default_lock = threading.Lock()
+
+
+def _after_fork_in_child():
+    """A forked child has none of the parent's pools (their workers serve
+    the parent): they are closed here without touching them, and
+    executor="process" starts a fresh default pool on first use."""
+    global _default, _default_lock
+    for pool in list(_live_pools):
+        pool._forked()
+    _live_pools.clear()  # this process's atexit hook must not close them
+    # Their shared memory (and that of pools closed since, which results
+    # may still view) becomes the child's own.
+    fork.forget_shared_memory(_memfd_names)
+    _default = None
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(before=lambda: fork.before_fork(_memfd_names),
+                    after_in_parent=fork.after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
+
+
+class _DefaultPool:
+    """executor="process": the process's shared pool, started on first use.
+    Each call resolves it once (ring_call), so a default pool replaced
+    meanwhile by another thread (closed, then started anew) never sees a
+    call that began in the old one."""
+
+    def ring_call(self, func, framework, args, writable, scalars, facts=False):
+        return default_pool().ring_call(func, framework, args, writable, scalars, facts)
+
+    def native_reply(self, address, writable):
+        # (Pools of one name share a record: the default pool's, whichever ran it.)
+        return native_reply(repr(self), address, writable,
+                            statistics.record(_DEFAULT_POOL_NAME))
+
+    def __repr__(self):
+        return "'process' (the shared default ProcessPool)"
+
+
+DEFAULT = _DefaultPool()
+_DEFAULT_POOL_NAME = "the default ProcessPool"
+
+
+def default_pool():
+    """The shared pool of executor="process" (one worker per core), started
+    on first use and closed at exit."""
+    global _default
+    pool = _default
+    if pool is None or pool.closed:
+        if _exiting:  # after _close_pools: a pool started now would outlive it
+            raise PoolClosedError(f"pyfunc_bridge: the default ProcessPool {EXIT_TEXT}")
+        with _default_lock:
+            if _default is None or _default.closed:
+                _default = ProcessPool(name=_DEFAULT_POOL_NAME)
+            pool = _default
+    return pool
+
+
+def executor(value, api):
+    """The pool an `executor=` argument names: None (in-process), DEFAULT, or a
+    ProcessPool; raises for anything else."""
+    if value is None or value is DEFAULT:
+        return value
+    if isinstance(value, ProcessPool):
+        if value.closed:
+            fix = "; pass an open ProcessPool" if value._forked_into is None else ""
+            raise ValueError(f"{api}: executor {value!r} {value._why_closed()}{fix}")
+        return value
+    if isinstance(value, str) and value == "process":
+        return DEFAULT
+    raise ValueError(
+        f"{api}: executor must be None (in this process), \"process\" (the shared "
+        f"default pool) or a pfb.ProcessPool, got {value!r}")
+
+
+_exiting = False
+EXIT_TEXT = "was closed at interpreter exit"
+
+
+@atexit.register
+def _close_pools():
+    """Registered on first import, after pyfunc_bridge's own hook, so it runs
+    first: calls waiting on a pool fail and return before TF's workers are
+    shut out of the bridge.  A daemon thread whose call fails so ends
+    silently, as Python ends daemon threads at exit."""
+    global _exiting
+    _exiting = True
+    if _live_pools:
+        previous = threading.excepthook
+
+        def excepthook(args):
+            if (args.thread is not None and args.thread.daemon
+                    and EXIT_TEXT in str(args.exc_value)):
+                return
+            previous(args)
+        threading.excepthook = excepthook
+    for pool in list(_live_pools):
+        pool.close()

@@ -1,0 +1,287 @@
+"""Supervision of a pool's workers (a part of ProcessPool, pool/process_pool.py):
+each worker's reader thread, its attachment to the dispatcher, its death and
+replacement, the back-off of a pool whose workers cannot start, stopping
+them at close, and a forked child's view of its parent's pools."""
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+from pyfunc_bridge._errors import CallTimeoutError
+from pyfunc_bridge.pool.answers import ring_answers
+from pyfunc_bridge.pool.errors import EXIT_TEXT, PoolClosedError, WorkerError
+from pyfunc_bridge.pool.worker_process import WorkerProcess
+from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL, FrameReader, send
+
+_CLOSE_GRACE_SECONDS = 1.0   # then a worker still running a function is killed
+_START_FAILURES = 3          # workers in a row that die before they are ready
+_RETRY_SECONDS = 1.0         # then calls fail this long, before the pool tries again
+_RETRY_MAX_SECONDS = 60.0    # (the wait doubles while it keeps failing, up to this)
+
+# Dispatchers of pools inherited by a fork (ProcessPool._forked): never freed.
+_forked_dispatchers = []
+
+
+class Supervision:
+    """ProcessPool's methods that watch over its workers.  The state they use
+    is ProcessPool's (its __init__ says who owns each field)."""
+
+    def _forked(self):
+        """In a forked child, at once: this pool is its parent's.  Its workers
+        and their sockets are the parent's (a write here would garble the
+        parent's stream, a shutdown or a kill would end its workers): it is
+        closed here without a word to them, and this process's copies of its
+        descriptors are closed.  Its locks may have been held by a thread
+        that the fork did not copy: they are made anew."""
+        self._lock = threading.Lock()
+        self._attached = threading.Condition()
+        self._closed = True
+        self._forked_into = os.getpid()
+        # The dispatcher's reply threads are not in this process, and its
+        # rings are the parent's: deleting it would join threads that do not
+        # exist and close the parent's rings.  It is kept, unused, for good.
+        if self._dispatch is not None:
+            self._dispatch.disown()  # a kernel's route to it now falls back to Python
+            _forked_dispatchers.append(self._dispatch)
+            self._dispatch = None
+        self._routes = {}
+        for worker in self._workers:
+            worker.alive = False
+            worker.sock.detach()  # the socket object must not close the fd ...
+        for worker in self._workers:
+            # The rings are the parent's too: dropped here, never closed
+            # (closing writes to the shared control segment).
+            worker.channel = None
+            for fd in (worker.sock_fd, worker.trace_fd, worker.doorbell):
+                if fd is not None:
+                    try:
+                        os.close(fd)  # ... this process's copy, closed here
+                    except OSError:
+                        pass
+        if self._input_fd is not None:
+            os.close(self._input_fd)
+            self._input_fd = None
+        if self._deadlines is not None:
+            self._deadlines.stop.set()
+
+    # ------------------------------------------------------ reader threads --
+
+    @staticmethod
+    def _read(pool_ref, worker):
+        """The reader thread of one worker's socket: it answers the worker's
+        pulls and notes its answers too large for its arena; at the end of
+        the stream, the worker is dead (_lost).  It holds the pool only
+        while it handles a read: a pool dropped without close() is
+        collected, and __del__ closes it (its stream then ends)."""
+        frames = FrameReader(worker.sock)
+        unreadable = None
+        try:
+            # No local keeps a message while the next is awaited (a large
+            # pickled result would stay alive until then).
+            while True:
+                received = frames.read(pickle.loads)
+                pool = pool_ref()
+                if pool is None or not pool._receive(worker, received):
+                    break
+                del pool, received
+        except (OSError, EOFError):
+            pass
+        except Exception as exc:  # noqa: BLE001 - a message this process cannot load
+            # The stream is lost: end the worker, so that every call it held
+            # fails rather than waits for ever.
+            worker.proc.kill()
+            unreadable = (f"sent a message this process cannot unpickle "
+                          f"({type(exc).__name__}: {exc}), so it was ended")
+        pool = pool_ref()
+        if pool is not None:
+            pool._lost(worker, unreadable)
+
+    def _receive(self, worker, received):
+        """Handles the messages of one read; False at the end of the stream."""
+        for message in received:
+            kind = message[0]
+            if kind == "ring":  # ("ring", call_id, ok, payload, facts): decode_answer's
+                ring_answers.put(message[1], message[2:])
+            elif kind == "need":  # ("need", payload id): a call's input
+                self._send_payload(worker, message[1])
+            elif kind == "ready":  # ("ready", pid)
+                worker.ready = True
+                self._start_failures = 0
+                self._retry_delay = None
+            else:
+                raise ValueError(f"an unknown message {kind!r}")
+        return bool(received)
+
+    def _send_payload(self, worker, payload_id):
+        """Answers a worker's ("need", id) (shm_layout.h,
+        PFB_POOL_TENSOR_SOCKET): ("payload", id, the pickled input), or None
+        once its caller has stopped waiting."""
+        message = pickle.dumps(("payload", payload_id, self._payloads.get(payload_id)),
+                               protocol=PICKLE_PROTOCOL)
+        with worker.write_lock:
+            try:
+                send(worker.sock, message)
+            except OSError:
+                pass  # the worker is gone: the dispatcher fails its call
+
+    def _attach(self, worker):
+        """A worker joins the native dispatcher as it starts: calls posted on
+        its rings before it serves them wait there (a worker that dies first
+        started none of them, and they are sent again), so the calls of a
+        starting pool spread over all its workers."""
+        dispatch = self._dispatch
+        if dispatch is not None and worker.channel is not None:
+            worker.generation = next(self._generations)
+            dispatch.attach(worker.index, worker.channel, worker.doorbell, worker.result_map,
+                            worker.generation)
+        with self._attached:
+            self._attached.notify_all()
+
+    def _detach(self, worker, error):
+        """Its native calls fail with `error` (as the Python path's would:
+        TF's code and the exception's message); its rings end first, so that
+        no native producer waits on them."""
+        dispatch = self._dispatch
+        if dispatch is None or getattr(worker, "generation", None) is None:
+            return
+        if worker.channel is not None:
+            worker.channel.close()
+        text = f"{type(error).__module__}.{type(error).__qualname__}: {error}"
+        # (A worker that died, or was ended for a timeout: the ring calls it
+        # never started are sent anew.)
+        dispatch.lost(worker.index, 2 if not isinstance(error, CallTimeoutError) else 4, text,
+                      isinstance(error, (WorkerError, CallTimeoutError)))
+        worker.generation = None
+
+    def _lost(self, worker, unreadable=None):
+        """`worker`'s stream ended: it is dead (reaped here).  The dispatcher
+        fails the call it had started (with its timeout's error, if that
+        ended it) and sends the ones it had not started to another worker;
+        a fresh worker takes its slot."""
+        with self._lock:
+            worker.alive = False
+            closing = self._closed
+        if closing:
+            error = PoolClosedError(f"pyfunc_bridge: {self.name} "
+                                    f"{EXIT_TEXT if self._closed_at_exit else 'was closed'} while the "
+                                    f"call ran in worker process {worker.pid}")
+        else:  # the call told off for the timeout, if that is what ended it
+            error = self._died(worker, worker.timed_out or 0, self._death(worker, unreadable))
+        self._detach(worker, error)
+        if not closing:  # (close() ends its workers itself)
+            worker.ended()
+        if self._deadlines is not None:
+            self._deadlines.forget(worker)
+        if not closing:
+            self._replace(worker)
+
+    def _died(self, worker, running, death):
+        """The error of a call that `worker` had started when it died
+        (`running`: that call as the worker showed it, shm_layout.h)."""
+        if self._deadlines is None:
+            return WorkerError(death)
+        return self._deadlines.error(self, worker, running, death)
+
+    def _how(self, worker, unreadable=None):
+        """How `worker` ended (it is reaped here, if it was not)."""
+        try:
+            code = worker.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # it closed its socket but lives on
+            worker.proc.kill()
+            code = worker.proc.wait()
+        if unreadable:
+            return unreadable
+        if code < 0:
+            try:
+                return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with status {code}"
+
+    def _death(self, worker, unreadable=None):
+        return (f"pyfunc_bridge: worker process {worker.pid} of {self.name} "
+                f"{self._how(worker, unreadable)} while it held this call; the pool starts "
+                f"a new worker, so later calls run. (A function that ends its process "
+                f"(os._exit, a crash, running out of memory) fails every call that runs it.)")
+
+    def _replace(self, dead):
+        how = None if dead.ready else self._how(dead)
+        with self._lock:
+            if how is not None:
+                self._start_failures += 1
+                if self._start_failures >= _START_FAILURES:
+                    self._break(f"{_START_FAILURES} in a row ended before they were ready "
+                                f"(the last, worker process {dead.pid}, {how}: see its stderr)")
+            broken = self._broken
+        if not broken:
+            self._start(dead.index)
+
+    def _start(self, index):
+        """Starts the worker of slot `index` (the dispatcher posts the calls
+        that wait to it once it is attached)."""
+        try:
+            fresh = WorkerProcess(self, index)
+        except BaseException as exc:  # noqa: BLE001 - recorded for the callers
+            with self._lock:
+                self._break(f"a worker could not be started ({type(exc).__name__}: {exc})")
+            return
+        with self._lock:
+            self._workers[index] = fresh
+            closed = self._closed
+        if not closed:
+            self._attach(fresh)
+        self._counters.count_worker_replaced()
+        if closed:
+            self._stop([fresh])
+
+    def _break(self, why):
+        """Marks the pool broken (the pool's lock is held): calls fail, saying
+        `why`, until the first one after the back-off (doubled each time, to
+        _RETRY_MAX_SECONDS) starts workers again (_revive).  Callers that
+        wait for a worker (ring_call) wake to see it."""
+        delay = _RETRY_SECONDS if self._retry_delay is None else min(
+            2 * self._retry_delay, _RETRY_MAX_SECONDS)
+        self._retry_delay = delay
+        self._retry_at = time.monotonic() + delay
+        self._broken = (f"pyfunc_bridge: {self.name} cannot start worker processes: {why}. "
+                        f"Calls fail until then: the pool tries again on the first call "
+                        f"{delay:g} s after this")
+        with self._attached:
+            self._attached.notify_all()
+
+    def _revive(self):
+        """A broken pool past its back-off starts the workers it lost (the
+        caller's call then goes to one of them)."""
+        with self._lock:
+            if self._closed or not self._broken or time.monotonic() < self._retry_at:
+                return
+            self._broken = None
+            self._start_failures = 0
+            dead = [w.index for w in self._workers if not w.alive]
+        for index in dead:
+            self._start(index)
+
+    # --------------------------------------------------------------- close --
+
+
+    def _stop(self, workers):
+        for w in workers:
+            try:
+                w.sock.shutdown(socket.SHUT_RDWR)  # the worker reads the end of its stream
+            except OSError:
+                pass
+        deadline = time.monotonic() + _CLOSE_GRACE_SECONDS
+        for w in workers:
+            try:
+                w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.proc.kill()  # still in a function
+                w.proc.wait()
+        for w in workers:
+            if w.reader is not threading.current_thread():
+                w.reader.join(timeout=5)
+            w.ended()
+

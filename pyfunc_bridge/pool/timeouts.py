@@ -1,0 +1,139 @@
+"""A pool's per-call timeout: the watchdog that ends a worker whose call runs
+past it, and the error that call then fails with."""
+import os
+import signal
+import threading
+import time
+import weakref
+
+from pyfunc_bridge._errors import CallTimeoutError
+from pyfunc_bridge.pool.errors import WorkerError
+from pyfunc_bridge.worker import start_worker
+
+_STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then SIGKILL
+# The worker's own modules, whose frames a stack leaves out.
+_WORKER_DIR = os.path.dirname(start_worker.__file__)
+
+
+class Deadlines:
+    """A pool's per-call timeout.
+
+    Each worker writes the call it starts and when (CLOCK_MONOTONIC, the
+    same clock in every process) in its control segment's running call
+    (shm_layout.h).  A watchdog thread sleeps until
+    the earliest deadline of a running call (at most `timeout`: a call that
+    starts meanwhile ends later).  A worker whose call is past its deadline
+    gets SIGUSR1, on which ``faulthandler`` writes its Python stack to the
+    worker's trace file and then lets the signal end it (``chain=True`` over
+    the default action); one that does not end within _STACK_GRACE_SECONDS
+    gets SIGKILL.  The worker's reader then finds the end of its stream
+    (_lost): the call it was told off for fails with CallTimeoutError and the
+    stack, and the dispatcher sends the calls it held but had not started
+    to another worker, since they never ran."""
+
+    def __init__(self, pool, timeout):
+        self.timeout_ns = int(timeout * 1e9)
+        self.timeout = timeout
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, args=(weakref.ref(pool),),
+                                       daemon=True, name=f"{pool.name} watchdog")
+
+    @staticmethod
+    def prepare(hello):
+        """Before a worker starts: the hello names its trace file (a memfd
+        this process reads), which is returned."""
+        trace_fd = os.memfd_create(f"{hello['name']}-stack", os.MFD_CLOEXEC)
+        hello["deadlines"] = {"trace_fd": trace_fd}
+        return trace_fd
+
+    def _watch(self, pool_ref):
+        while not self.stop.is_set():
+            pool = pool_ref()
+            if pool is None:
+                return
+            wait = self._check(pool)
+            del pool
+            self.stop.wait(wait)
+
+    def _check(self, pool):
+        """Signals the workers whose call is past its deadline; returns the
+        seconds until the next deadline could pass (None: the pool closed)."""
+        now = time.monotonic_ns()
+        wait = self.timeout_ns
+        with pool._lock:
+            if pool._closed:
+                return None  # close() reaps the workers, then stops this thread
+            # Under the lock, a worker marked alive has not been reaped, so
+            # its pid is still its own, and its control segment mapped.
+            for worker in pool._workers:
+                if not worker.alive or worker.channel is None:
+                    continue
+                running, start = worker.channel.running()
+                if worker.kill_at is not None and running != worker.timed_out:
+                    # The call it was told off for answered after all (its
+                    # function handled SIGUSR1): the worker lives on, and its
+                    # later calls have deadlines of their own.
+                    worker.kill_at = worker.timed_out = None
+                if worker.kill_at is not None:  # told to write its stack
+                    if now >= worker.kill_at:
+                        os.kill(worker.pid, signal.SIGKILL)
+                        worker.kill_at = float("inf")
+                    else:
+                        wait = min(wait, worker.kill_at - now)
+                    continue
+                if not running:
+                    continue  # between calls
+                if now - start >= self.timeout_ns:
+                    worker.timed_out = running
+                    worker.kill_at = now + int(_STACK_GRACE_SECONDS * 1e9)
+                    os.kill(worker.pid, signal.SIGUSR1)
+                    wait = min(wait, worker.kill_at - now)
+                else:
+                    wait = min(wait, start + self.timeout_ns - now)
+        return max(wait, 0) / 1e9
+
+    def error(self, pool, worker, running, death):
+        """The exception of the call whose running call (shm_layout.h, its
+        id) is `running`, which `worker` had started when it ended (0: none
+        of its calls was told off)."""
+        if worker.timed_out is None or worker.timed_out != running:
+            if worker.timed_out is None:
+                return WorkerError(death)
+            return WorkerError(
+                f"pyfunc_bridge: worker process {worker.pid} of {pool.name} was ended "
+                f"because another call ran past the {self.timeout:g} s timeout; this call "
+                f"had just started in it. The pool starts a new worker, so later calls run.")
+        stack = self.stack(worker)
+        pool._counters.count_timeout()
+        return CallTimeoutError(
+            f"pyfunc_bridge: the call ran past the {self.timeout:g} s timeout of {pool.name} "
+            f"in worker process {worker.pid}, which was ended; the pool starts a new "
+            f"worker, so later calls run. The function's Python stack then:\n\n{stack}")
+
+    @staticmethod
+    def stack(worker):
+        """What faulthandler wrote in `worker`'s trace file, without the
+        frames of the worker's own loop."""
+        try:
+            size = os.fstat(worker.trace_fd).st_size
+            text = os.pread(worker.trace_fd, size, 0).decode("utf-8", "replace")
+        except (OSError, TypeError):
+            text = ""
+        lines = [line for line in text.splitlines()
+                 if not (line.lstrip().startswith("File ") and _WORKER_DIR in line)]
+        if not any(line.lstrip().startswith("File ") for line in lines):
+            return (f"(none: the worker wrote no stack within {_STACK_GRACE_SECONDS:g} s of "
+                    f"SIGUSR1 and was killed; a function that handles SIGUSR1 hides it)")
+        return "\n".join(lines).strip()
+
+    @staticmethod
+    def forget(worker):
+        """Closes the trace file of a worker that ended."""
+        if worker.trace_fd is not None:
+            os.close(worker.trace_fd)
+            worker.trace_fd = None
+
+    def close(self):
+        self.stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5)

@@ -1,0 +1,131 @@
+"""The parent's side of one worker process: starting it (its shared memory,
+its socket, the hello) and letting go of what it held once it ended."""
+import mmap
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import weakref
+
+from pyfunc_bridge.pool.spawn import spawner
+from pyfunc_bridge.worker import start_worker
+from pyfunc_bridge.worker.compiled import pool_module
+
+RING_SLOTS = 256  # per ring of a worker's control segment (16 KiB each)
+
+
+def shared_memory(size, name):
+    """(fd, mmap) of `size` bytes of anonymous shared memory (None, None for 0)."""
+    if not size:
+        return None, None
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        return fd, mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+
+class WorkerProcess:
+    """The parent's side of one worker process."""
+
+    def __init__(self, pool, index):
+        self.index = index
+        # Held while a thread writes the socket (a payload), and by ended():
+        # the descriptor is not closed under a write.
+        self.write_lock = threading.Lock()
+        self.alive = True
+        self.ready = False
+        # With a timeout: the call this worker was told off for, and where it
+        # writes its stack when told to (Deadlines).
+        self.timed_out = None  # that call's running_call (shm_layout.h)
+        self.kill_at = None    # when it gets SIGKILL if its stack has not ended it
+        self.trace_fd = None
+        self.proc = None
+        # The worker's control segment (src/pool/shm_layout.h: its request
+        # and reply rings; None without arenas) and its doorbell, an eventfd
+        # that this process owns and writes after posting requests when the
+        # worker sleeps (it polls it with its socket).  Kept until ended().
+        self.channel = self.doorbell = None
+        self.generation = None  # its attachment to the pool's dispatcher (_attach)
+        result_fd = control_fd = parent = child = None
+        try:
+            result_fd, self.result_map = shared_memory(pool.arena_bytes,
+                                                        f"{pool.name}-results")
+            hello = {"path": list(sys.path), "result_bytes": pool.arena_bytes, "name": pool.name,
+                     "input_bytes": pool.arena_bytes if pool._input_fd else 0}
+            extra_fds = []
+            if pool._deadlines is not None:
+                self.trace_fd = pool._deadlines.prepare(hello)
+                extra_fds = [self.trace_fd]
+            # Every worker has one, arenas or not: the call it runs shows
+            # there (Deadlines reads it); its rings serve only with arenas.
+            pw = pool_module()
+            control_fd, control = shared_memory(pw.control_bytes(RING_SLOTS),
+                                                 f"{pool.name}-control")
+            self.doorbell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self.channel = pw.Channel(control, create=True, ring_slots=RING_SLOTS,
+                                      input_bytes=pool.arena_bytes,
+                                      result_bytes=pool.arena_bytes,
+                                      worker_index=index, doorbell=self.doorbell)
+            hello["ring"] = {"control_fd": control_fd, "doorbell_fd": self.doorbell,
+                             "ring_slots": RING_SLOTS}
+            extra_fds += [control_fd, self.doorbell]
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            fds = [child.fileno(), pool._input_fd or -1, result_fd or -1]
+            # This process's pid: the worker checks it after asking to die with
+            # its parent (a parent that died before that has another pid).
+            self.proc = spawner.popen(
+                [sys.executable, start_worker.__file__, str(os.getpid()), *map(str, fds)],
+                pass_fds=[fd for fd in fds + extra_fds if fd >= 0], cwd=os.getcwd(),
+                stdin=subprocess.DEVNULL)
+            child.close()  # the worker's now
+            child = None
+            self.sock = parent
+            self.sock_fd = parent.fileno()
+            self.pid = self.proc.pid
+            start_worker.send_hello(parent, hello, pickle.dumps)
+            # (The pool weakly: a pool dropped without close() is collected.)
+            self.reader = threading.Thread(target=pool._read,
+                                           args=(weakref.ref(pool), self), daemon=True,
+                                           name=f"{pool.name} reader {index}")
+            self.reader.start()
+        except BaseException:
+            # No reader will see this worker end (the hello failed, or its
+            # start): it is ended here, and what it held closed.
+            if self.proc is not None:
+                self.proc.kill()
+                self.proc.wait()
+            for sock in (parent, child):
+                if sock is not None:
+                    sock.close()
+            if self.trace_fd is not None:
+                os.close(self.trace_fd)
+            self._close_channel()
+            raise
+        finally:
+            for fd in (result_fd, control_fd):
+                if fd is not None:
+                    os.close(fd)  # mapped here, and passed to the worker
+
+    def ended(self):
+        """Lets go of what the parent holds of this worker once it has ended:
+        its socket (under the write lock: no write is under way on the
+        descriptor), and its result mapping, which stays mapped only while an
+        output views one of its blocks (each _ResultBlock keeps it)."""
+        with self.write_lock:
+            self.sock.close()
+        self.result_map = None
+        self._close_channel()
+
+    def _close_channel(self):
+        if self.channel is not None:
+            self.channel.close()  # any wait on either ring returns
+            self.channel = None
+        if self.doorbell is not None:
+            os.close(self.doorbell)
+            self.doorbell = None

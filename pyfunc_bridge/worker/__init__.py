@@ -1,0 +1,50 @@
+"""The worker side of a ProcessPool (pyfunc_bridge/pool/): the process a
+worker runs, and the frames on its socket, which both sides use.
+
+Its modules, each on one concept:
+
+* ``start_worker``: the script a worker runs (process setup, the hello);
+* ``ring_server``: serving the rings (``RingServer``);
+* ``memory``: the worker's shared memory (``WorkerMemory``: input blocks,
+  the result arena);
+* ``copy_facts``: what copy=False needs to know of a result (``CopyFacts``);
+* ``values``: framework arrays and strings blocks as NumPy values;
+* ``frames``: the frames on the socket (both sides);
+* ``compiled``: the compiled module, loaded by path (both sides).
+
+Nothing here imports the package's ``__init__`` (TensorFlow): a worker
+registers this package alone (start_worker) and imports its modules by the
+names they have in the parent.
+
+Calls come on the request ring of the worker's control segment
+(src/pool/shm_layout.h: LOAD, CALL, RESULTS_BACK, FORGET, STOP), served by
+RingServer one at a time and answered on the reply ring (DONE,
+INPUTS_BACK).  The socket, one length-prefixed pickle per frame, carries:
+
+* parent -> worker, first: ``{"path": sys.path, "input_bytes": n,
+  "result_bytes": n, "name": pool name, "ring": {"control_fd",
+  "doorbell_fd", "ring_slots"}}``, and with a pool timeout ``"deadlines":
+  {"trace_fd"}``;
+* worker -> parent, first: ``("ready", pid)``;
+* worker -> parent: ``("need", id)``, asking for a pulled payload (an input
+  or a CALL's argument list that did not fit the arena or the ring, a LOAD's
+  function), answered by ``("payload", id, pickle or None)``; and
+  ``("ring", call_id, ok, pickle, facts)``, an answer too large for the
+  result arena, sent before its DONE;
+* the end of the stream: the pool closed (seen here) or the worker died
+  (seen by the parent).
+
+The result arena is the compiled module's ``ResultArena``: while a function
+runs, NumPy allocates its arrays of 64 KiB or more there, so a fresh result
+that the arena judges exclusive (nothing else in the worker can reach it) is
+sent by its offset without a copy; any other result (one the worker could
+still change, a smaller one) is copied into a fresh block.  Either way its
+copy facts are computed first, from what the function returned.
+
+Who owns a block: shm_layout.h.  An input block is this worker's from its
+CALL (or LOAD) until it posts its offset in INPUTS_BACK: when the last array
+(or torch tensor) that views it goes, which is when the call returns unless
+the function kept its input (a cache, an accumulator).  A result block is
+the parent's from the DONE that carries it until it comes back in
+RESULTS_BACK.
+"""

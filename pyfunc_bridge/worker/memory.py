@@ -1,0 +1,79 @@
+"""What a worker holds across calls: its shared memory (the input blocks its
+arrays still view, the result arena) and its copy facts' rules."""
+import weakref
+
+from .compiled import pool_module
+from .copy_facts import CopyFacts, address
+from .values import CONVERTED_BY_THE_PARENT, as_numpy, shares_by_memory
+
+# NumPy allocations of at least this many bytes that a function makes go to
+# the result arena: copying a smaller result costs less than a wake-up, and
+# small arrays a function keeps (caches, constants made on first use) would
+# scatter over the arena and split its free space.
+_ARENA_MIN_BYTES = 64 << 10
+
+
+class WorkerMemory(CopyFacts):
+    """What the worker holds across calls: its mappings, the input blocks its
+    arrays still view, the result arena, and (CopyFacts) the copy facts'
+    rules over them."""
+
+    def __init__(self, sock, np, input_map, result_map):
+        super().__init__(np, input_map)
+        self.sock = sock
+        self.inputs_base = address(np.frombuffer(input_map, np.uint8))
+        self.results = np.frombuffer(result_map, np.uint8)
+        # The result arena's allocator and NumPy handler (src/pool/): a fresh
+        # result of the function is already in shared memory.
+        self.arena = pool_module().ResultArena(result_map, _ARENA_MIN_BYTES)
+        # id(weak reference) -> (the reference, offset) of each input block
+        # something here still views; the reference's callback moves the
+        # block's offset to `inputs_freed`, which INPUTS_BACK carries.
+        self.input_blocks = {}
+        self.inputs_freed = []
+
+    def input_block(self, offset, size):
+        """A uint8 ndarray over one input block, the base of every view of it.
+
+        Its own base is not an ndarray (np.frombuffer makes a memoryview), so
+        NumPy stops collapsing views' bases at it: every view, view of a view
+        and torch tensor made from one keeps it alive, and its weak reference's
+        callback runs when the last of them goes, whenever that is."""
+        block = self.np.frombuffer(self.input_map, self.np.uint8, count=size, offset=offset)
+        ref = weakref.ref(block, self._input_gone)
+        self.input_blocks[id(ref)] = (ref, offset)
+        return block
+
+    def _input_gone(self, ref):
+        _, offset = self.input_blocks.pop(id(ref))
+        self.inputs_freed.append(offset)  # INPUTS_BACK names a block by its offset
+
+    def result(self, value, framework):
+        """(("s", offset, size, dtype, shape): a block of the result arena, or
+        ("v", value): a value the caller encodes otherwise; bytes written to
+        the result arena)."""
+        np = self.np
+        value = as_numpy(np, value, framework)
+        if not isinstance(value, (np.ndarray, np.generic, *CONVERTED_BY_THE_PARENT,
+                                  type(None))):
+            # An object exporting an array (a memoryview, an mmap, one with
+            # __array__): the parent would take np.asarray of it, and it
+            # may not pickle.
+            try:
+                arr = np.asarray(value)
+            except Exception:  # noqa: BLE001 - the parent reports what it is
+                arr = None
+            if arr is not None and arr.dtype.kind != "O":
+                value = arr
+        if (isinstance(value, np.ndarray) and value.size
+                and shares_by_memory(np, value.dtype)):
+            block = self.arena.take(value)
+            if block is not None:  # the function's own arena memory: no copy
+                return ("s", *block, value.dtype, value.shape), 0
+            block = self.arena.reserve(value.nbytes)
+            if block is not None:
+                offset, size = block
+                out = self.results[offset:offset + value.nbytes].view(value.dtype)
+                np.copyto(out.reshape(value.shape), value, casting="no")
+                return ("s", offset, size, value.dtype, value.shape), value.nbytes
+        return ("v", value), 0

@@ -1,0 +1,393 @@
+"""A worker's side of its rings: serving LOAD, CALL, RESULTS_BACK, FORGET and
+STOP one at a time, and answering with DONE and INPUTS_BACK."""
+import math
+import os
+import sys
+import time
+
+from .frames import PICKLE_PROTOCOL, send
+from .values import adapter_named, as_numpy, strings_array, wrap_input
+
+# ------------------------------------------------------------ the rings --
+# CALLs name their inputs by PfbPoolTensor records over the pool's input
+# arena, and DONEs their results by records over this worker's result arena,
+# so a call needs no pickle.  The worker polls its socket and its doorbell
+# (an eventfd the parent rings after posting, when the worker has said it
+# sleeps) at once.  Dtypes travel as DLPack codes (the pool module's
+# dl_dtype and np_dtype: the one table).
+
+class RingServer:
+    """A worker's side of its control segment: reads every request there
+    is, runs it, and answers on the reply ring, one call at a time, on the
+    worker's main thread."""
+
+    def __init__(self, worker, pw, channel, doorbell, sock_fd, reader):
+        import select
+        self.worker = worker
+        self.reader = reader  # the socket's FrameReader, which pull() reads
+        self.pw = pw
+        self.channel = channel
+        self.doorbell = doorbell  # the eventfd the parent rings
+        self.sock_fd = sock_fd
+        self.poller = select.poll()
+        self.poller.register(sock_fd, select.POLLIN)
+        self.poller.register(doorbell, select.POLLIN)
+        self.functions = {}    # token -> the function its LOAD carried
+        self.load_errors = {}  # token -> the exception its LOAD raised
+        self.stopped = False
+        # Words per INPUTS_BACK: what fits a message in this ring.
+        self.words_per_message = _words_per_message(pw, channel.ring_slots)
+
+    def run(self):
+        """Serves the ring until a STOP, or the end of the socket's stream
+        (the pool closed, or the parent died), which the socket shows while
+        the worker sleeps: the parent sends nothing else unasked."""
+        import pickle
+        while True:
+            while self.serve():
+                if self.stopped:
+                    return
+            if self.wait():
+                if not self.reader.read(pickle.loads):
+                    return
+                raise RuntimeError("pyfunc_bridge: the parent sent a message the worker "
+                                   "did not ask for")
+
+    def wait(self):
+        """Sleeps until the socket or the doorbell has something; whether
+        the socket has (the ring is read anyway, next)."""
+        pw = self.pw
+        if self.channel.sleeping(pw.REQUESTS, True):
+            # Requests came while the flag was up: a parent that saw it may
+            # have rung already.  Reset the doorbell so that the next sleep
+            # does not wake at once for a ring already served (a ring that
+            # comes after this read wakes one sleep early: harmless).
+            self.channel.sleeping(pw.REQUESTS, False)
+            self._reset_doorbell()
+            return False
+        try:
+            events = self.poller.poll()
+        finally:
+            self.channel.sleeping(pw.REQUESTS, False)
+        self._reset_doorbell()  # rung: reset for the next sleep
+        return any(fd == self.sock_fd for fd, _ in events)
+
+    def _reset_doorbell(self):
+        try:
+            os.eventfd_read(self.doorbell)
+        except BlockingIOError:
+            pass  # not rung
+
+    def serve(self):
+        """Runs every request on the ring now; whether there was any."""
+        pw = self.pw
+        messages = self.channel.receive(pw.REQUESTS)
+        for message in messages:
+            kind = message.kind
+            if kind == pw.MSG_CALL:
+                self.call(message)
+                # A parent that sleeps for this reply wakes now; one that is
+                # awake costs this one load of its flag.
+                self.channel.notify(pw.REPLIES)
+            elif kind == pw.MSG_LOAD:
+                self.load(message)
+            elif kind == pw.MSG_RESULTS_BACK:
+                for offset in message.items:
+                    self.worker.arena.hand_back(offset)
+            elif kind == pw.MSG_FORGET:
+                for token in message.items:
+                    self.functions.pop(token, None)
+                    self.load_errors.pop(token, None)
+            elif kind == pw.MSG_STOP:
+                self.stopped = True
+        if messages:
+            self.inputs_back()
+        return bool(messages)
+
+    def inputs_back(self):
+        """Posts the ring's input blocks that nothing here views any more."""
+        freed = self.worker.inputs_freed
+        taken = freed[:]
+        del freed[:len(taken)]  # a callback may append meanwhile
+        pw = self.pw
+        for start in range(0, len(taken), self.words_per_message):
+            self.channel.post(pw.REPLIES, pw.MSG_INPUTS_BACK,
+                              taken[start:start + self.words_per_message])
+        if taken:
+            self.channel.notify(pw.REPLIES)
+
+    def load(self, message):
+        import importlib
+        import pickle
+        worker = self.worker
+        offset, size = message.block
+        data = None
+        if not message.flags & self.pw.LOAD_SOCKET:
+            try:
+                data = bytes(worker.input_map[offset:offset + size])
+            finally:
+                worker.inputs_freed.append(offset)  # read: the parent's again
+        try:
+            path, pickled = (pickle.loads(data) if data is not None
+                             else self.pull(("load", message.token)))
+            if path is not None:
+                sys.path[:] = path
+            importlib.invalidate_caches()  # modules made since the last import
+            self.functions[message.token] = pickle.loads(pickled)
+            self.load_errors.pop(message.token, None)
+        except BaseException as exc:  # noqa: BLE001 - each CALL of it raises it
+            self.load_errors[message.token] = exc
+
+    def pull(self, payload_id):
+        """What the parent keeps under `payload_id` (shm_layout.h,
+        PFB_POOL_TENSOR_SOCKET: an input, or a packed CALL's inputs; a
+        LOAD's function, by ("load", token)), asked for on the socket."""
+        import pickle
+        send(self.worker.sock, pickle.dumps(("need", payload_id), protocol=PICKLE_PROTOCOL))
+        while True:
+            frames = self.reader.read(pickle.loads)
+            if not frames:
+                raise ConnectionResetError("pyfunc_bridge: the pool closed while the worker "
+                                           "waited for a call's input")
+            for frame in frames:  # (one: pulls come one at a time)
+                if frame[0] != "payload" or frame[1] != payload_id:
+                    raise RuntimeError(f"pyfunc_bridge: the parent sent {frame[0]!r} for "
+                                       f"{frame[1]!r} while the worker waited for "
+                                       f"{payload_id!r}")
+                if frame[2] is None:
+                    raise RuntimeError(f"pyfunc_bridge: the parent no longer holds "
+                                       f"{payload_id!r} (the call's caller stopped "
+                                       f"waiting, or its function was dropped)")
+                return pickle.loads(frame[2])
+
+    def args(self, message, flags):
+        """The function's arguments: one per input record, or, for a packed
+        CALL (PFB_POOL_CALL_PACKED), those its one pulled payload lists."""
+        pw = self.pw
+        if flags & pw.CALL_PACKED:
+            (record,) = message.items
+            return [self.pulled(value, flags) for value in self.pull(record[4])]
+        return [self.arg(t, flags) for t in message.items]
+
+    def pulled(self, value, flags):
+        """An input pulled over the socket, as a block's input would be:
+        writable only under copy=True and torch; 0-d a NumPy scalar under
+        PFB_POOL_CALL_SCALARS.  A value the records cannot describe stays
+        as it came."""
+        pw, np = self.pw, self.worker.np
+        if not isinstance(value, np.ndarray):
+            return value
+        if flags & (pw.CALL_WRITABLE | pw.CALL_TORCH):
+            if not value.flags.writeable:
+                value = value.copy()
+        else:
+            value.flags.writeable = False
+        if flags & pw.CALL_SCALARS and value.ndim == 0:
+            return value[()]
+        return value
+
+    def arg(self, tensor, flags):
+        pw, worker = self.pw, self.worker
+        np = worker.np
+        code, bits, lanes, tflags, offset, size, shape = tensor
+        if tflags & pw.TENSOR_SOCKET:
+            return self.pulled(self.pull(offset), flags)
+        if tflags & pw.TENSOR_STRINGS:
+            block = worker.input_block(offset, size) if size else b""
+            arr = strings_array(np, memoryview(block), shape)
+            del block  # decoded: the block goes back
+        else:
+            dtype = pw.np_dtype(code, bits)
+            count = math.prod(shape)
+            if not count or not size:
+                arr = np.zeros(shape, dtype)
+            else:
+                if count * dtype.itemsize > size:
+                    raise ValueError(f"pyfunc_bridge: an input of shape {shape} does not "
+                                     f"fit its {size}-byte block")
+                arr = worker.input_block(offset, size).view(dtype)[:count].reshape(shape)
+            # Written only under copy=True, as the bridge's inputs are, and
+            # by torch (which has no read-only tensors).
+            if not flags & (pw.CALL_WRITABLE | pw.CALL_TORCH):
+                arr.flags.writeable = False
+        if flags & pw.CALL_SCALARS and arr.ndim == 0:
+            return arr[()]
+        return arr
+
+    def call(self, message):
+        pw, worker = self.pw, self.worker
+        np = worker.np
+        started = time.time_ns()
+        self.channel.set_running(message.call_id, time.monotonic_ns())
+        flags = message.flags
+        framework = pw.FLAG_FRAMEWORKS.get(flags & pw.CALL_FRAMEWORKS)
+        writable = bool(flags & pw.CALL_WRITABLE)
+        tensors = []
+        shape_kind = pw.DONE_ONE
+        status, block = pw.STATUS_OK, (0, 0)
+        result = None
+        try:
+            func = self.functions.get(message.token)
+            if func is None:
+                error = self.load_errors.get(message.token)
+                if error is not None:
+                    raise error
+                raise RuntimeError(f"pyfunc_bridge: worker {os.getpid()} has no function "
+                                   f"of token {message.token} (no LOAD came before the CALL)")
+            values = [wrap_input(np, v, framework) for v in self.args(message, flags)]
+            result = worker.arena.call(func, values)
+            if framework == "torch" and not writable:
+                # In-process the tensors are TensorFlow's memory, and a write
+                # to one fails the call (the adapter sees it): here too,
+                # though the blocks are this call's own.
+                adapter_named("torch").check_inputs(values)
+            del values  # the inputs are no longer the worker's, as in-process
+            # The copy facts (copy=False), before any reference is taken to the results.
+            outside = sys.getrefcount(result) - 2  # `result` and getrefcount's argument
+            if type(result) is tuple:
+                shape_kind, items = pw.DONE_TUPLE, result
+            elif type(result) is list:
+                shape_kind, items = pw.DONE_LIST, tuple(result)
+            else:
+                items = (result,)
+            facts = [None] * len(items)
+            if flags & pw.CALL_FACTS:
+                ranges = self.input_ranges(message.items) if framework is not None else ()
+                facts = (worker.items_facts(items, result, outside, writable, framework, ranges)
+                         if shape_kind != pw.DONE_ONE
+                         else [worker.one_facts(result, outside, writable, framework, ranges)])
+            try:
+                for index, (value, value_facts) in enumerate(zip(items, facts)):
+                    tensors.append(self.encode(value, framework, value_facts, index))
+            except _NoRoom:  # the whole answer goes by the socket, as NumPy values
+                self.hand_back_tensors(tensors)
+                tensors = []
+                converted = [as_numpy(np, value, framework) for value in items]
+                answer = (converted[0] if shape_kind == pw.DONE_ONE
+                          else converted if shape_kind == pw.DONE_LIST else tuple(converted))
+                status = self.by_socket(message.call_id, True, _pickled(answer), facts)
+        except BaseException as exc:  # noqa: BLE001 - the parent raises it
+            self.hand_back_tensors(tensors)
+            tensors = []
+            status = pw.STATUS_ERROR
+            payload = _pickled(_exception_payload(exc))
+            block = self.place(payload)
+            if block is None:
+                status, block = self.by_socket(message.call_id, False, payload, None), (0, 0)
+        finally:
+            self.channel.set_running(0)
+            result = items = converted = answer = None
+        # The inputs it let go of go back before its DONE: a caller that sees
+        # the call done and no room can then tell kept blocks from late ones.
+        self.inputs_back()
+        self.channel.post_tensors(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
+                                  flags=shape_kind, status=status, block=block,
+                                  stamp=started, ended=time.time_ns())
+
+    def input_ranges(self, records):
+        """The addresses of a CALL's input blocks (a DLPack producer's facts
+        take a view of one for TensorFlow's memory, as in-process)."""
+        base = self.worker.inputs_base
+        return [(base + r[4], base + r[4] + math.prod(r[6]) * (r[1] // 8) * r[2])
+                for r in records if r[5] and not r[3] & self.pw.TENSOR_STRINGS]
+
+    def hand_back_tensors(self, tensors):
+        """Frees the result blocks of records that will not be sent."""
+        for tensor in tensors:
+            if tensor[5]:
+                self.worker.arena.hand_back(tensor[4])
+
+    def by_socket(self, call_id, ok, data, facts):
+        """An answer the result arena has no room for goes pickled on the
+        socket, before its DONE (shm_layout.h, PFB_POOL_STATUS_SOCKET), with
+        its results' copy facts."""
+        import pickle
+        send(self.worker.sock, pickle.dumps(("ring", call_id, ok, data, facts),
+                                            protocol=PICKLE_PROTOCOL))
+        return self.pw.STATUS_SOCKET
+
+    def encode(self, value, framework, facts, index=0):
+        """A result's tensor record, its copy facts in its flags: its block
+        in the result arena (the function's own memory when the arena can
+        share it, else a copy), or its pickle in a block
+        (PFB_POOL_TENSOR_PICKLED).  A framework's array goes as NumPy's."""
+        pw, worker = self.pw, self.worker
+        np = worker.np
+        fact_bits = pw.facts_flags(facts)
+        item, moved = worker.result(value, framework)
+        if item[0] == "s":
+            _, offset, size, dtype, shape = item
+            dl = pw.dl_dtype(dtype)
+            if dl is not None:
+                return (*dl, (0 if moved else pw.TENSOR_SHARED) | fact_bits, offset, size,
+                        tuple(shape))
+            worker.arena.hand_back(offset)  # a dtype the records cannot name
+            value = worker.results[offset:offset + size].view(dtype)[:math.prod(shape)] \
+                .reshape(shape).copy()
+        else:
+            value = item[1]
+            # A NumPy scalar (numpy_function's usual 0-d result) is memory
+            # too: its bytes in a block, so that the parent's kernel takes it
+            # without Python.  (A Python number stays a value: the parent's
+            # checks convert it, as in-process.)
+            dl = pw.dl_dtype(value.dtype) if isinstance(value, np.generic) else None
+            if dl is not None:
+                data = value.tobytes()
+                block = self.place(data)
+                if block is not None:
+                    return (*dl, fact_bits, block[0], len(data), ())
+        try:
+            data = _pickled(value)
+        except Exception as exc:  # noqa: BLE001 - the call's error
+            raise TypeError(
+                f"pyfunc_bridge: result {index} of the function (a {type(value).__name__}) "
+                f"cannot be sent back from the worker process: {type(exc).__name__}: "
+                f"{exc}. Return NumPy arrays or values that pickle, or run the function "
+                f"in-process (executor=None)") from None
+        block = self.place(data)
+        if block is None:
+            raise _NoRoom  # the whole answer goes by the socket
+        return (0, 0, 0, pw.TENSOR_PICKLED | fact_bits, block[0], len(data), ())
+
+    def place(self, data):
+        """(offset, size) of a fresh result block holding `data`, or None."""
+        worker = self.worker
+        block = worker.arena.reserve(max(len(data), 1))
+        if block is not None:
+            worker.results[block[0]:block[0] + len(data)] = worker.np.frombuffer(data,
+                                                                                 worker.np.uint8)
+        return block
+
+
+class _NoRoom(Exception):
+    """A ring call's result does not fit the result arena."""
+
+
+def _pickled(value):
+    import pickle
+    return pickle.dumps(value, protocol=PICKLE_PROTOCOL)
+
+
+def _words_per_message(pw, ring_slots):
+    return 8 * (min(ring_slots, 64) - 1)
+
+
+def _exception_payload(exc):
+    """(pickled exception or None, builtin base class name, summary, traceback).
+
+    cloudpickle, not pickle: a class that came by value (its module imports
+    TensorFlow, so this worker has not imported it) goes back by value, where
+    pickle would import its module here to look the class up by name."""
+    import pickle
+    import traceback
+
+    import cloudpickle
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    base = next(c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins")
+    try:
+        data = cloudpickle.dumps(exc, protocol=PICKLE_PROTOCOL)
+        pickle.loads(data)  # one that cannot be rebuilt is sent by its base class
+    except Exception:  # noqa: BLE001
+        data = None
+    return data, base, summary, text

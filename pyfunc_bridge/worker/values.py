@@ -1,0 +1,111 @@
+"""A worker's values: framework arrays as NumPy and back, strings blocks,
+and the framework adapters, loaded without the package."""
+import math
+import os
+import struct
+
+_LENGTH = struct.Struct("<Q")  # a string's length in a strings block (shm_layout.h)
+_adapters = None                     # top-level module name -> framework adapter
+
+
+def adapter_named(name):
+    """The loaded adapter of framework `name` (pyfunc_bridge/_frameworks.py)."""
+    _load_adapters()
+    adapter = _adapters[name]
+    adapter.load()
+    return adapter
+
+
+def framework_adapter(value):
+    """The adapter (pyfunc_bridge/_frameworks.py) that judges results of
+    `value`'s type, or None."""
+    _load_adapters()
+    top = getattr(type(value), "__module__", None)
+    return _adapters.get(top.partition(".")[0]) if isinstance(top, str) else None
+
+
+def _load_adapters():
+    """Loads _frameworks.py by its path: importing it through the package
+    would import TensorFlow."""
+    global _adapters
+    if _adapters is None:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            "_pyfunc_bridge_frameworks", os.path.join(os.path.dirname(os.path.dirname(__file__)), "_frameworks.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _adapters = {name: adapter for adapter in module.ADAPTERS.values()
+                     for name in adapter.modules}
+
+
+
+def shares_by_memory(np, dtype):
+    """Whether arrays of `dtype` travel through an arena (numbers only: the
+    parent converts strings and checks every other dtype itself)."""
+    kind = dtype.kind
+    if kind in "biufc":
+        return dtype.isnative or dtype.itemsize == 1
+    return (kind == "V" and dtype.names is None
+            and dtype.type.__module__.startswith("ml_dtypes"))  # bfloat16, ...
+
+
+def as_numpy(np, value, framework):
+    """A framework's array as an ndarray (the parent takes NumPy values)."""
+    if framework == "torch" and type(value).__module__.startswith("torch"):
+        import torch
+        if isinstance(value, torch.Tensor):
+            if value.requires_grad:
+                # In-process the bridge exports it by DLPack, which refuses
+                # it (torch's BufferError, "use tensor.detach()"): so here.
+                value.__dlpack__()
+            return _torch_numpy(np, value.detach().cpu().resolve_conj().resolve_neg())
+    if framework == "jax" and hasattr(value, "__array__") and hasattr(value, "__dlpack__"):
+        return np.asarray(value)
+    if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
+        return np.from_dlpack(value)
+    return value
+
+
+def _torch_numpy(np, t):
+    """t.numpy(), for bfloat16 too (which torch has no NumPy type for: its
+    bits are viewed as ml_dtypes.bfloat16, TensorFlow's NumPy type)."""
+    import torch
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def wrap_input(np, arr, framework):
+    if framework == "torch" and isinstance(arr, np.ndarray) and arr.dtype.kind != "O":
+        import torch
+        if arr.dtype.name == "bfloat16":  # (torch.from_numpy knows no ml_dtypes)
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(arr)
+    if framework == "jax" and isinstance(arr, np.ndarray) and arr.dtype.kind != "O":
+        import jax.numpy as jnp
+        return jnp.asarray(arr)
+    return arr
+
+
+# Results the parent converts itself (_export_output, outputs.pxi): by their
+# kind (scalars, lists: to the declared dtype; strings: to tf.string).
+CONVERTED_BY_THE_PARENT = (bool, int, float, complex, list, tuple, str, bytes)
+
+
+
+def strings_array(np, data, shape):
+    """An object array of bytes from a strings block: per element a uint64
+    little-endian length, then its bytes (shm_layout.h)."""
+    count = math.prod(shape)
+    out = np.empty(count, dtype=object)
+    at = 0
+    for i in range(count):
+        (n,) = _LENGTH.unpack_from(data, at)
+        at += _LENGTH.size
+        if at + n > len(data):
+            raise ValueError("pyfunc_bridge: a strings block ends inside an element")
+        out[i] = bytes(data[at:at + n])
+        at += n
+    return out.reshape(shape)
+

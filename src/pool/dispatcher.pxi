@@ -1,0 +1,254 @@
+# ------------------------------------------------------------- Dispatcher --
+
+cdef class _Held:
+    """A writable buffer's view, kept (the mapping cannot close meanwhile)."""
+    cdef Py_buffer view
+    cdef bint has_view
+
+    def __cinit__(self, buffer):
+        PyObject_GetBuffer(buffer, &self.view, PyBUF_WRITABLE)
+        self.has_view = True
+
+    def __dealloc__(self):
+        if self.has_view:
+            PyBuffer_Release(&self.view)
+
+
+
+def set_counting(bint on):
+    """Whether routes count their calls (pfb.enable_stats)."""
+    pfb_dispatch_set_counting(on)
+
+
+cdef class Dispatcher:
+    """The parent's native side of a pool's rings (src/pool/dispatch.h): a
+    call's inputs are copied into the input arena, its CALL posted and its
+    DONE received by a reply thread per worker, all in C without the GIL.
+    This class is its Python face (tests, and the pool's lifetime calls:
+    attach, lost, register); the kernel calls dispatch.h itself.
+
+    ``call`` submits and waits with the GIL released and returns the DONE
+    as (Message, NativeArena of its result blocks)."""
+    cdef PfbDispatch* _d
+    cdef bint _disowned  # a forked child's copy: never deleted (disown)
+    cdef bint _closed    # close() deleted it: this object keeps a reference
+    cdef _Held _inputs
+    cdef dict _held   # worker index -> (channel, _Held of its result arena)
+
+    def __cinit__(self, input_buffer, int workers):
+        self._inputs = _Held(input_buffer)
+        self._held = {}
+        self._d = pfb_dispatch_new(<char*>self._inputs.view.buf, self._inputs.view.len, workers)
+        if self._d == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self._d == NULL or self._disowned:
+            return
+        if self._closed:
+            pfb_dispatch_release(self._d)
+        else:
+            pfb_dispatch_delete(self._d)
+
+    def close(self):
+        """Closes it now (dispatch.h, pfb_dispatch_delete): the calls in
+        flight and the queued ones fail ("the pool was closed"), later ones
+        are refused.  Its memory stays until this object goes (a thread of
+        ``call`` may still finish its call)."""
+        if self._closed or self._disowned:
+            return
+        self._closed = True
+        pfb_dispatch_retain(self._d)  # this object's, for the methods called after
+        with nogil:
+            pfb_dispatch_delete(self._d)
+
+    @property
+    def address(self):
+        """The PfbDispatch*, for the kernel (alive as long as this object)."""
+        return <uintptr_t>self._d
+
+    def disown(self):
+        """In a forked child: refuses every call from now on, touching
+        nothing of the parent's (dispatch.h); never freed."""
+        if not self._disowned:
+            pfb_dispatch_disown(self._d)
+            self._disowned = True
+
+    def route(self, uint64_t token, uint32_t flags):
+        """A Route to the function of `token` (registered) for CALLs with
+        `flags` (PFB_POOL_CALL_*)."""
+        cdef Route made = Route.__new__(Route)
+        made._r = pfb_dispatch_route_new(self._d, token, flags)
+        if made._r == NULL:
+            raise MemoryError()
+        return made
+
+    def forget(self, uint64_t token):
+        pfb_dispatch_forget(self._d, token)
+
+    def attach(self, int index, Channel channel not None, int doorbell, results,
+               uint64_t generation):
+        cdef _Held held = _Held(results)
+        cdef int rc = pfb_dispatch_attach(self._d, index, channel._control, doorbell,
+                                          <const char*>held.view.buf, held.view.len,
+                                          generation)
+        if rc:
+            raise OSError(rc, f"pyfunc_bridge: attaching worker {index} failed")
+        self._held[index] = (channel, held)
+
+    def lost(self, int index, int32_t code, str message, bint resend=False):
+        """Worker `index` ended: its calls fail with (`code`, `message`);
+        with `resend` (it died), those it had not started end RESEND."""
+        cdef bytes text = message.encode("utf-8", "replace")
+        cdef const char* c_text = text
+        with nogil:
+            pfb_dispatch_lost(self._d, index, code, c_text, resend)
+        # The channel (its control segment's mapping) stays until the slot
+        # is attached again: a submit that read `attached` a moment before
+        # lost() may still read the segment's running call (choose()).
+
+    def register(self, uint64_t token, const unsigned char[::1] payload):
+        if pfb_dispatch_register(self._d, token, &payload[0] if payload.shape[0] else NULL,
+                                 payload.shape[0]):
+            raise MemoryError()
+
+    def knows(self, uint64_t token):
+        return bool(pfb_dispatch_knows(self._d, token))
+
+    cdef PfbDispatchInput* _inputs_of(self, arrays, int64_t* dims, list keep) except NULL:
+        cdef Py_ssize_t n = len(arrays), i
+        cdef cnp.ndarray arr
+        cdef PfbDispatchInput* inputs = <PfbDispatchInput*>calloc(max(n, 1),
+                                                                  sizeof(PfbDispatchInput))
+        if inputs == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                arr = arrays[i]
+                if (not PyArray_IS_C_CONTIGUOUS(<PyArrayObject*>arr)
+                        or arr.ndim > PFB_POOL_MAX_NDIM or arr.dtype.kind not in "iufcb"):
+                    raise ValueError("pyfunc_bridge: dispatch takes C-contiguous arrays of "
+                                     "numbers")
+                keep.append(arr)
+                inputs[i].data = cnp.PyArray_DATA(arr)
+                inputs[i].nbytes = cnp.PyArray_NBYTES(arr)
+                inputs[i].code = _DL_CODES[arr.dtype.kind]
+                inputs[i].bits = arr.dtype.itemsize * 8
+                inputs[i].lanes = 1
+                inputs[i].ndim = arr.ndim
+                inputs[i].dims = &dims[i * PFB_POOL_MAX_NDIM]
+                for d in range(arr.ndim):
+                    dims[i * PFB_POOL_MAX_NDIM + d] = arr.shape[d]
+        except BaseException:
+            free(inputs)
+            raise
+        return inputs
+
+    def call(self, uint64_t token, arrays, uint32_t flags=0, timeout=None, wait=None):
+        """Submits (waiting up to `timeout` seconds for room) and waits up to
+        `wait` seconds (None: no limit) for the DONE; a call not done by
+        then is abandoned (pfb_dispatch_finish) and TimeoutError raised."""
+        cdef Py_ssize_t n = len(arrays)
+        cdef int64_t* dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
+        cdef PfbDispatchInput* inputs = NULL
+        cdef PfbDispatchCall call
+        cdef int rc
+        cdef int64_t limit = _timeout_ns(timeout)
+        cdef int64_t waiting = _timeout_ns(wait)
+        cdef bint abandoned = False
+        keep = []
+        if dims == NULL:
+            raise MemoryError()
+        try:
+            inputs = self._inputs_of(arrays, dims, keep)
+            with nogil:
+                while True:
+                    rc = pfb_dispatch_submit(self._d, token, flags, inputs, <uint32_t>n,
+                                             limit, &call)
+                    if rc:
+                        break
+                    if pfb_dispatch_wait(&call, waiting) == ETIMEDOUT:
+                        pfb_dispatch_finish(self._d, &call)
+                        abandoned = True
+                        break
+                    if call.state != PFB_DISPATCH_RESEND:
+                        break
+                    pfb_dispatch_finish(self._d, &call)  # never started: sent anew
+            if rc:
+                raise OSError(rc, f"pyfunc_bridge: dispatching the call failed ({rc})")
+            if abandoned:
+                raise TimeoutError(f"pyfunc_bridge: the call was not done within {wait} s "
+                                   "(abandoned)")
+            try:
+                if call.state == PFB_DISPATCH_FAILED:
+                    raise DispatchFailed(call.error_code, call.error.decode("utf-8", "replace"))
+                return _decode_message(call.reply), _native_arena(call.arena)
+            finally:
+                pfb_dispatch_finish(self._d, &call)
+        finally:
+            free(inputs)
+            free(dims)
+
+    def call_many(self, uint64_t token, arrays, Py_ssize_t times, uint32_t flags=0):
+        """Runs the call `times` times, one after another, entirely in C
+        without the GIL (each DONE's result blocks handed back at once): the
+        (worker start, worker end) CLOCK_REALTIME ns of each, or None for a
+        call that failed.  For tests and measurements of the native path."""
+        cdef Py_ssize_t n = len(arrays), k
+        cdef int64_t* dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
+        cdef uint64_t* stamps = <uint64_t*>calloc(max(times, 1) * 2, sizeof(uint64_t))
+        cdef PfbDispatchInput* inputs = NULL
+        cdef PfbDispatchCall call
+        cdef int rc = 0
+        keep = []
+        if dims == NULL or stamps == NULL:
+            free(dims)
+            free(stamps)
+            raise MemoryError()
+        try:
+            inputs = self._inputs_of(arrays, dims, keep)
+            with nogil:
+                for k in range(times):
+                    rc = pfb_dispatch_submit(self._d, token, flags, inputs, <uint32_t>n, -1,
+                                             &call)
+                    if rc:
+                        break
+                    pfb_dispatch_wait(&call, -1)
+                    if call.state == PFB_DISPATCH_DONE:
+                        stamps[2 * k] = call.reply[0].message.stamp
+                        stamps[2 * k + 1] = call.reply[0].message.ended
+                        pfb_dispatch_reply_back(&call)
+                    pfb_dispatch_finish(self._d, &call)
+            if rc:
+                raise OSError(rc, f"pyfunc_bridge: dispatching call {k} failed ({rc})")
+            return [(stamps[2 * k], stamps[2 * k + 1]) if stamps[2 * k + 1] else None
+                    for k in range(times)]
+        finally:
+            free(inputs)
+            free(dims)
+            free(stamps)
+
+    def alloc(self, uint64_t nbytes):
+        """(offset, size) of an input-arena block for the pool's Python
+        path, or None: the arena is shared with the native calls."""
+        cdef uint64_t offset, size
+        if pfb_dispatch_alloc(self._d, nbytes, &offset, &size):
+            return None
+        return offset, size
+
+    def free(self, uint64_t offset, uint64_t size=0):
+        """Frees a block that alloc gave (`size`: unused, the allocator
+        knows it; the pool's old allocator took it)."""
+        if pfb_dispatch_free(self._d, offset):
+            raise ValueError(f"pyfunc_bridge: no live input block starts at offset {offset}")
+
+    def free_bytes(self):
+        return pfb_dispatch_free_bytes(self._d)
+
+    def counts(self):
+        cdef PfbDispatchCounts c
+        pfb_dispatch_counts(self._d, &c)
+        return {"calls": c.calls, "loads": c.loads, "doorbells": c.doorbells,
+                "reply_sleeps": c.reply_sleeps, "input_blocks": c.input_blocks,
+                "resent": c.resent, "queued": c.queued}
+

@@ -1,0 +1,33 @@
+# The C this module reads itself: atomic loads and stores of the control
+# segment's shared words, reference counts, and NumPy array fields.
+
+cdef extern from *:
+    """
+    /* The control segment's words that the other process reads: atomic. */
+    static inline uint64_t pfb_load64(uint64_t* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+    static inline uint32_t pfb_load32(uint32_t* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+    static inline void pfb_store64(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+    static inline void pfb_store32(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+    """
+    uint64_t pfb_load64(uint64_t* p) nogil
+    uint32_t pfb_load32(uint32_t* p) nogil
+    void pfb_store64(uint64_t* p, uint64_t v) nogil
+    void pfb_store32(uint32_t* p, uint32_t v) nogil
+
+cdef extern from "Python.h":
+    Py_ssize_t Py_REFCNT(PyObject* obj)
+    PyTypeObject* Py_TYPE(PyObject* obj)
+    # The one field of the type object read here.
+    ctypedef struct PyTypeWeaklist "PyTypeObject":
+        Py_ssize_t tp_weaklistoffset
+
+cdef extern from "numpy/arrayobject.h":
+    ctypedef struct PyArrayObject
+    PyTypeObject PyArray_Type
+    bint PyArray_Check(PyObject* obj)
+    PyObject* PyArray_BASE(PyArrayObject* arr)
+    void* PyArray_DATA(PyArrayObject* arr)
+    int PyArray_FLAGS(PyArrayObject* arr)
+    bint PyArray_IS_C_CONTIGUOUS(PyArrayObject* arr)
+    cnp.npy_intp PyArray_NBYTES(PyArrayObject* arr)
+    int NPY_ARRAY_OWNDATA

@@ -1,0 +1,359 @@
+# ---------------------------------------------------------------- Channel --
+# A worker's control segment: its request and reply rings.
+
+# Waits are cut into slices this long so that a signal (Ctrl-C) is handled.
+cdef int64_t _SLICE_NS = 50_000_000
+
+
+def control_bytes(uint32_t ring_slots):
+    """The bytes of a worker's control segment with `ring_slots` slots per ring."""
+    return pfb_pool_control_bytes(ring_slots)
+
+
+cdef int64_t _timeout_ns(object timeout) except? -2:
+    if timeout is None:
+        return -1
+    if timeout < 0:
+        raise ValueError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
+    return <int64_t>(timeout * 1e9)
+
+
+class ChannelClosed(EOFError):
+    """The other side closed the ring (and it is drained)."""
+
+
+cdef class Channel:
+    """A worker's control segment (shm_layout.h: PfbPoolControl and its two
+    rings) in a writable buffer this process mapped (an mmap of the memfd).
+
+    ``Channel(buffer, create=True, ring_slots=n)`` lays it out (the parent,
+    before the worker starts); ``Channel(buffer)`` checks and attaches to one.
+    Each ring has one producer and one consumer; posting and reading hold the
+    GIL, only waits release it.  A message is built in one buffer and read
+    into another: a post waiting for room (the GIL released) while another
+    thread of this process reads the other ring must not find its message
+    overwritten by the one read.
+    """
+    cdef Py_buffer _view
+    cdef bint _has_view
+    cdef PfbPoolControl* _control
+    cdef PfbRing _rings[2]
+    cdef uint32_t _slots
+    cdef PfbPoolSlot* _scratch  # the message being built (post, post_tensors)
+    cdef PfbPoolSlot* _inbox    # the message being read (receive)
+
+    def __cinit__(self, buffer, *, bint create=False, uint32_t ring_slots=0,
+                  uint64_t input_bytes=0, uint64_t result_bytes=0, uint32_t worker_index=0,
+                  int doorbell=-1):
+        PyObject_GetBuffer(buffer, &self._view, PyBUF_WRITABLE)
+        self._has_view = True
+        if <uintptr_t>self._view.buf % PFB_POOL_SLOT_BYTES:
+            raise ValueError("pyfunc_bridge: a control segment must start on a cache line")
+        self._control = <PfbPoolControl*>self._view.buf
+        if create:
+            if ring_slots < 2 or ring_slots & (ring_slots - 1) or ring_slots > (1 << 20):
+                raise ValueError(f"ring_slots must be a power of two in [2, 2**20], "
+                                 f"got {ring_slots}")
+            if <uint64_t>self._view.len < pfb_pool_control_bytes(ring_slots):
+                raise ValueError(f"pyfunc_bridge: {self._view.len} bytes cannot hold a "
+                                 f"control segment of {ring_slots} slots per ring")
+            memset(self._control, 0, sizeof(PfbPoolControl))
+            self._control.version = PFB_POOL_LAYOUT_VERSION
+            self._control.ring_slots = ring_slots
+            self._control.input_arena_bytes = input_bytes
+            self._control.result_arena_bytes = result_bytes
+            self._control.parent_pid = os.getpid()
+            self._control.worker_index = worker_index
+        else:
+            ring_slots = self._control.ring_slots
+            if (self._control.magic != PFB_POOL_MAGIC
+                    or self._control.version != PFB_POOL_LAYOUT_VERSION):
+                raise ValueError("pyfunc_bridge: not a pool control segment of this "
+                                 "version (magic or layout version differs)")
+            if (ring_slots < 2 or ring_slots & (ring_slots - 1)
+                    or <uint64_t>self._view.len < pfb_pool_control_bytes(ring_slots)):
+                raise ValueError(f"pyfunc_bridge: a control segment of {self._view.len} "
+                                 f"bytes claims {ring_slots} slots per ring")
+        self._slots = ring_slots
+        pfb_ring_attach(&self._rings[0], &self._control.requests,
+                        pfb_pool_request_slots(self._control), ring_slots)
+        pfb_ring_attach(&self._rings[1], &self._control.replies,
+                        pfb_pool_request_slots(self._control) + ring_slots, ring_slots)
+        # The request ring's producer (the parent) rings the worker's
+        # eventfd, on which the worker polls with its socket.
+        pfb_ring_set_doorbell(&self._rings[0], doorbell)
+        if create:
+            pfb_ring_reset(&self._rings[0])
+            pfb_ring_reset(&self._rings[1])
+            # Last: a control segment with the magic is complete.
+            self._control.magic = PFB_POOL_MAGIC
+        self._scratch = <PfbPoolSlot*>calloc(PFB_POOL_MAX_MESSAGE_SLOTS, sizeof(PfbPoolSlot))
+        self._inbox = <PfbPoolSlot*>calloc(PFB_POOL_MAX_MESSAGE_SLOTS, sizeof(PfbPoolSlot))
+        if self._scratch == NULL or self._inbox == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self._scratch)
+        free(self._inbox)
+        if self._has_view:
+            PyBuffer_Release(&self._view)
+
+    cdef PfbRing* _ring(self, int ring) except NULL:
+        if ring != REQUESTS and ring != REPLIES:
+            raise ValueError(f"ring must be REQUESTS (0) or REPLIES (1), got {ring}")
+        return &self._rings[ring]
+
+    @property
+    def ring_slots(self):
+        return self._slots
+
+    @property
+    def parent_pid(self):
+        return self._control.parent_pid
+
+    @property
+    def worker_pid(self):
+        return pfb_load32(&self._control.worker_pid)
+
+    @property
+    def worker_ready(self):
+        """Whether the worker serves its request ring."""
+        return bool(pfb_load32(&self._control.worker_ready))
+
+    def announce(self, uint32_t pid):
+        """The worker's side: it serves its request ring from now on."""
+        pfb_store32(&self._control.worker_pid, pid)
+        pfb_store32(&self._control.worker_ready, 1)
+
+    def set_running(self, uint64_t call_id, uint64_t since_ns=0):
+        """The worker's side: the call it runs now (0: none), and since when
+        (CLOCK_MONOTONIC ns): the time first, so that a reader that sees the
+        call sees its time.  A call counts as started here, before it runs."""
+        if call_id:
+            pfb_store64(&self._control.ring_calls_started,
+                        pfb_load64(&self._control.ring_calls_started) + 1)
+        pfb_store64(&self._control.running_since, since_ns)
+        pfb_store64(&self._control.running_call, call_id)
+
+    @property
+    def running_call(self):
+        return pfb_load64(&self._control.running_call)
+
+    def running(self):
+        """(the call the worker runs, 0: none; since when, CLOCK_MONOTONIC
+        ns), read whole: the pool's watchdog reads its deadlines here."""
+        cdef uint64_t call_id, since
+        while True:
+            call_id = pfb_load64(&self._control.running_call)
+            since = pfb_load64(&self._control.running_since)
+            # Ids are never reused: the same id twice brackets its own time.
+            if pfb_load64(&self._control.running_call) == call_id:
+                return call_id, since
+
+    def sleeping(self, int ring, bint flag):
+        """A consumer that sleeps elsewhere (poll on the doorbell and a
+        socket) announces it (True) or that it is awake (False).  With True:
+        whether a message came meanwhile, which the caller reads instead of
+        sleeping (the producer may have looked at the flag before it was set)."""
+        cdef PfbRing* r = self._ring(ring)
+        pfb_ring_set_consumer_sleeping(r, flag)
+        return flag and pfb_ring_available(r) != 0
+
+    def room(self, int ring):
+        """Slots free for the producer of `ring` now."""
+        return pfb_ring_room(self._ring(ring))
+
+    def available(self, int ring):
+        """Slots published on `ring` and not read yet."""
+        cdef uint32_t n = pfb_ring_available(self._ring(ring))
+        return min(n, self._slots)
+
+    def wakes(self, int ring):
+        """FUTEX_WAKE calls this process made for `ring` (as its producer,
+        and as its consumer waking a producer that waited for room)."""
+        return self._ring(ring).wakes
+
+    def sleeps(self, int ring):
+        """FUTEX_WAIT calls this process made on `ring`."""
+        return self._ring(ring).sleeps
+
+    def consumer_sleeping(self, int ring):
+        """Whether the consumer of `ring` (maybe in the other process) has
+        announced that it sleeps (its flag: a producer's notify wakes it)."""
+        return bool(pfb_ring_consumer_sleeping(self._ring(ring)))
+
+    @property
+    def closed(self):
+        return bool(pfb_ring_closed(&self._rings[0]) or pfb_ring_closed(&self._rings[1]))
+
+    def close(self):
+        """Ends both rings: every wait, here and in the other process, returns."""
+        pfb_ring_close(&self._rings[0])
+        pfb_ring_close(&self._rings[1])
+
+    cdef int _wait_room(self, PfbRing* ring, uint32_t slots, int64_t timeout_ns) except -1:
+        """0 when there is room; 1 after the timeout."""
+        cdef int rc
+        cdef int64_t part
+        while True:
+            part = _SLICE_NS if timeout_ns < 0 or timeout_ns > _SLICE_NS else timeout_ns
+            with nogil:
+                rc = pfb_ring_wait_room(ring, slots, part)
+            if rc == 0:
+                return 0
+            if rc == EPIPE:
+                raise ChannelClosed("pyfunc_bridge: the ring is closed")
+            if rc == EMSGSIZE:
+                raise ValueError(f"pyfunc_bridge: a message of {slots} slots cannot fit "
+                                 f"a ring of {ring.capacity}")
+            PyErr_CheckSignals()
+            if timeout_ns >= 0:
+                timeout_ns -= part
+                if timeout_ns <= 0:
+                    return 1
+
+    cdef bint _write(self, int ring, object timeout) except -1:
+        cdef PfbRing* r = self._ring(ring)
+        if self._wait_room(r, self._scratch[0].message.slots, _timeout_ns(timeout)):
+            return False
+        cdef int rc = pfb_ring_write(r, self._scratch)
+        if rc == EPIPE:
+            raise ChannelClosed("pyfunc_bridge: the ring is closed")
+        if rc != 0:  # EAGAIN cannot happen: this side is the only producer
+            raise OSError(rc, f"pyfunc_bridge: writing a message failed ({rc})")
+        return True
+
+    cdef void _header(self, int kind, uint64_t call_id, uint64_t token, uint32_t flags,
+                      uint32_t status, uint64_t stamp, object block,
+                      uint64_t ended=0) except *:
+        pfb_msg_init(self._scratch, <unsigned short>kind)
+        cdef PfbPoolMessage* m = &self._scratch[0].message
+        m.call_id = call_id
+        m.token = token
+        m.flags = flags
+        m.status = status
+        m.stamp = stamp
+        m.ended = ended
+        m.block_offset = block[0]
+        m.block_size = block[1]
+
+    def post(self, int ring, int kind, words=(), *, uint64_t call_id=0, uint64_t token=0,
+             uint32_t flags=0, uint32_t status=0, uint64_t stamp=0, block=(0, 0),
+             timeout=None):
+        """Publishes one message of `words` (offsets, tokens) on `ring`,
+        waiting up to `timeout` seconds (None: no limit) for room; does not
+        wake the consumer (``notify`` once per batch).  True once posted,
+        False after the timeout."""
+        self._header(kind, call_id, token, flags, status, stamp, block)
+        for word in words:
+            if pfb_msg_add_word(self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS, word):
+                raise ValueError(f"pyfunc_bridge: {len(words)} words do not fit one message")
+        return self._write(ring, timeout)
+
+    def post_tensors(self, int ring, int kind, tensors, *, uint64_t call_id=0,
+                     uint64_t token=0, uint32_t flags=0, uint32_t status=0,
+                     uint64_t stamp=0, block=(0, 0), timeout=None, uint64_t ended=0):
+        """Publishes a CALL or DONE: `tensors`, each (code, bits, lanes,
+        flags, offset, size, shape); as ``post`` otherwise."""
+        cdef PfbPoolTensor record
+        cdef int64_t dims[PFB_POOL_MAX_NDIM]
+        cdef int rc
+        self._header(kind, call_id, token, flags, status, stamp, block, ended)
+        for code, bits, lanes, tflags, offset, size, shape in tensors:
+            memset(&record, 0, sizeof(record))
+            record.code = code
+            record.bits = bits
+            record.lanes = lanes
+            record.flags = tflags
+            record.offset = offset
+            record.size = size
+            if len(shape) > PFB_POOL_MAX_NDIM:
+                raise ValueError(f"pyfunc_bridge: a tensor of {len(shape)} dimensions; "
+                                 f"at most {PFB_POOL_MAX_NDIM} are supported")
+            record.ndim = len(shape)
+            for d, n in enumerate(shape):
+                if n < 0:
+                    raise ValueError(f"pyfunc_bridge: a negative dimension in {shape}")
+                dims[d] = n
+            rc = pfb_msg_add_tensor(self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS, &record, dims)
+            if rc:
+                raise ValueError(f"pyfunc_bridge: {len(tensors)} tensors do not fit one "
+                                 f"message")
+        return self._write(ring, timeout)
+
+    def notify(self, int ring):
+        """Wakes the consumer of `ring` if it sleeps (once for everything
+        posted since): whether a FUTEX_WAKE was made."""
+        return bool(pfb_ring_notify(self._ring(ring)))
+
+    def wait(self, int ring, timeout=None, uint32_t checks=PFB_RING_CHECKS,
+             bint interruptible=True):
+        """Sleeps until `ring` has a message (after `checks` quick checks):
+        True; False after `timeout` seconds; ChannelClosed once the other
+        side closed it and it is drained.  `interruptible`: wakes every 50 ms
+        to handle signals (Ctrl-C); False sleeps in one piece, so that the
+        sleeper flag stays set for the whole wait."""
+        cdef PfbRing* r = self._ring(ring)
+        cdef int64_t left = _timeout_ns(timeout)
+        cdef int64_t part
+        cdef int rc
+        while True:
+            part = _SLICE_NS if interruptible and (left < 0 or left > _SLICE_NS) else left
+            with nogil:
+                rc = pfb_ring_wait_items(r, part, checks)
+            if rc == 0:
+                return True
+            if rc == EPIPE:
+                raise ChannelClosed("pyfunc_bridge: the ring was closed")
+            PyErr_CheckSignals()
+            if left >= 0:
+                left -= part
+                if left <= 0:
+                    return False
+            checks = 0
+
+    def receive(self, int ring, limit=None):
+        """Every message on `ring` now (at most `limit`), read and taken off
+        the ring, without waiting: a list of Message."""
+        cdef PfbRing* r = self._ring(ring)
+        cdef list messages = []
+        cdef int n
+        while limit is None or len(messages) < limit:
+            n = pfb_ring_read(r, self._inbox, PFB_POOL_MAX_MESSAGE_SLOTS)
+            if n == 0:
+                break
+            if n < 0:
+                raise OSError(-n, f"pyfunc_bridge: a malformed message on the ring "
+                                  f"({'EPROTO' if n == -EPROTO else n})")
+            messages.append(self._decode())
+        return messages
+
+    cdef object _decode(self):
+        return _decode_message(self._inbox)
+
+
+cdef object _decode_message(const PfbPoolSlot* slots):
+    """A Message of a read message's slots (validated: EPROTO, never a read
+    past its end)."""
+    cdef const PfbPoolMessage* m = &slots[0].message
+    cdef PfbPoolTensor record
+    cdef int64_t dims[PFB_POOL_MAX_NDIM]
+    cdef uint32_t cursor = 1
+    cdef uint32_t i
+    cdef uint64_t word
+    items = []
+    if m.kind in _TENSOR_KINDS:
+        for i in range(m.count):
+            if pfb_msg_read_tensor(slots, &cursor, &record, dims):
+                raise OSError(EPROTO, "pyfunc_bridge: a malformed tensor record")
+            items.append((record.code, record.bits, record.lanes, record.flags,
+                          record.offset, record.size,
+                          tuple([dims[d] for d in range(record.ndim)])))
+    else:
+        for i in range(m.count):
+            if pfb_msg_read_word(slots, i, &word):
+                raise OSError(EPROTO, "pyfunc_bridge: a malformed words message")
+            items.append(word)
+    return Message(m.kind, m.call_id, m.token, m.flags, m.status, m.stamp,
+                   (m.block_offset, m.block_size), items, m.ended)
+
