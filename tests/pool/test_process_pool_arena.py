@@ -1,5 +1,5 @@
 """A worker's result arena (the compiled module's NumPy handler, used by
-pyfunc_bridge/_worker.py): a fresh result the function computed is sent by
+pyfunc_bridge/worker/): a fresh result the function computed is sent by
 its offset without a copy; a result the worker could still change is copied;
 workers load their compiled module without TensorFlow."""
 import numpy as np
