@@ -195,7 +195,9 @@ class Functions:
             self._by_id[key] = (ref, token, data)
             return token, data
 
-    def _drop(self, key, token):
+    def _drop(self, key, token, finalizing=sys.is_finalizing):
+        if finalizing():  # a function collected at exit: module globals are going
+            return
         self._by_id.pop(key, None)
         pool = self._pool()
         if pool is not None:
