@@ -294,18 +294,18 @@ def test_the_kernel_table_is_checked(tmp_path):
     assert len(calls_of(events, traced_name(add_one))) == 1
 
 
-def test_calls_without_a_profiler_session_keep_no_memory():
-    """No event, name or metadata is made (and kept) per call while no
-    profiler session runs: many calls leave Python's memory as it was."""
+def _grown_per_round(api, rounds=3, calls=3000):
+    """Python memory kept after each round of `calls` eager and graph calls
+    of `api` (bytes; the first round follows 200 warm-up calls)."""
     x = tf.ones([16])
-    step = tf.function(lambda x: pfb.numpy_function(add_one, [x], tf.float32))
+    step = tf.function(lambda x: api(add_one, [x], tf.float32))
 
-    def calls(n):
+    def run(n):
         for _ in range(n):
-            pfb.numpy_function(add_one, [x], tf.float32)
+            api(add_one, [x], tf.float32)
             step(x)
 
-    calls(200)  # caches warm
+    run(200)  # caches warm
     not_tracemalloc = [tracemalloc.Filter(False, tracemalloc.__file__)]
 
     def snapshot():
@@ -315,16 +315,25 @@ def test_calls_without_a_profiler_session_keep_no_memory():
     tracemalloc.start()
     try:
         snapshots = [snapshot()]
-        for _ in range(3):
-            calls(3000)
+        for _ in range(rounds):
+            run(calls)
             snapshots.append(snapshot())
     finally:
         tracemalloc.stop()
-    # Memory kept per call grows in every round; TF's eager op dispatch (on a
-    # GPU machine) moves some kilobytes up or down between rounds.
-    grown = [sum(d.size_diff for d in after.compare_to(before, "filename"))
-             for before, after in zip(snapshots, snapshots[1:])]
-    assert min(grown) < 3000, grown  # of 6000 calls: under half a byte per call
+    return [sum(d.size_diff for d in after.compare_to(before, "filename"))
+            for before, after in zip(snapshots, snapshots[1:])]
+
+
+def test_calls_without_a_profiler_session_keep_no_memory():
+    """No event, name or metadata is made (and kept) per call while no
+    profiler session runs: many calls leave Python's memory as it was.
+    Memory kept per call grows in every round.  TF's own eager op dispatch
+    moves some kilobytes between rounds (where the op is dispatched: a GPU
+    machine), measured with its numpy_function: pfb keeps no more."""
+    ours = _grown_per_round(pfb.numpy_function)
+    theirs = _grown_per_round(tf.numpy_function)
+    # Of 6000 calls: under half a byte per call above TF's own.
+    assert min(ours) < max(min(theirs), 0) + 3000, (ours, theirs)
 
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])

@@ -525,6 +525,7 @@ def test_dropping_many_outputs_leaves_the_next_calls_as_fast():
         del kept  # every block goes back to its worker
         after = round_of_calls()
         np.testing.assert_array_equal(one(x).numpy(), [1, 2, 3, 4])
-    assert after <= 2 * before, (
+    # The stall cost a second per call; a loaded machine, tens of milliseconds.
+    assert after <= 2 * before + 0.5, (
         f"{CALLS} calls took {after:.2f} s after {DROPPED} outputs were dropped, "
         f"against {before:.2f} s before")

@@ -171,7 +171,12 @@ def test_array_function_frameworks(framework):
         import torch
         fn = lambda a: torch.flip(a, [0]) * 2  # noqa: E731
     else:
+        import jax
         import jax.numpy as jnp
+        # JAX sets up its backends on first use: a plugin that fails there
+        # (a GPU build without its CUDA libraries) keeps the exception, and
+        # with it the frames of a function that was running, inputs included.
+        jax.devices()
         fn = lambda a: jnp.flip(a, 0) * 2  # noqa: E731
     x = _value(tf.float32)
     f = lambda x: pfb.array_function(fn, [x], tf.TensorSpec([2, 3], tf.float32),  # noqa: E731
