@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, script_env
 
 SCRIPT = textwrap.dedent("""
     import json, os
@@ -134,8 +134,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    env = script_env(ROOT)
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                           timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 import pyfunc_bridge as pfb
 import travel_functions
-from conftest import ROOT, TESTS
+from conftest import ROOT, TESTS, script_env
 from pyfunc_bridge import _portable, _resolve
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,10 +37,7 @@ def _env(**extra):
     """The environment of a fresh process: this checkout, tests/ (its helper
     modules) and this file's folder on the path, pickles untrusted unless
     `extra` says otherwise."""
-    env = dict(os.environ)
-    path = [ROOT, TESTS, HERE] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    env["PYTHONPATH"] = os.pathsep.join(path)
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    env = script_env(ROOT, TESTS, HERE, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("PFB_TRUST_PICKLED", None)
     env.update(extra)
     return env

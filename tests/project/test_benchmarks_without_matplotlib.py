@@ -2,12 +2,11 @@
 every selected scenario, writes the table and results.json, and names the
 extra that brings the plot."""
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
-from conftest import ROOT
+from conftest import ROOT, script_env
 
 # None in sys.modules makes `import matplotlib` fail as if it were missing.
 RUN_WITHOUT_MATPLOTLIB = textwrap.dedent("""
@@ -19,8 +18,7 @@ RUN_WITHOUT_MATPLOTLIB = textwrap.dedent("""
 
 
 def test_run_without_matplotlib_writes_table_and_json(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
-        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    env = script_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     run = subprocess.run(
         [sys.executable, "-c", RUN_WITHOUT_MATPLOTLIB, "--smoke", "--only", "graph_overhead",
          "--out", str(tmp_path)],

@@ -13,7 +13,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
-from conftest import ROOT
+from conftest import ROOT, script_env
 from pyfunc_bridge import _library
 
 TF_DISTRIBUTIONS = re.compile(r"^(tensorflow|tensorflow-cpu|tensorflow_cpu|tf-nightly)\b", re.I)
@@ -90,8 +90,7 @@ def test_ci_runs_the_readme_test_command_on_two_pythons(readme):
 def _import_in_subprocess(prelude):
     """`prelude`, then `import pyfunc_bridge` in a fresh interpreter."""
     code = textwrap.dedent(prelude) + "\nimport pyfunc_bridge\nprint('IMPORTED')\n"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
-        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    env = script_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, env=env, cwd=ROOT)
 

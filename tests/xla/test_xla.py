@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
-from conftest import ROOT, TESTS
+from conftest import ROOT, TESTS, script_env
 from pyfunc_bridge import _library
 
 NUMERIC = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
@@ -48,9 +48,8 @@ def hlo(fn, *args):
 def _run_script(code, PYTHONPATH=None, **env):
     """`code` in a fresh interpreter (this checkout's package first on its
     path, then `PYTHONPATH`); its stdout's lines."""
-    paths = (ROOT, PYTHONPATH, os.environ.get("PYTHONPATH"))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **env,
-               PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    env = script_env(*[p for p in (ROOT, PYTHONPATH) if p], TF_CPP_MIN_LOG_LEVEL="2",
+                     CUDA_VISIBLE_DEVICES="", **env)
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
