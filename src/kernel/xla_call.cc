@@ -181,9 +181,8 @@ struct Function {
   int32_t flags = 0;
 };
 
-// Whether every view of the call's inputs is gone, given a moment: an
-// asynchronous framework (JAX) drops its hold on its own threads just after
-// the result is ready.
+// Whether every view of the call's inputs is gone, given a moment: a thread
+// the function handed an input to may let go of it just after the call.
 bool Released(const std::atomic<int>& live) {
   if (live.load() == 0) return true;
   GilRelease others_run;  // the threads that hold the views need the GIL
