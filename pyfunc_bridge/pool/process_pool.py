@@ -50,13 +50,6 @@ from pyfunc_bridge.pool.worker_process import WorkerProcess, shared_memory
 from pyfunc_bridge.worker.compiled import pool_module
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL
 
-# Names that the tests of #18 and #19 reach through this module (they read
-# private names; they go once those tests check contracts only, #28).
-from pyfunc_bridge.pool.errors import worker_exception as _worker_exception  # noqa: E402,F401
-from pyfunc_bridge.pool.pickling import pickle_function as _pickle_function  # noqa: E402,F401
-from pyfunc_bridge.pool.spawn import spawner as _spawner  # noqa: E402,F401
-from pyfunc_bridge.worker import start_worker as _worker  # noqa: E402,F401
-
 DEFAULT_ARENA_BYTES = 64 << 20
 _MIN_ARENA_BYTES = 4096      # one page: arena_bytes=0 and smaller pools get this much
 

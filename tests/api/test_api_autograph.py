@@ -11,7 +11,7 @@ from tensorflow.python.autograph.impl import api as autograph_api
 
 import pyfunc_bridge as pfb
 from pyfunc_bridge import _autograph
-from pyfunc_bridge.pool import process_pool as _process
+from pyfunc_bridge.pool.pickling import pickle_function
 
 
 def converted_functions(build, *args):
@@ -94,7 +94,7 @@ def test_a_function_whose_original_autograph_dropped_is_refused_clearly():
     try:
         with pytest.raises(TypeError, match=r"cannot be sent to a worker process .*converted "
                                             r"by autograph .*no longer holds"):
-            _process._pickle_function(func)
+            pickle_function(func)
         with pytest.raises(TypeError, match="portable=True: .* cannot be pickled .*autograph"):
             pfb._portable.pickled(func, func)
     finally:

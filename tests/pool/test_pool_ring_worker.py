@@ -17,6 +17,7 @@ import pytest
 
 import pyfunc_bridge as pfb
 from pyfunc_bridge.pool import pickling as _pickling, process_pool as _process
+from pyfunc_bridge.pool.errors import worker_exception
 from pyfunc_bridge.worker import compiled as _worker
 
 pw = _worker.pool_module()
@@ -209,7 +210,7 @@ def test_an_error_comes_back_pickled_with_its_traceback(client):
     assert done.status == pw.STATUS_ERROR and done.items == []
     offset, size = done.block
     payload = pickle.loads(client.results[offset:offset + size].tobytes())
-    exc = _process._worker_exception(payload)
+    exc = worker_exception(payload)
     assert isinstance(exc, KeyError) and "no 2.0" in str(exc)
     assert "fails" in str(exc.__cause__)
     client.channel.post(R, pw.MSG_RESULTS_BACK, [offset], timeout=30)

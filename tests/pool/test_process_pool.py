@@ -23,10 +23,12 @@ import process_functions as pf
 from conftest import ROOT, TESTS, in_arena, input_arena_whole, script_env, wait_for
 import pyfunc_bridge as pfb
 from pyfunc_bridge.pool import process_pool as _process
+from pyfunc_bridge.pool.spawn import spawner
+from pyfunc_bridge.worker import start_worker
 
 # This file's folder: scripts import this module by name (`import test_process_pool`).
 HERE = os.path.dirname(os.path.abspath(__file__))
-_worker_file = _process._worker.__file__
+_worker_file = start_worker.__file__
 
 
 @pytest.fixture(scope="module")
@@ -982,19 +984,19 @@ def _sockets():
 def test_a_worker_whose_hello_fails_leaves_no_process_and_no_descriptor(monkeypatch,
                                                                          timeout):
     started = []
-    popen = _process._spawner.popen
+    popen = spawner.popen
 
     def recording_popen(*args, **kwargs):
         started.append(popen(*args, **kwargs))
         return started[-1]
-    real_frame = _process._worker.frame
+    real_frame = start_worker.frame
 
     def failing_frame(message, dumps):
         if isinstance(message, dict) and "path" in message:  # the hello
             raise OSError("the hello could not be sent")
         return real_frame(message, dumps)
-    monkeypatch.setattr(_process._spawner, "popen", recording_popen)
-    monkeypatch.setattr(_process._worker, "frame", failing_frame)
+    monkeypatch.setattr(spawner, "popen", recording_popen)
+    monkeypatch.setattr(start_worker, "frame", failing_frame)
     sockets = _sockets()
     try:
         with pytest.raises(OSError, match="the hello could not be sent") as info:
@@ -1019,8 +1021,8 @@ def test_a_pool_whose_workers_cannot_start_says_why_and_tries_again_later(tmp_pa
     failing = tmp_path / "fails_at_start.py"
     failing.write_text("import sys\nsys.exit(3)\n")
     monkeypatch.setattr(_process, "_RETRY_SECONDS", 1.0, raising=False)
-    _process._worker.pool_module()  # loaded by its real path, before the patch
-    monkeypatch.setattr(_process._worker, "__file__", str(failing))
+    start_worker.pool_module()  # loaded by its real path, before the patch
+    monkeypatch.setattr(start_worker, "__file__", str(failing))
 
     def call():
         return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=broken))
@@ -1046,7 +1048,7 @@ def test_a_pool_whose_workers_cannot_start_says_why_and_tries_again_later(tmp_pa
             call()
         message, retry = refused()
         assert "tries again on the first call 2 s after" in message
-        monkeypatch.setattr(_process._worker, "__file__", _worker_file)  # they can start
+        monkeypatch.setattr(start_worker, "__file__", _worker_file)  # they can start
         wait_for(lambda: time.monotonic() >= retry, seconds=10)
         pid = call()
         assert broken.pids() == [pid] and call() == pid  # no longer broken
