@@ -78,10 +78,7 @@ def _copy(start, length, prot):
     """A private anonymous mapping of `length` bytes (protection `prot`) that
     holds a copy of the resident pages at `start` (the others read as zeros,
     as they did)."""
-    tmp = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE,
-                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-    if tmp in (None, _MAP_FAILED):
-        raise OSError(ctypes.get_errno(), "pyfunc_bridge: mmap for a copy of a pool's arena")
+    tmp = _zeros(length, mmap.PROT_READ | mmap.PROT_WRITE)
     page = mmap.PAGESIZE
     pages = length // page
     if prot & mmap.PROT_READ:
@@ -103,9 +100,10 @@ def _copy(start, length, prot):
 
 
 def _zeros(length, prot):
+    """A private anonymous mapping of `length` bytes (zeros), protection `prot`."""
     tmp = _libc.mmap(None, length, prot, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
     if tmp in (None, _MAP_FAILED):
-        raise OSError(ctypes.get_errno(), "pyfunc_bridge: mmap in a forked child")
+        raise OSError(ctypes.get_errno(), "pyfunc_bridge: mmap of private memory for a fork")
     return tmp
 
 

@@ -437,7 +437,6 @@ def executor(value, api):
 
 
 _exiting = False
-EXIT_TEXT = "was closed at interpreter exit"
 
 
 @atexit.register

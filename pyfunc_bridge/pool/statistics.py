@@ -81,16 +81,9 @@ class PoolCounters:
             self._counts["bytes_out"] += bytes_out
             self._counts["copies_saved"] += copies_saved
 
-    def count_worker_replaced(self):
-        """A dead worker was replaced."""
-        self._add_one("workers_replaced")
-
-    def count_timeout(self):
-        """A call ran past the pool's timeout (the pool's timeout handling
-        calls this once per call that timed out)."""
-        self._add_one("timeouts")
-
-    def _add_one(self, field):
+    def add_one(self, field):
+        """A dead worker was replaced ("workers_replaced"), or a call ran
+        past the pool's timeout ("timeouts")."""
         if counting():
             with self._lock:
                 self._counts[field] += 1

@@ -169,7 +169,9 @@ class Supervision:
                                     f"{EXIT_TEXT if self._closed_at_exit else 'was closed'} while the "
                                     f"call ran in worker process {worker.pid}")
         else:  # the call told off for the timeout, if that is what ended it
-            error = self._died(worker, worker.timed_out or 0, self._death(worker, unreadable))
+            death = self._death(worker, unreadable)
+            error = (WorkerError(death) if self._deadlines is None
+                     else self._deadlines.error(self, worker, worker.timed_out or 0, death))
         self._detach(worker, error)
         if not closing:  # (close() ends its workers itself)
             worker.ended()
@@ -177,13 +179,6 @@ class Supervision:
             self._deadlines.forget(worker)
         if not closing:
             self._replace(worker)
-
-    def _died(self, worker, running, death):
-        """The error of a call that `worker` had started when it died
-        (`running`: that call as the worker showed it, shm_layout.h)."""
-        if self._deadlines is None:
-            return WorkerError(death)
-        return self._deadlines.error(self, worker, running, death)
 
     def _how(self, worker, unreadable=None):
         """How `worker` ended (it is reaped here, if it was not)."""
@@ -233,7 +228,7 @@ class Supervision:
             closed = self._closed
         if not closed:
             self._attach(fresh)
-        self._counters.count_worker_replaced()
+        self._counters.add_one("workers_replaced")
         if closed:
             self._stop([fresh])
 

@@ -96,15 +96,15 @@ class Deadlines:
         """The exception of the call whose running call (shm_layout.h, its
         id) is `running`, which `worker` had started when it ended (0: none
         of its calls was told off)."""
-        if worker.timed_out is None or worker.timed_out != running:
-            if worker.timed_out is None:
-                return WorkerError(death)
+        if worker.timed_out is None:
+            return WorkerError(death)
+        if worker.timed_out != running:
             return WorkerError(
                 f"pyfunc_bridge: worker process {worker.pid} of {pool.name} was ended "
                 f"because another call ran past the {self.timeout:g} s timeout; this call "
                 f"had just started in it. The pool starts a new worker, so later calls run.")
         stack = self.stack(worker)
-        pool._counters.count_timeout()
+        pool._counters.add_one("timeouts")
         return CallTimeoutError(
             f"pyfunc_bridge: the call ran past the {self.timeout:g} s timeout of {pool.name} "
             f"in worker process {worker.pid}, which was ended; the pool starts a new "

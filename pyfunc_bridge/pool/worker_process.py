@@ -12,14 +12,13 @@ import weakref
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.worker import start_worker
 from pyfunc_bridge.worker.compiled import pool_module
+from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL, send
 
 RING_SLOTS = 256  # per ring of a worker's control segment (16 KiB each)
 
 
 def shared_memory(size, name):
-    """(fd, mmap) of `size` bytes of anonymous shared memory (None, None for 0)."""
-    if not size:
-        return None, None
+    """(fd, mmap) of `size` bytes of anonymous shared memory."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, size)
@@ -88,7 +87,7 @@ class WorkerProcess:
             self.sock = parent
             self.sock_fd = parent.fileno()
             self.pid = self.proc.pid
-            start_worker.send_hello(parent, hello, pickle.dumps)
+            send(parent, pickle.dumps(hello, protocol=PICKLE_PROTOCOL))  # the hello
             # (The pool weakly: a pool dropped without close() is collected.)
             self.reader = threading.Thread(target=pool._read,
                                            args=(weakref.ref(pool), self), daemon=True,

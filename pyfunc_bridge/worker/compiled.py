@@ -26,12 +26,3 @@ def pool_module():
             return module
     raise ImportError(f"pyfunc_bridge: the worker's compiled module _pool_worker is missing "
                       f"from {here}; build the package (python setup.py build_ext --inplace)")
-
-
-# ------------------------------------------------------------- copy facts --
-# What the parent's copy decision (_copy_reason, src/conversion/copy.pxi)
-# would have known of a result in-process: the parent sees only blocks of
-# the result arena (a fresh result as it is, anything else copied), yet
-# copy=False must refuse what it refuses in-process.  The facts are gathered here as the conversion layer
-# gathers them (_array_writable_elsewhere and _export_output for arrays,
-# _export_dlpack_output and the framework's adapter for DLPack producers);

@@ -2,7 +2,7 @@
 import sys
 import weakref
 
-from .values import framework_adapter
+from .values import CONVERTED_BY_THE_PARENT, framework_adapter
 
 ALIGN = 64  # PFB_TENSOR_ALIGNMENT (src/bridge_abi.h): TF's Eigen kernels need it
 
@@ -74,8 +74,7 @@ class CopyFacts:
                      value.flags.c_contiguous, _aligned(np, value), False)
         elif dlpack and hasattr(type(value), "__dlpack__") and not isinstance(value, np.generic):
             facts = self.dlpack_facts(value, outside, ranges)
-        elif isinstance(value, (np.generic, bool, int, float, complex, list, tuple, str,
-                                bytes)) or value is None:
+        elif isinstance(value, (np.generic, *CONVERTED_BY_THE_PARENT)) or value is None:
             return None  # converted to a fresh array
         else:  # an object exporting an array: its memory is not ours (aliasing)
             try:
@@ -164,12 +163,3 @@ class CopyFacts:
         if foreign and any(lo <= start and start + arr.nbytes <= hi for lo, hi in ranges):
             foreign = False  # a view of an input: TensorFlow's memory in-process
         return (foreign, arr.flags.c_contiguous, start % ALIGN == 0, lazy)
-
-
-# ------------------------------------------------------------ the rings --
-# CALLs name their inputs by PfbPoolTensor records over the pool's input
-# arena, and DONEs their results by records over this worker's result arena,
-# so a call needs no pickle.  The worker polls its socket and its doorbell
-# (an eventfd the parent rings after posting, when the worker has said it
-# sleeps) at once.  Dtypes travel as DLPack codes (the pool module's
-# dl_dtype and np_dtype: the one table).

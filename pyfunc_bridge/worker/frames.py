@@ -10,12 +10,6 @@ PICKLE_PROTOCOL = 5
 _JOINED = 1 << 16  # a pickle up to this size is joined to its header (one write)
 
 
-def frame(obj, dumps):
-    """One frame: the length, then the pickle."""
-    data = dumps(obj, protocol=PICKLE_PROTOCOL)
-    return _HEADER.pack(len(data)) + data
-
-
 def send(sock, data):
     """Writes the frame of the pickle `data`.  A large one is written after
     its header rather than joined to it: joining would copy it."""

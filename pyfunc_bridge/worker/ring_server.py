@@ -36,7 +36,8 @@ class RingServer:
         self.load_errors = {}  # token -> the exception its LOAD raised
         self.stopped = False
         # Words per INPUTS_BACK: what fits a message in this ring.
-        self.words_per_message = _words_per_message(pw, channel.ring_slots)
+        # (as dispatch.c's post_words: at most 63 slots, one less than the ring)
+        self.words_per_message = 8 * (min(channel.ring_slots, 64) - 1)
 
     def run(self):
         """Serves the ring until a STOP, or the end of the socket's stream
@@ -170,10 +171,11 @@ class RingServer:
         return [self.arg(t, flags) for t in message.items]
 
     def pulled(self, value, flags):
-        """An input pulled over the socket, as a block's input would be:
-        writable only under copy=True and torch; 0-d a NumPy scalar under
-        PFB_POOL_CALL_SCALARS.  A value the records cannot describe stays
-        as it came."""
+        """An input (pulled over the socket, or a block's numbers) as the
+        function gets it: written only under copy=True, as the bridge's
+        inputs are, and by torch (which has no read-only tensors); 0-d a
+        NumPy scalar under PFB_POOL_CALL_SCALARS.  A value the records
+        cannot describe stays as it came."""
         pw, np = self.pw, self.worker.np
         if not isinstance(value, np.ndarray):
             return value
@@ -196,23 +198,16 @@ class RingServer:
             block = worker.input_block(offset, size) if size else b""
             arr = strings_array(np, memoryview(block), shape)
             del block  # decoded: the block goes back
-        else:
-            dtype = pw.np_dtype(code, bits)
-            count = math.prod(shape)
-            if not count or not size:
-                arr = np.zeros(shape, dtype)
-            else:
-                if count * dtype.itemsize > size:
-                    raise ValueError(f"pyfunc_bridge: an input of shape {shape} does not "
-                                     f"fit its {size}-byte block")
-                arr = worker.input_block(offset, size).view(dtype)[:count].reshape(shape)
-            # Written only under copy=True, as the bridge's inputs are, and
-            # by torch (which has no read-only tensors).
-            if not flags & (pw.CALL_WRITABLE | pw.CALL_TORCH):
-                arr.flags.writeable = False
-        if flags & pw.CALL_SCALARS and arr.ndim == 0:
-            return arr[()]
-        return arr
+            return arr[()] if flags & pw.CALL_SCALARS and arr.ndim == 0 else arr
+        dtype = pw.np_dtype(code, bits)
+        count = math.prod(shape)
+        if not count or not size:
+            return self.pulled(np.zeros(shape, dtype), flags)
+        if count * dtype.itemsize > size:
+            raise ValueError(f"pyfunc_bridge: an input of shape {shape} does not "
+                             f"fit its {size}-byte block")
+        return self.pulled(worker.input_block(offset, size).view(dtype)[:count].reshape(shape),
+                           flags)
 
     def call(self, message):
         pw, worker = self.pw, self.worker
@@ -366,10 +361,6 @@ class _NoRoom(Exception):
 def _pickled(value):
     import pickle
     return pickle.dumps(value, protocol=PICKLE_PROTOCOL)
-
-
-def _words_per_message(pw, ring_slots):
-    return 8 * (min(ring_slots, 64) - 1)
 
 
 def _exception_payload(exc):

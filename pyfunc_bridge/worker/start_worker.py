@@ -1,7 +1,6 @@
 """The script a worker process runs (``python <this file> PARENT_PID
-SOCKET_FD INPUT_FD RESULT_FD``, started by pyfunc_bridge/pool/worker_process.py),
-and the hello, the first frame on its socket, which the parent sends
-(``send_hello``) and ``main`` reads.
+SOCKET_FD INPUT_FD RESULT_FD``, started by pyfunc_bridge/pool/worker_process.py,
+which sends the hello, the first frame on its socket, that ``main`` reads).
 
 Run by path, never as ``-m pyfunc_bridge.worker.start_worker``: importing
 the package would import TensorFlow, which a worker never needs.  At module
@@ -32,12 +31,7 @@ if __name__ == "__main__":
     del sys.path[0]
 
 from pyfunc_bridge.worker.compiled import pool_module  # noqa: E402
-from pyfunc_bridge.worker.frames import FrameReader, frame  # noqa: E402
-
-
-def send_hello(sock, hello, dumps):
-    """The parent's side of the hello: the first frame a worker reads."""
-    sock.sendall(frame(hello, dumps))
+from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL, FrameReader, send  # noqa: E402
 
 
 def _batch_policy():
@@ -122,7 +116,7 @@ def main(argv):
     ring = RingServer(worker, pw, pw.Channel(control), rings["doorbell_fd"], sock_fd, reader)
     ring.channel.announce(os.getpid())
     try:
-        sock.sendall(frame(("ready", os.getpid()), pickle.dumps))
+        send(sock, pickle.dumps(("ready", os.getpid()), protocol=PICKLE_PROTOCOL))
         ring.run()
     except ConnectionError:
         pass  # the pool closed (maybe before this worker was ready), or the parent is gone

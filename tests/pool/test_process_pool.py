@@ -1707,8 +1707,8 @@ def test_frames_larger_than_the_reader_buffer_arrive_whole():
     try:
         reader = _worker.FrameReader(b, size=64)
         sent = [b"x" * 10, b"y" * 1000, b"z" * 20, list(range(300)), b"w"]
-        writer = threading.Thread(target=lambda: [a.sendall(
-            _worker.frame(item, pickle.dumps)) for item in sent])
+        writer = threading.Thread(target=lambda: [_worker.send(a, pickle.dumps(item))
+                                                  for item in sent])
         writer.start()
         got = []
         while len(got) < len(sent):
