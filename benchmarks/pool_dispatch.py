@@ -83,9 +83,6 @@ def main(argv=None):
     for name, n, timings in measure(args.calls):
         print(f"{name:<14} {n:>5} " + " ".join(f"{w * 1e6:>7.1f}/{c * 1e6:>7.1f}"
                                              for w, c in timings))
-    print("eager pool call / in-process eager call: wall "
-          + ", ".join(f"{name} {t[3][0] / t[4][0]:.2f}x" for name, _, t in measure(0) or [])
-          if False else "")
 
 
 if __name__ == "__main__":
