@@ -22,7 +22,7 @@ cdef class _ResultBlock:
     def __dealloc__(self):
         if self.arena is not None:
             try:
-                self.arena.back(self.offset)
+                self.arena.hand_back(self.offset)
             except BaseException:
                 pass  # the interpreter is finalizing: the memory goes with it
 

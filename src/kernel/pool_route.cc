@@ -53,7 +53,7 @@ class ArenaBuffer : public tensorflow::TensorBuffer {
     api_->arena_keep(arena_);  // dropped in the destructor
   }
   ~ArenaBuffer() override {
-    api_->arena_back(arena_, offset_);
+    api_->arena_hand_back(arena_, offset_);
     api_->arena_drop(arena_);
   }
 
@@ -221,14 +221,8 @@ void RouteSlot::Clear(const PfbDispatchRoute* route) {
 
 NativeCall::~NativeCall() {
   if (!submitted_) return;
-  GiveBackResults();
+  if (replied_) route_->api->reply_hand_back(&call_);  // an untaken reply's result blocks
   route_->api->finish(route_->d, &call_);
-}
-
-void NativeCall::GiveBackResults() {
-  if (!replied_) return;
-  replied_ = false;
-  route_->api->reply_back(&call_);
 }
 
 // ------------------------------------------------------------- RunNative --
@@ -281,16 +275,21 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
   }
   native->replied_ = true;  // from here on, the result blocks are this call's
   const PfbPoolMessage& m = call.reply[0].message;
-  // The pool's share of a call handed to Python (which counts the rest).
+  // A call its worker answered: the pool's figures, and the inputs' share
+  // of the function's.
+  auto count_answered = [&] {
+    Add(&counts->calls, 1);
+    Add(&counts->bytes_in, in.bytes);
+    Add(&counts->strings_in, in.string_bytes);
+    Add(&counts->worker_in, in.to_worker);
+    if (m.stamp >= static_cast<uint64_t>(posted)) Add(&counts->queued_ns, m.stamp - posted);
+    if (m.ended >= m.stamp) Add(&counts->worker_ns, m.ended - m.stamp);
+  };
+  // A call handed to Python (which counts the rest).
   auto replied = [&] {
     if (counting) {
-      Add(&counts->calls, 1);
+      count_answered();
       Add(&counts->replied, 1);
-      Add(&counts->bytes_in, in.bytes);
-      Add(&counts->strings_in, in.string_bytes);
-      Add(&counts->worker_in, in.to_worker);
-      if (m.stamp >= static_cast<uint64_t>(posted)) Add(&counts->queued_ns, m.stamp - posted);
-      if (m.ended >= m.stamp) Add(&counts->worker_ns, m.ended - m.stamp);
     }
     return NativeOutcome::kReply;
   };
@@ -335,10 +334,10 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
                     call.arena->base + r.record.offset, r.nbytes);
         copied += r.nbytes;
       }
-      if (r.record.size) api->arena_back(call.arena, r.record.offset);
+      if (r.record.size) api->arena_hand_back(call.arena, r.record.offset);
       if (!s.ok()) {
         for (size_t j = i + 1; j < n; ++j) {
-          if (results[j].record.size) api->arena_back(call.arena, results[j].record.offset);
+          if (results[j].record.size) api->arena_hand_back(call.arena, results[j].record.offset);
         }
         ctx->SetStatus(s);
         return NativeOutcome::kDone;
@@ -353,17 +352,12 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
     if (!numpy_scalar) ++saved;
   }
   if (counting) {
-    Add(&counts->calls, 1);
-    Add(&counts->bytes_in, in.bytes);
-    Add(&counts->strings_in, in.string_bytes);
-    Add(&counts->worker_in, in.to_worker);
+    count_answered();
     Add(&counts->bytes_out, bytes_out);
     Add(&counts->shared_out, shared);
     Add(&counts->copied_out, copied);
     Add(&counts->copies_saved, saved);
     Add(&counts->worker_copied, worker_copied);
-    if (m.stamp >= static_cast<uint64_t>(posted)) Add(&counts->queued_ns, m.stamp - posted);
-    if (m.ended >= m.stamp) Add(&counts->worker_ns, m.ended - m.stamp);
     Add(&counts->total_ns, ClockNs(CLOCK_MONOTONIC) - began);
   }
   return NativeOutcome::kDone;

@@ -81,9 +81,6 @@ class NativeCall {
   void ReplyTaken() { replied_ = false; }
 
  private:
-  // Hands every result block of an untaken reply back to its worker.
-  void GiveBackResults();
-
   friend NativeOutcome RunNative(tensorflow::OpKernelContext* ctx,
                                  const PfbDispatchRoute* route, int first_input,
                                  const std::vector<PfbOutputSpec>& specs, int32_t copy_mode,

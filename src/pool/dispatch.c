@@ -240,13 +240,13 @@ static void hand_back_results(Worker* w, const PfbPoolSlot* message) {
   pthread_mutex_unlock(&w->back_lock);
 }
 
-static void arena_back(void* arena, uint64_t offset) {
-  pfb_dispatch_arena_back((PfbDispatchArena*)arena, offset);
+static void arena_hand_back(void* arena, uint64_t offset) {
+  pfb_dispatch_arena_hand_back((PfbDispatchArena*)arena, offset);
 }
 
-void pfb_dispatch_reply_back(PfbDispatchCall* call) {
+void pfb_dispatch_reply_hand_back(PfbDispatchCall* call) {
   if (call->reply != NULL && call->arena != NULL)
-    each_result_block(call->reply, arena_back, call->arena);
+    each_result_block(call->reply, arena_hand_back, call->arena);
 }
 
 /* ------------------------------------------------------- reply threads -- */
@@ -1243,7 +1243,7 @@ void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call) {
        * first, then publishes the state): wait for the state; its result
        * blocks go back, as an abandoned call's do. */
       pfb_dispatch_wait(call, -1);
-      pfb_dispatch_reply_back(call);
+      pfb_dispatch_reply_hand_back(call);
     }
   }
   free(call->reply);
@@ -1267,28 +1267,13 @@ void pfb_dispatch_arena_drop(PfbDispatchArena* arena) {
   free(arena);
 }
 
-void pfb_dispatch_arena_back(PfbDispatchArena* arena, uint64_t offset) {
+void pfb_dispatch_arena_hand_back(PfbDispatchArena* arena, uint64_t offset) {
   Worker* w = &arena->d->workers[arena->index];
   pthread_mutex_lock(&w->back_lock);
   /* Only to the worker that wrote it (lost() clears w->arena under this
    * lock): a later worker in the slot has an arena of its own. */
   if (w->arena == arena) words_push(&w->back, offset);  /* (no memory: the block stays lost) */
   pthread_mutex_unlock(&w->back_lock);
-}
-
-int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size) {
-  pthread_mutex_lock(&d->arena_lock);
-  int rc = pfb_arena_alloc(d->arena, nbytes, offset, size);
-  pthread_mutex_unlock(&d->arena_lock);
-  return rc;
-}
-
-int pfb_dispatch_free(PfbDispatch* d, uint64_t offset) {
-  pthread_mutex_lock(&d->arena_lock);
-  int rc = pfb_arena_free(d->arena, offset);
-  pthread_cond_broadcast(&d->room);
-  pthread_mutex_unlock(&d->arena_lock);
-  return rc;
 }
 
 uint64_t pfb_dispatch_free_bytes(PfbDispatch* d) {
@@ -1332,8 +1317,8 @@ void pfb_dispatch_set_counting(int on) { __atomic_store_n(&counting_on, on ? 1 :
 static const PfbDispatchApi api = {
     pfb_dispatch_submit,     pfb_dispatch_wait,       pfb_dispatch_finish,
     pfb_msg_read_tensor,     pfb_dispatch_arena_keep, pfb_dispatch_arena_drop,
-    pfb_dispatch_arena_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop,
-    pfb_dispatch_reply_back};
+    pfb_dispatch_arena_hand_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop,
+    pfb_dispatch_reply_hand_back};
 
 const PfbDispatchApi* pfb_dispatch_api(void) { return &api; }
 

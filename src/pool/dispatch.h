@@ -114,7 +114,7 @@ typedef struct PfbDispatchCall {
   /* DONE: the message (header, records), malloc'd by the reply thread,
    * freed by pfb_dispatch_finish; and a reference on the arena its result
    * blocks are in, dropped by pfb_dispatch_finish.  The blocks themselves
-   * are the caller's: each goes back by pfb_dispatch_arena_back. */
+   * are the caller's: each goes back by pfb_dispatch_arena_hand_back. */
   PfbPoolSlot* reply;
   uint32_t reply_slots;
   PfbDispatchArena* arena;
@@ -200,17 +200,12 @@ void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call);
  * with it).  Any thread, no GIL. */
 void pfb_dispatch_arena_keep(PfbDispatchArena* arena);
 void pfb_dispatch_arena_drop(PfbDispatchArena* arena);
-void pfb_dispatch_arena_back(PfbDispatchArena* arena, uint64_t offset);
+void pfb_dispatch_arena_hand_back(PfbDispatchArena* arena, uint64_t offset);
 /* Hands back every result block of a DONE its caller does not take (its
  * records', or its error's). */
-void pfb_dispatch_reply_back(PfbDispatchCall* call);
+void pfb_dispatch_reply_hand_back(PfbDispatchCall* call);
 
-/* The input arena's allocator, for tests that play the parent's side of a
- * worker's rings: a block of at least `nbytes` now (0, its offset and size)
- * or ENOMEM; and its free (0, or EINVAL for no live block there), which
- * wakes the callers waiting for room.  Its free bytes now. */
-int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size);
-int pfb_dispatch_free(PfbDispatch* d, uint64_t offset);
+/* The input arena's free bytes now. */
 uint64_t pfb_dispatch_free_bytes(PfbDispatch* d);
 
 /* The slots of a worker's request ring (0 until a worker was attached): a
@@ -279,7 +274,7 @@ typedef struct PfbDispatchRoute {
   PfbDispatch* d;         /* a reference */
   uint64_t token;         /* the function, registered with d */
   uint32_t flags;         /* its CALLs' PFB_POOL_CALL_* */
-  const int* counting;    /* nonzero: statistics are on (pfb_dispatch_counting) */
+  const int* counting;    /* nonzero: statistics are on (pfb_dispatch_set_counting) */
   PfbDispatchRouteCounts counts;
 } PfbDispatchRoute;
 
@@ -302,10 +297,10 @@ typedef struct PfbDispatchApi {
                      int64_t* dims);
   void (*arena_keep)(PfbDispatchArena* arena);
   void (*arena_drop)(PfbDispatchArena* arena);
-  void (*arena_back)(PfbDispatchArena* arena, uint64_t offset);
+  void (*arena_hand_back)(PfbDispatchArena* arena, uint64_t offset);
   void (*route_keep)(PfbDispatchRoute* route);
   void (*route_drop)(PfbDispatchRoute* route);
-  void (*reply_back)(PfbDispatchCall* call);
+  void (*reply_hand_back)(PfbDispatchCall* call);
 } PfbDispatchApi;
 
 const PfbDispatchApi* pfb_dispatch_api(void);

@@ -31,7 +31,6 @@ cdef class Dispatcher:
     as (Message, NativeArena of its result blocks)."""
     cdef PfbDispatch* _d
     cdef bint _disowned  # a forked child's copy: never deleted (disown)
-    cdef bint _closed    # close() deleted it: this object keeps a reference
     cdef _Held _inputs
     cdef dict _held   # worker index -> (channel, _Held of its result arena)
 
@@ -43,29 +42,8 @@ cdef class Dispatcher:
             raise MemoryError()
 
     def __dealloc__(self):
-        if self._d == NULL or self._disowned:
-            return
-        if self._closed:
-            pfb_dispatch_release(self._d)
-        else:
+        if self._d != NULL and not self._disowned:
             pfb_dispatch_delete(self._d)
-
-    def close(self):
-        """Closes it now (dispatch.h, pfb_dispatch_delete): the calls in
-        flight and the queued ones fail ("the pool was closed"), later ones
-        are refused.  Its memory stays until this object goes (a thread of
-        ``call`` may still finish its call)."""
-        if self._closed or self._disowned:
-            return
-        self._closed = True
-        pfb_dispatch_retain(self._d)  # this object's, for the methods called after
-        with nogil:
-            pfb_dispatch_delete(self._d)
-
-    @property
-    def address(self):
-        """The PfbDispatch*, for the kernel (alive as long as this object)."""
-        return <uintptr_t>self._d
 
     def disown(self):
         """In a forked child: refuses every call from now on, touching
@@ -116,32 +94,19 @@ cdef class Dispatcher:
         return bool(pfb_dispatch_knows(self._d, token))
 
     cdef PfbDispatchInput* _inputs_of(self, arrays, int64_t* dims, list keep) except NULL:
+        """The records of `arrays` as Route.call makes them (_ring_input)."""
         cdef Py_ssize_t n = len(arrays), i
-        cdef cnp.ndarray arr
+        cdef uint64_t data_bytes = 0
         cdef PfbDispatchInput* inputs = <PfbDispatchInput*>calloc(max(n, 1),
                                                                   sizeof(PfbDispatchInput))
         if inputs == NULL:
             raise MemoryError()
-        try:
-            for i in range(n):
-                arr = arrays[i]
-                if (not PyArray_IS_C_CONTIGUOUS(<PyArrayObject*>arr)
-                        or arr.ndim > PFB_POOL_MAX_NDIM or arr.dtype.kind not in "iufcb"):
-                    raise ValueError("pyfunc_bridge: dispatch takes C-contiguous arrays of "
-                                     "numbers")
-                keep.append(arr)
-                inputs[i].data = cnp.PyArray_DATA(arr)
-                inputs[i].nbytes = cnp.PyArray_NBYTES(arr)
-                inputs[i].code = _DL_CODES[arr.dtype.kind]
-                inputs[i].bits = arr.dtype.itemsize * 8
-                inputs[i].lanes = 1
-                inputs[i].ndim = arr.ndim
-                inputs[i].dims = &dims[i * PFB_POOL_MAX_NDIM]
-                for d in range(arr.ndim):
-                    dims[i * PFB_POOL_MAX_NDIM + d] = arr.shape[d]
-        except BaseException:
-            free(inputs)
-            raise
+        for i in range(n):
+            if _ring_input(arrays[i], &inputs[i], &dims[i * PFB_POOL_MAX_NDIM], keep,
+                           &data_bytes):
+                free(inputs)
+                raise ValueError(f"pyfunc_bridge: dispatch takes arrays of numbers or bytes, "
+                                 f"got {arrays[i]!r}")
         return inputs
 
     def call(self, uint64_t token, arrays, uint32_t flags=0, timeout=None, wait=None):
@@ -217,7 +182,7 @@ cdef class Dispatcher:
                     if call.state == PFB_DISPATCH_DONE:
                         stamps[2 * k] = call.reply[0].message.stamp
                         stamps[2 * k + 1] = call.reply[0].message.ended
-                        pfb_dispatch_reply_back(&call)
+                        pfb_dispatch_reply_hand_back(&call)
                     pfb_dispatch_finish(self._d, &call)
             if rc:
                 raise OSError(rc, f"pyfunc_bridge: dispatching call {k} failed ({rc})")
@@ -227,20 +192,6 @@ cdef class Dispatcher:
             free(inputs)
             free(dims)
             free(stamps)
-
-    def alloc(self, uint64_t nbytes):
-        """(offset, size) of an input-arena block for the pool's Python
-        path, or None: the arena is shared with the native calls."""
-        cdef uint64_t offset, size
-        if pfb_dispatch_alloc(self._d, nbytes, &offset, &size):
-            return None
-        return offset, size
-
-    def free(self, uint64_t offset, uint64_t size=0):
-        """Frees a block that alloc gave (`size`: unused, the allocator
-        knows it; the pool's old allocator took it)."""
-        if pfb_dispatch_free(self._d, offset):
-            raise ValueError(f"pyfunc_bridge: no live input block starts at offset {offset}")
 
     def free_bytes(self):
         return pfb_dispatch_free_bytes(self._d)

@@ -5,7 +5,7 @@
 cdef class NativeArena:
     """A reference on a worker's result arena as the dispatcher maps it
     (PfbDispatchArena): while this object lives, the mapping does.  Result
-    blocks go back to their worker by ``back(offset)`` (the conversion
+    blocks go back to their worker by ``hand_back(offset)`` (the conversion
     layer's result views, worker_result, call it when they go)."""
     cdef PfbDispatchArena* _a
 
@@ -16,12 +16,8 @@ cdef class NativeArena:
     def index(self):
         return self._a.index
 
-    @property
-    def generation(self):
-        return self._a.generation
-
-    def back(self, uint64_t offset):
-        pfb_dispatch_arena_back(self._a, offset)
+    def hand_back(self, uint64_t offset):
+        pfb_dispatch_arena_hand_back(self._a, offset)
 
     def array(self):
         """A read-only uint8 array over the whole mapping; it keeps this
@@ -57,7 +53,7 @@ cdef class Reply:
     def __dealloc__(self):
         if self._held and self.arena is not None:
             for offset in self._held:
-                (<NativeArena>self.arena).back(offset)
+                (<NativeArena>self.arena).hand_back(offset)
 
     def read(self, uint64_t offset, uint64_t size):
         """The bytes of the block at `offset` (`size` used); it goes back."""
@@ -65,7 +61,7 @@ cdef class Reply:
         try:
             return bytes(self._array()[offset:offset + size])
         finally:
-            (<NativeArena>self.arena).back(offset)
+            (<NativeArena>self.arena).hand_back(offset)
 
     def view(self, make_view, uint64_t offset, uint64_t size, dtype, shape):
         """make_view(arena, results, offset, size, dtype, shape): the

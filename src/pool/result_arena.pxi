@@ -18,7 +18,6 @@ cdef struct _Handler:
     uint64_t bytes
     uint64_t min_bytes   # smaller allocations use the ordinary allocator
     uint64_t call        # the call running now (numbered from 1)
-    uint64_t placed      # allocations placed in the arena
     uint64_t fell_back   # allocations of min_bytes or more that did not fit
     Py_buffer view       # keeps the mapping (an mmap cannot close while exported)
     bint has_view
@@ -39,7 +38,6 @@ cdef void* _arena_malloc(_Handler* h, size_t size) noexcept nogil:
         pthread_mutex_unlock(&h.lock)
         return NULL
     pfb_arena_find(h.arena, offset).user = _ARRAY | (h.call << _CALL_SHIFT)
-    h.placed += 1
     pthread_mutex_unlock(&h.lock)
     return h.base + offset
 
@@ -204,16 +202,6 @@ cdef class ResultArena:
     def address(self):
         """This process's address of the arena's first byte."""
         return <uintptr_t>self._h.base
-
-    @property
-    def handler(self):
-        """The NumPy handler (a "mem_handler" capsule)."""
-        return self._capsule
-
-    @property
-    def placed(self):
-        """Allocations NumPy placed in the arena."""
-        return self._h.placed
 
     @property
     def fell_back(self):

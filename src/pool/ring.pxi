@@ -108,14 +108,6 @@ cdef class Channel:
         return self._slots
 
     @property
-    def parent_pid(self):
-        return self._control.parent_pid
-
-    @property
-    def worker_pid(self):
-        return pfb_load32(&self._control.worker_pid)
-
-    @property
     def worker_ready(self):
         """Whether the worker serves its request ring."""
         return bool(pfb_load32(&self._control.worker_ready))
@@ -134,10 +126,6 @@ cdef class Channel:
                         pfb_load64(&self._control.ring_calls_started) + 1)
         pfb_store64(&self._control.running_since, since_ns)
         pfb_store64(&self._control.running_call, call_id)
-
-    @property
-    def running_call(self):
-        return pfb_load64(&self._control.running_call)
 
     def running(self):
         """(the call the worker runs, 0: none; since when, CLOCK_MONOTONIC
@@ -325,11 +313,8 @@ cdef class Channel:
             if n < 0:
                 raise OSError(-n, f"pyfunc_bridge: a malformed message on the ring "
                                   f"({'EPROTO' if n == -EPROTO else n})")
-            messages.append(self._decode())
+            messages.append(_decode_message(self._inbox))
         return messages
-
-    cdef object _decode(self):
-        return _decode_message(self._inbox)
 
 
 cdef object _decode_message(const PfbPoolSlot* slots):

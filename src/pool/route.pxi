@@ -203,10 +203,6 @@ cdef class Route:
     def __dealloc__(self):
         pfb_dispatch_route_drop(self._r)
 
-    @property
-    def token(self):
-        return self._r.token
-
     def share(self):
         pfb_dispatch_route_keep(self._r)
         return <uintptr_t>self._r
@@ -308,7 +304,7 @@ cdef class Route:
             try:
                 reply = _reply(&call)
             except BaseException:
-                pfb_dispatch_reply_back(&call)
+                pfb_dispatch_reply_hand_back(&call)
                 raise
             message = reply.message
             if pfb_route_counting(r.counting):

@@ -74,7 +74,7 @@ class Calls:
                     message, arena = self.dispatch.call(TOKEN, [np.array([key], np.float64)])
                     [(_, _, _, _, offset, size, _)] = message.items
                     self.done.append(int(arena.array()[offset:offset + size].view(np.int64)[0]))
-                    arena.back(offset)
+                    arena.hand_back(offset)
             except BaseException as exc:  # noqa: BLE001 - the test reads them
                 self.errors.append(exc)
         for _ in range(threads):
