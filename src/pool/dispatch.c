@@ -1276,6 +1276,21 @@ void pfb_dispatch_arena_hand_back(PfbDispatchArena* arena, uint64_t offset) {
   pthread_mutex_unlock(&w->back_lock);
 }
 
+int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size) {
+  pthread_mutex_lock(&d->arena_lock);
+  int rc = pfb_arena_alloc(d->arena, nbytes, offset, size);
+  pthread_mutex_unlock(&d->arena_lock);
+  return rc;
+}
+
+int pfb_dispatch_free(PfbDispatch* d, uint64_t offset) {
+  pthread_mutex_lock(&d->arena_lock);
+  int rc = pfb_arena_free(d->arena, offset);
+  pthread_cond_broadcast(&d->room);
+  pthread_mutex_unlock(&d->arena_lock);
+  return rc;
+}
+
 uint64_t pfb_dispatch_free_bytes(PfbDispatch* d) {
   pthread_mutex_lock(&d->arena_lock);
   uint64_t n = pfb_arena_free_bytes(d->arena);

@@ -205,7 +205,12 @@ void pfb_dispatch_arena_hand_back(PfbDispatchArena* arena, uint64_t offset);
  * records', or its error's). */
 void pfb_dispatch_reply_hand_back(PfbDispatchCall* call);
 
-/* The input arena's free bytes now. */
+/* The input arena's allocator, for tests that play the parent's side of a
+ * worker's rings: a block of at least `nbytes` now (0, its offset and size)
+ * or ENOMEM; and its free (0, or EINVAL for no live block there), which
+ * wakes the callers waiting for room.  Its free bytes now. */
+int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size);
+int pfb_dispatch_free(PfbDispatch* d, uint64_t offset);
 uint64_t pfb_dispatch_free_bytes(PfbDispatch* d);
 
 /* The slots of a worker's request ring (0 until a worker was attached): a

@@ -31,6 +31,7 @@ cdef class Dispatcher:
     as (Message, NativeArena of its result blocks)."""
     cdef PfbDispatch* _d
     cdef bint _disowned  # a forked child's copy: never deleted (disown)
+    cdef bint _closed    # close() deleted it: this object keeps a reference
     cdef _Held _inputs
     cdef dict _held   # worker index -> (channel, _Held of its result arena)
 
@@ -42,7 +43,24 @@ cdef class Dispatcher:
             raise MemoryError()
 
     def __dealloc__(self):
-        if self._d != NULL and not self._disowned:
+        if self._d == NULL or self._disowned:
+            return
+        if self._closed:
+            pfb_dispatch_release(self._d)
+        else:
+            pfb_dispatch_delete(self._d)
+
+    def close(self):
+        """Closes it now, for tests (the pool drops it instead: its dealloc
+        deletes it; dispatch.h, pfb_dispatch_delete): the calls in flight
+        and the queued ones fail ("the pool was closed"), later ones are
+        refused.  Its memory stays until this object goes (a thread of
+        ``call`` may still finish its call)."""
+        if self._closed or self._disowned:
+            return
+        self._closed = True
+        pfb_dispatch_retain(self._d)  # this object's, for the methods called after
+        with nogil:
             pfb_dispatch_delete(self._d)
 
     def disown(self):
@@ -192,6 +210,20 @@ cdef class Dispatcher:
             free(inputs)
             free(dims)
             free(stamps)
+
+    def alloc(self, uint64_t nbytes):
+        """(offset, size) of an input-arena block, or None: for tests that
+        play the parent's side of a worker's rings (the arena is shared
+        with the dispatcher's calls)."""
+        cdef uint64_t offset, size
+        if pfb_dispatch_alloc(self._d, nbytes, &offset, &size):
+            return None
+        return offset, size
+
+    def free(self, uint64_t offset):
+        """Frees a block that alloc gave."""
+        if pfb_dispatch_free(self._d, offset):
+            raise ValueError(f"pyfunc_bridge: no live input block starts at offset {offset}")
 
     def free_bytes(self):
         return pfb_dispatch_free_bytes(self._d)

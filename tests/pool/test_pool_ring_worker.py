@@ -94,7 +94,7 @@ class Client:
                 assert message.kind == pw.MSG_INPUTS_BACK
                 for offset in message.items:
                     size = self.held.pop(offset)  # KeyError: a block not in flight
-                    self.arena.free(offset, size)
+                    self.arena.free(offset)
                     self.returned.append(offset)
 
     def result(self, call_id, timeout=30):

@@ -75,6 +75,8 @@ cdef extern from "dispatch.h" nogil:
 
     PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers)
     void pfb_dispatch_delete(PfbDispatch* d)
+    void pfb_dispatch_retain(PfbDispatch* d)
+    void pfb_dispatch_release(PfbDispatch* d)
     void pfb_dispatch_disown(PfbDispatch* d)
     void pfb_dispatch_forget(PfbDispatch* d, uint64_t token)
     void pfb_dispatch_arena_keep(PfbDispatchArena* arena)
@@ -97,5 +99,7 @@ cdef extern from "dispatch.h" nogil:
     int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns)
     void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call)
     void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out)
+    int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size)
+    int pfb_dispatch_free(PfbDispatch* d, uint64_t offset)
     uint64_t pfb_dispatch_free_bytes(PfbDispatch* d)
     uint32_t pfb_dispatch_ring_slots(PfbDispatch* d)
