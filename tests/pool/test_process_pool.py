@@ -23,6 +23,7 @@ import process_functions as pf
 from conftest import ROOT, TESTS, in_arena, input_arena_whole, script_env, wait_for
 import pyfunc_bridge as pfb
 from pyfunc_bridge.pool import process_pool as _process
+from pyfunc_bridge.pool import worker_process
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.worker import start_worker
 
@@ -989,14 +990,11 @@ def test_a_worker_whose_hello_fails_leaves_no_process_and_no_descriptor(monkeypa
     def recording_popen(*args, **kwargs):
         started.append(popen(*args, **kwargs))
         return started[-1]
-    real_frame = start_worker.frame
 
-    def failing_frame(message, dumps):
-        if isinstance(message, dict) and "path" in message:  # the hello
-            raise OSError("the hello could not be sent")
-        return real_frame(message, dumps)
+    def failing_send(sock, data):  # worker_process sends the hello, and only it
+        raise OSError("the hello could not be sent")
     monkeypatch.setattr(spawner, "popen", recording_popen)
-    monkeypatch.setattr(start_worker, "frame", failing_frame)
+    monkeypatch.setattr(worker_process, "send", failing_send)
     sockets = _sockets()
     try:
         with pytest.raises(OSError, match="the hello could not be sent") as info:
