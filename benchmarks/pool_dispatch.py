@@ -16,8 +16,9 @@ the caller, the dispatcher's reply thread).  The ways:
 Then where a trivial call's wall time goes, from the stamps the worker puts
 in its DONE (CLOCK_REALTIME, one machine): from the post to the worker's
 start (the worker's wake-up), in the worker, and from the worker's end to
-the caller holding its answer (the dispatcher's reply thread wakes, then the
-caller), with the wake-ups the reply threads slept for.
+the caller holding its answer (the caller, reading its worker's reply ring,
+wakes; or the dispatcher's reply thread, then the caller), with the calls
+whose caller read its own reply and the reply threads' sleeps, per call.
 
     python -m benchmarks.pool_dispatch [--calls N]
 """
@@ -80,15 +81,16 @@ WAYS = ("native", "python", "eager", "in-process")
 
 
 def breakdown(calls):
-    """Mean µs per trivial call over the rings from Python, by stage, and
-    the reply threads' sleeps per call."""
+    """Mean µs per trivial call over the rings from Python, by stage; the
+    calls whose caller read its own reply, and the reply threads' sleeps,
+    per call."""
     with pfb.ProcessPool(1, name="pool_dispatch breakdown") as pool:
         value = np.ones(1)
         route = pool.native_route(identity, None, False, False)
         for _ in range(3):
             pool.ring_call(identity, None, (value,), False, False)
         stages = [0, 0, 0]
-        sleeps = pool._dispatch.counts()["reply_sleeps"]
+        counts = pool._dispatch.counts()
         for _ in range(calls):
             reply, _, posted = route.call((value,), None)
             back = time.clock_gettime_ns(time.CLOCK_REALTIME)
@@ -97,8 +99,9 @@ def breakdown(calls):
             stages[0] += stamp - posted
             stages[1] += ended - stamp
             stages[2] += back - ended
-        sleeps = pool._dispatch.counts()["reply_sleeps"] - sleeps
-    return [s / calls / 1e3 for s in stages], sleeps / calls
+        after = pool._dispatch.counts()
+    return ([s / calls / 1e3 for s in stages],
+            [(after[k] - counts[k]) / calls for k in ("caller_reads", "reply_sleeps")])
 
 
 def main(argv=None):
@@ -110,10 +113,10 @@ def main(argv=None):
     for name, n, timings in measure(args.calls):
         print(f"{name:<14} {n:>5} " + " ".join(f"{w * 1e6:>7.1f}/{c * 1e6:>7.1f}"
                                              for w, c in timings))
-    (to_worker, in_worker, to_caller), sleeps = breakdown(args.calls)
+    (to_worker, in_worker, to_caller), (reads, sleeps) = breakdown(args.calls)
     print(f"trivial call over the rings, µs: post to the worker's start {to_worker:.1f}, "
           f"in the worker {in_worker:.1f}, worker's end to the caller {to_caller:.1f} "
-          f"(reply-thread sleeps per call {sleeps:.2f})")
+          f"(per call: caller reads {reads:.2f}, reply-thread sleeps {sleeps:.2f})")
 
 
 if __name__ == "__main__":

@@ -106,8 +106,8 @@ class RingServer:
 
     def inputs_back(self, notify=True):
         """Posts the ring's input blocks that nothing here views any more;
-        `notify`: wake the parent's reply thread for them (a CALL's DONE,
-        posted right after, wakes it once for both)."""
+        `notify`: wake the parent's reader for them (a CALL's DONE, posted
+        right after, wakes it once for both)."""
         freed = self.worker.inputs_freed
         taken = freed[:]
         del freed[:len(taken)]  # a callback may append meanwhile
@@ -283,6 +283,8 @@ class RingServer:
             result = items = converted = answer = values = value = None
         # The inputs it let go of go back before its DONE: a caller that sees
         # the call done and no room can then tell kept blocks from late ones.
+        # Not notified apart: the DONE's notify (serve) wakes the parent once
+        # for both, so a caller that reads its own DONE wakes once.
         self.inputs_back(notify=False)
         self.channel.post_tensors(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
                                   flags=shape_kind, status=status, block=block,
