@@ -261,5 +261,6 @@ def test_pool_dispatch_prints_each_way_and_where_a_call_goes():
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"^trivial \(8 B\) +20 +(\s*[\d.]+/\s*[\d.]+){4}$", run.stdout, re.M), run.stdout
     assert re.search(r"post to the worker's start [\d.]+, in the worker [\d.]+, worker's end "
-                     r"to the caller [\d.]+ \(per call: caller reads [\d.]+, reply-thread sleeps [\d.]+\)", run.stdout)
+                     r"to the caller [\d.]+ \(per call: caller reads [\d.]+, "
+                     r"reply-thread sleeps [\d.]+\)", run.stdout), run.stdout
     assert not negative_figures(run.stdout), run.stdout
