@@ -1,4 +1,4 @@
-"""Functions that tests/pool/test_process_pool.py runs in worker processes.
+"""Functions that tests/pool/test_process_pool_*.py run in worker processes.
 
 A module of its own, importing only the standard library and NumPy: a worker
 imports a function's module to run it (functions travel by reference), and
