@@ -4,8 +4,8 @@ copy=False calls (the worker's copy facts travel in the DONE's records:
 src/pool/shm_layout.h, PFB_POOL_CALL_* and PFB_POOL_TENSOR_*).
 
 Written against the public API: a call that needs no Python in this process
-keeps completing while a thread holds the GIL (tests/pool/test_pool_native.py's
-proof), and what the pool answers is what in-process pfb answers, values
+keeps completing while a thread holds the GIL (the proof of
+tests/pool/test_pool_native_gil.py), and what the pool answers is what in-process pfb answers, values
 and error texts alike, whichever path a call took.  A map's first calls take
 the Python path; the gated functions below change what they return after
 GATE elements, so that the later, native calls are the ones judged.
@@ -18,7 +18,8 @@ import tensorflow as tf
 
 import process_functions as pf
 import pyfunc_bridge as pfb
-from test_pool_native import STAMP_SECONDS, THRESHOLD, ended_while_the_gil_is_held
+from test_pool_native_gil import (STAMP_SECONDS, THRESHOLD,
+                                  ended_while_the_gil_is_held)
 
 POOL_NAME = "ring calls pool"
 GATE = 12  # elements answered alike before a gated function changes
@@ -32,7 +33,7 @@ def pool():
 
 
 def torch_stamp(_):
-    """test_pool_native's stamp, as a torch tensor."""
+    """test_pool_native_gil's stamp, as a torch tensor."""
     import torch
     time.sleep(STAMP_SECONDS)
     return torch.tensor(time.time_ns(), dtype=torch.int64)
@@ -98,7 +99,7 @@ def test_torch_calls_keep_completing_while_a_thread_holds_the_gil(pool, torch):
 
 
 def test_copy_false_calls_keep_completing_while_a_thread_holds_the_gil(pool):
-    from test_pool_native import stamp
+    from test_pool_native_gil import stamp
     during = ended_while_the_gil_is_held(
         lambda i: pfb.numpy_function(stamp, [i], tf.int64, executor=pool, copy=False))
     assert during >= THRESHOLD, (
