@@ -4,6 +4,7 @@ policy are the in-process ones."""
 import pytest
 import tensorflow as tf
 
+import copy_functions as cf
 import process_functions as pf
 import pyfunc_bridge as pfb
 from process_pool_helpers import apply_function
@@ -14,26 +15,26 @@ F32, C64 = tf.float32, tf.complex64
 
 
 @pytest.mark.parametrize("func, framework, tout, refused", [
-    (pf.fresh, "numpy", F32, None),
-    (pf.strided, "numpy", F32, "non_contiguous"),
-    (pf.transposed, "numpy", F32, "non_contiguous"),
-    (pf.fortran_order, "numpy", F32, "non_contiguous"),
-    (pf.unaligned, "numpy", F32, "unaligned"),
-    (pf.empty_transposed, "numpy", F32, None),
-    (pf.input_itself, "numpy", F32, None),
-    (pf.input_rows, "numpy", F32, "non_contiguous"),
-    (pf.shared_array, "numpy", F32, "aliasing"),
-    (pf.view_of_shared, "numpy", F32, "aliasing"),
-    (pf.second_strided, "numpy", [F32, F32], "non_contiguous"),
-    (pf.strided_of_another_dtype, "numpy", F32, "dtype"),
-    (pf.strided, "torch", F32, "non_contiguous"),
-    (pf.torch_fresh, "torch", F32, None),
-    (pf.torch_transposed, "torch", F32, "non_contiguous"),
-    (pf.input_itself, "torch", F32, None),
-    (pf.torch_input_rows, "torch", F32, "non_contiguous"),
-    (pf.torch_view_of_fresh, "torch", F32, "aliasing"),
-    (pf.torch_conjugate, "torch", C64, "lazy"),
-    (pf.torch_as_numpy, "torch", F32, "aliasing"),
+    (cf.fresh, "numpy", F32, None),
+    (cf.strided, "numpy", F32, "non_contiguous"),
+    (cf.transposed, "numpy", F32, "non_contiguous"),
+    (cf.fortran_order, "numpy", F32, "non_contiguous"),
+    (cf.unaligned, "numpy", F32, "unaligned"),
+    (cf.empty_transposed, "numpy", F32, None),
+    (cf.input_itself, "numpy", F32, None),
+    (cf.input_rows, "numpy", F32, "non_contiguous"),
+    (cf.shared_array, "numpy", F32, "aliasing"),
+    (cf.view_of_shared, "numpy", F32, "aliasing"),
+    (cf.second_strided, "numpy", [F32, F32], "non_contiguous"),
+    (cf.strided_of_another_dtype, "numpy", F32, "dtype"),
+    (cf.strided, "torch", F32, "non_contiguous"),
+    (cf.torch_fresh, "torch", F32, None),
+    (cf.torch_transposed, "torch", F32, "non_contiguous"),
+    (cf.input_itself, "torch", F32, None),
+    (cf.torch_input_rows, "torch", F32, "non_contiguous"),
+    (cf.torch_view_of_fresh, "torch", F32, "aliasing"),
+    (cf.torch_conjugate, "torch", C64, "lazy"),
+    (cf.torch_as_numpy, "torch", F32, "aliasing"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_copy_false_refuses_in_a_pool_what_it_refuses_in_process(pool, func, framework,
                                                                  tout, refused):
@@ -56,8 +57,8 @@ def test_copy_false_refuses_in_a_pool_what_it_refuses_in_process(pool, func, fra
     assert outcome(pool, None) == outcome(None, None)
 
 
-@pytest.mark.parametrize("func, refused", [(pf.large_fresh, False),
-                                           (pf.large_transposed, True)])
+@pytest.mark.parametrize("func, refused", [(cf.large_fresh, False),
+                                           (cf.large_transposed, True)])
 def test_copy_false_judges_pickled_results_by_what_the_function_returned(func, refused):
     """A result too large for the arena travels pickled; the array unpickled
     here may be unaligned: that copy is the transport's, not a refusal."""
