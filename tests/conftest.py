@@ -14,7 +14,7 @@ import tensorflow as tf  # noqa: E402
 import pyfunc_bridge as pfb  # noqa: E402
 from pool_checks import in_arena, memfd_mappings  # noqa: E402,F401 (shared with scripts)
 
-# Property-based tests (tests/conversion/test_conversion_fuzz.py).  "ci" is the default:
+# Property-based tests (tests/conversion/test_conversion_fuzz*.py).  "ci" is the default:
 # deterministic (derandomized, no example database) and inside CI's minute;
 # "long" explores deeper.  Pick one with --hypothesis-profile=long or the
 # HYPOTHESIS_PROFILE environment variable.
