@@ -16,7 +16,7 @@ import process_functions as pf
 from conftest import wait_for
 from pool_checks import worker_alive
 import pyfunc_bridge as pfb
-from pyfunc_bridge.pool import process_pool as _process
+from pyfunc_bridge.pool import process_pool as _process, supervision
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.worker import start_worker
 from process_pool_helpers import call_in_thread, marked_pid, open_sockets
@@ -110,7 +110,7 @@ def test_a_pool_whose_workers_cannot_start_says_why_and_tries_again_later(tmp_pa
     workers again."""
     failing = tmp_path / "fails_at_start.py"
     failing.write_text("import sys\nsys.exit(3)\n")
-    monkeypatch.setattr(_process, "_RETRY_SECONDS", 1.0, raising=False)
+    monkeypatch.setattr(supervision, "_RETRY_SECONDS", 1.0)  # the back-off this test waits out
     start_worker.pool_module()  # loaded by its real path, before the patch
     monkeypatch.setattr(start_worker, "__file__", str(failing))
 
