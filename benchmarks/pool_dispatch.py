@@ -13,10 +13,16 @@ the caller, the dispatcher's reply thread).  The ways:
   per-op cost included, against ``in-process``: the same eager call without
   a pool.
 
+Then where a trivial call's wall time goes, from the stamps the worker puts
+in its DONE (CLOCK_REALTIME, one machine): from the post to the worker's
+start (the worker's wake-up), in the worker, and from the worker's end to
+the caller holding its answer (the caller, reading its worker's reply ring,
+wakes; or the dispatcher's reply thread, then the caller), with the calls
+whose caller read its own reply and the reply threads' sleeps, per call.
+
     python -m benchmarks.pool_dispatch [--calls N]
 """
 import argparse
-import pickle
 import resource
 import time
 
@@ -74,6 +80,30 @@ def measure(calls):
 WAYS = ("native", "python", "eager", "in-process")
 
 
+def breakdown(calls):
+    """Mean µs per trivial call over the rings from Python, by stage; the
+    calls whose caller read its own reply, and the reply threads' sleeps,
+    per call."""
+    with pfb.ProcessPool(1, name="pool_dispatch breakdown") as pool:
+        value = np.ones(1)
+        route = pool.native_route(identity, None, False, False)
+        for _ in range(3):
+            pool.ring_call(identity, None, (value,), False, False)
+        stages = [0, 0, 0]
+        counts = pool._dispatch.counts()
+        for _ in range(calls):
+            reply, _, posted = route.call((value,), None)
+            back = time.clock_gettime_ns(time.CLOCK_REALTIME)
+            stamp, ended = reply.message.stamp, reply.message.ended
+            del reply  # its block goes back
+            stages[0] += stamp - posted
+            stages[1] += ended - stamp
+            stages[2] += back - ended
+        after = pool._dispatch.counts()
+    return ([s / calls / 1e3 for s in stages],
+            [(after[k] - counts[k]) / calls for k in ("caller_reads", "reply_sleeps")])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
@@ -83,6 +113,10 @@ def main(argv=None):
     for name, n, timings in measure(args.calls):
         print(f"{name:<14} {n:>5} " + " ".join(f"{w * 1e6:>7.1f}/{c * 1e6:>7.1f}"
                                              for w, c in timings))
+    (to_worker, in_worker, to_caller), (reads, sleeps) = breakdown(args.calls)
+    print(f"trivial call over the rings, µs: post to the worker's start {to_worker:.1f}, "
+          f"in the worker {in_worker:.1f}, worker's end to the caller {to_caller:.1f} "
+          f"(per call: caller reads {reads:.2f}, reply-thread sleeps {sleeps:.2f})")
 
 
 if __name__ == "__main__":

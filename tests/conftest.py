@@ -2,6 +2,7 @@
 import contextlib
 import gc
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,7 +15,7 @@ import tensorflow as tf  # noqa: E402
 import pyfunc_bridge as pfb  # noqa: E402
 from pool_checks import in_arena, memfd_mappings  # noqa: E402,F401 (shared with scripts)
 
-# Property-based tests (tests/conversion/test_conversion_fuzz.py).  "ci" is the default:
+# Property-based tests (tests/conversion/test_conversion_fuzz*.py).  "ci" is the default:
 # deterministic (derandomized, no example database) and inside CI's minute;
 # "long" explores deeper.  Pick one with --hypothesis-profile=long or the
 # HYPOTHESIS_PROFILE environment variable.
@@ -106,6 +107,23 @@ def pytest_fixture_setup(fixturedef, request):
         return
     with _on_cpu():
         yield
+
+
+@pytest.fixture(params=["direct", "dispatched"])
+def eager_path(request, monkeypatch):
+    """Eager calls skip TF's op dispatch where TF has one CPU device; the
+    dispatched op (GPU machines, async mode) must behave the same."""
+    if request.param == "dispatched":
+        monkeypatch.setattr(pfb._library.conversion(), "direct_eager_calls", lambda: False)
+    return request.param
+
+
+def without_op_label(message):
+    """An eager error's message less the label TF's dispatched path wraps it
+    in, which names the op's type: the same call may run another op (a pooled
+    array_function runs numpy_function's CPU op)."""
+    message = re.sub(r"^\{\{function_node [^}]*\}\} ", "", message)
+    return re.sub(r" \[Op:[^\]]*\]( name: .*)?\Z", "", message, flags=re.S)
 
 
 @pytest.fixture

@@ -1,6 +1,9 @@
 """Checks that pool tests share with the scripts they run in fresh
 interpreters (which import this module, never conftest): where a result
-lives, when a pool's input arena is whole again, and a stream of Ctrl-C."""
+lives, when a pool's input arena is whole again, whether a worker still
+runs, which of a pool's memfds and sockets this process holds, and a
+stream of Ctrl-C."""
+import os
 import random
 import signal
 import threading
@@ -64,3 +67,41 @@ class Interrupts:
                 return
             except KeyboardInterrupt:
                 pass
+
+
+def worker_alive(pid):
+    """Whether `pid` is still one of our worker processes (not a reused pid)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"_worker.py" in f.read()
+    except OSError:
+        return False
+
+
+def memfds_of(name):
+    """This process's open descriptors and mappings of the memfds whose names
+    start with `name` (a pool's shared memory never shows in /dev/shm)."""
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the descriptor listdir itself used
+        if target.startswith(f"/memfd:{name}"):
+            fds.append(target)
+    with open("/proc/self/maps") as f:
+        maps = [line for line in f if f"/memfd:{name}" in line]
+    return fds, maps
+
+
+def sockets_and_memfds():
+    """This process's descriptors of sockets and memfds."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(("socket:", "/memfd:")):
+            found.append(target)
+    return found

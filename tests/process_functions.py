@@ -1,4 +1,4 @@
-"""Functions that tests/pool/test_process_pool.py runs in worker processes.
+"""Functions that tests/pool/test_process_pool_*.py run in worker processes.
 
 A module of its own, importing only the standard library and NumPy: a worker
 imports a function's module to run it (functions travel by reference), and
@@ -195,96 +195,6 @@ def briefly_double_in_place(*arrays):
     for a in arrays:
         a *= 2
     return sum(arrays)
-
-
-# Results that copy=False refuses in-process (or accepts), for the pool to
-# refuse exactly as well: ``copy_cases`` names them with their Tout.
-SHARED = np.arange(6.0, dtype=np.float32)  # module state: a result that stays reachable
-
-
-def fresh(x):
-    return np.ones((3, 4), np.float32)
-
-
-def strided(x):
-    return np.arange(12.0, dtype=np.float32)[::2]
-
-
-def transposed(x):
-    return np.ones((3, 4), np.float32).T
-
-
-def fortran_order(x):
-    return np.asfortranarray(np.ones((3, 4), np.float32))
-
-
-def unaligned(x):
-    return np.zeros(4 * 8 + 4, np.uint8)[4:].view(np.float32)
-
-
-def empty_transposed(x):
-    return np.ones((0, 3), np.float32).T
-
-
-def input_itself(x):
-    return x
-
-
-def input_rows(x):
-    return x[::2]
-
-
-def shared_array(x):
-    return SHARED
-
-
-def view_of_shared(x):
-    return SHARED[1:]
-
-
-def second_strided(x):
-    return [np.ones(3, np.float32), np.arange(6.0, dtype=np.float32)[::2]]
-
-
-def strided_of_another_dtype(x):
-    return np.arange(6.0)[::2]  # float64: the dtype check comes first
-
-
-def torch_fresh(x):
-    import torch
-    return torch.ones(3, 4)
-
-
-def torch_transposed(x):
-    import torch
-    return torch.ones(3, 4).t()
-
-
-def torch_input_rows(x):
-    return x[::2]
-
-
-def torch_view_of_fresh(x):
-    import torch
-    whole = torch.ones(4)
-    return whole[:2]  # `whole` is gone, but its storage is shared by a view
-
-
-def torch_conjugate(x):
-    import torch
-    return torch.ones(3, dtype=torch.complex64).conj()
-
-
-def torch_as_numpy(x):
-    return x.numpy()
-
-
-def large_fresh(x):
-    return np.ones(1 << 16, np.float32)  # 256 KiB
-
-
-def large_transposed(x):
-    return np.ones((256, 256), np.float32).T
 
 
 def _mark():

@@ -1,5 +1,5 @@
-"""Module-level functions for tests/pipelines/test_travel.py, imported by name in the
-processes that test starts (it puts this folder on their PYTHONPATH).
+"""Module-level functions for tests/pipelines/test_travel_*.py, imported by name
+in the processes those tests start (they put this folder on their PYTHONPATH).
 
 Importing this module declares the first group portable, as any user module
 would; the second group is importable but never declared.

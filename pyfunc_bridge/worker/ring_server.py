@@ -105,8 +105,10 @@ class RingServer:
             self.inputs_back()
         return bool(messages)
 
-    def inputs_back(self):
-        """Posts the ring's input blocks that nothing here views any more."""
+    def inputs_back(self, notify=True):
+        """Posts the ring's input blocks that nothing here views any more;
+        `notify`: wake the parent's reader for them (a CALL's DONE, posted
+        right after, wakes it once for both)."""
         freed = self.worker.inputs_freed
         taken = freed[:]
         del freed[:len(taken)]  # a callback may append meanwhile
@@ -114,7 +116,7 @@ class RingServer:
         for start in range(0, len(taken), self.words_per_message):
             self.channel.post(pw.REPLIES, pw.MSG_INPUTS_BACK,
                               taken[start:start + self.words_per_message])
-        if taken:
+        if taken and notify:
             self.channel.notify(pw.REPLIES)
 
     def load(self, message):
@@ -271,10 +273,14 @@ class RingServer:
                 status, block = self.by_socket(message.call_id, False, payload, None), (0, 0)
         finally:
             self.channel.set_running(0)
-            result = items = converted = answer = None
+            # The last references here to inputs the function returned (the
+            # loop's `value` too), so that their blocks go with this DONE.
+            result = items = converted = answer = values = value = None
         # The inputs it let go of go back before its DONE: a caller that sees
         # the call done and no room can then tell kept blocks from late ones.
-        self.inputs_back()
+        # Not notified apart: the DONE's notify (serve) wakes the parent once
+        # for both, so a caller that reads its own DONE wakes once.
+        self.inputs_back(notify=False)
         self.channel.post_tensors(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
                                   flags=shape_kind, status=status, block=block,
                                   stamp=started, ended=time.time_ns())

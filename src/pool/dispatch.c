@@ -104,7 +104,14 @@ typedef struct Worker {
   PfbPoolControl* control; /* its segment (set at attach): what it runs now */
   int doorbell;           /* its eventfd, a duplicate owned from attach to lost */
   PfbRing requests;       /* producer: whoever holds `post` */
-  PfbRing replies;        /* consumer: the reply thread only */
+  PfbRing replies;        /* consumer: whoever holds `role` */
+  /* The reply ring's reader role (atomic): ROLE_FREE, ROLE_HELD (by the
+   * reply thread or a waiting caller: the ring's one consumer now, using
+   * `reading`), ROLE_RETIRED (nobody reads: not attached yet, lost, or the
+   * worker broke the protocol).  Only tried, never waited for, except by
+   * lost(), which retires it. */
+  uint32_t role;
+  PfbPoolSlot* reading;   /* the role holder's message buffer (PFB_POOL_MAX_MESSAGE_SLOTS) */
   /* Its result arena, mapped by the dispatcher: one reference, from attach
    * until lost (which joins the reply thread first: on_done reads it). */
   PfbDispatchArena* arena;
@@ -188,8 +195,15 @@ static uint64_t next_call_id;  /* atomic: every dispatcher's calls */
 
 static void complete(PfbDispatchCall* call, uint32_t state) {
   __atomic_store_n(&call->state, state, SC);
-  /* The caller is in this process: a private futex. */
+  /* The caller is in this process: a private futex.  (A caller asleep on
+   * a reply ring instead is woken by that ring: see read_for.) */
   pfb_futex_wake(&call->state, INT_MAX, FUTEX_WAKE_PRIVATE);
+}
+
+/* As complete(), for the reader: its own call (`own`) needs no wake-up. */
+static void complete_by(PfbDispatchCall* call, uint32_t state, const PfbDispatchCall* own) {
+  if (call == own) __atomic_store_n(&call->state, state, SC);
+  else complete(call, state);
 }
 
 /* Frees input blocks the worker handed back (or held when it was lost). */
@@ -251,7 +265,8 @@ void pfb_dispatch_reply_hand_back(PfbDispatchCall* call) {
 
 /* ------------------------------------------------------- reply threads -- */
 
-static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots) {
+static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots,
+                    const PfbDispatchCall* own) {
   uint64_t id = message[0].message.call_id;
   PfbDispatchCall* call = NULL;
   pthread_mutex_lock(&w->calls);
@@ -283,7 +298,7 @@ static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots) {
     if (call != NULL) {
       call->error = strdup("pyfunc_bridge: no memory for a pool call's reply");
       call->error_code = 8; /* RESOURCE_EXHAUSTED */
-      complete(call, PFB_DISPATCH_FAILED);
+      complete_by(call, PFB_DISPATCH_FAILED, own);
     }
     return;
   }
@@ -292,14 +307,61 @@ static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots) {
   call->reply_slots = slots;
   pfb_dispatch_arena_keep(w->arena);
   call->arena = w->arena;
-  complete(call, PFB_DISPATCH_DONE);
+  complete_by(call, PFB_DISPATCH_DONE, own);
+}
+
+/* Reads every message on w's reply ring; the role held.  DONEs complete
+ * their calls, INPUTS_BACK frees blocks: whoever holds the role, so that a
+ * caller that reads does all the reply thread would.  0, or -1 for a
+ * malformed message (the peer broke the protocol: Python ends the worker
+ * when its socket ends). */
+static int drain(Worker* w, const PfbDispatchCall* own) {
+  PfbPoolSlot* buffer = w->reading;
+  int n;
+  while ((n = pfb_ring_read(&w->replies, buffer, PFB_POOL_MAX_MESSAGE_SLOTS)) > 0) {
+    const PfbPoolMessage* m = &buffer[0].message;
+    if (m->kind == PFB_POOL_MSG_DONE) {
+      on_done(w, buffer, (uint32_t)n, own);
+    } else if (m->kind == PFB_POOL_MSG_INPUTS_BACK) {
+      uint64_t offsets[64];
+      size_t k = 0;
+      for (uint32_t i = 0; i < m->count; ++i) {
+        if (pfb_msg_read_word(buffer, i, &offsets[k]) != 0) break;  /* malformed: the rest */
+        if (++k == 64) {
+          free_inputs(w->d, w, offsets, k, 0);
+          k = 0;
+        }
+      }
+      if (k) free_inputs(w->d, w, offsets, k, 0);
+    }
+  }
+  return n < 0 ? -1 : 0;
+}
+
+enum { ROLE_FREE = 0, ROLE_HELD = 1, ROLE_RETIRED = 2 };
+
+static int role_take(Worker* w) {
+  uint32_t free_role = ROLE_FREE;
+  return __atomic_compare_exchange_n(&w->role, &free_role, ROLE_HELD, 0, SC, SC);
+}
+
+/* Gives the role back.  A message published after the holder's last read
+ * is not left unread: the reply thread, if it sleeps, is woken for it (it
+ * announced its sleep before it saw the role held, so this sees it). */
+static void role_give(Worker* w) {
+  __atomic_store_n(&w->role, ROLE_FREE, SC);
+  if (pfb_ring_available(&w->replies)) pfb_ring_wake(&w->replies, PFB_POOL_SLEEPER_READER);
+}
+
+/* The reply thread sleeps unless it can read now (or must end). */
+static int reader_ready(void* worker) {
+  Worker* w = (Worker*)worker;
+  uint32_t role = __atomic_load_n(&w->role, SC);
+  return role == ROLE_RETIRED || (role == ROLE_FREE && pfb_ring_available(&w->replies));
 }
 
 static void* reply_thread(void* arg) {
   Worker* w = (Worker*)arg;
-  PfbPoolSlot* buffer =
-      (PfbPoolSlot*)malloc(PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
-  if (buffer == NULL) return NULL;
   for (;;) {
     /* Calls wait and this worker could take one: posted now (the first
      * look serves the calls a new attachment finds queued); a post that
@@ -309,32 +371,22 @@ static void* reply_thread(void* arg) {
       pump_async(w);
       if (queue_waits(w)) timeout = RETRY_NS;
     }
-    uint64_t slept = w->replies.sleeps;
-    int rc = pfb_ring_wait_items(&w->replies, timeout, PFB_RING_CHECKS);
-    bump(&w->d->counts.reply_sleeps, (int64_t)(w->replies.sleeps - slept));
-    if (rc == ETIMEDOUT) continue;
-    if (rc != 0) break;  /* EPIPE: closed and drained */
-    int n;
-    while ((n = pfb_ring_read(&w->replies, buffer, PFB_POOL_MAX_MESSAGE_SLOTS)) > 0) {
-      const PfbPoolMessage* m = &buffer[0].message;
-      if (m->kind == PFB_POOL_MSG_DONE) {
-        on_done(w, buffer, (uint32_t)n);
-      } else if (m->kind == PFB_POOL_MSG_INPUTS_BACK) {
-        uint64_t offsets[64];
-        size_t k = 0;
-        for (uint32_t i = 0; i < m->count; ++i) {
-          if (pfb_msg_read_word(buffer, i, &offsets[k]) != 0) break;  /* malformed: the rest */
-          if (++k == 64) {
-            free_inputs(w->d, w, offsets, k, 0);
-            k = 0;
-          }
-        }
-        if (k) free_inputs(w->d, w, offsets, k, 0);
+    if (role_take(w)) {
+      if (drain(w, NULL) != 0) {
+        __atomic_store_n(&w->role, ROLE_RETIRED, SC);
+        break;
       }
+      role_give(w);
     }
-    if (n < 0) break;  /* a malformed message: Python ends the worker when its socket ends */
+    uint32_t role = __atomic_load_n(&w->role, SC);
+    if (role == ROLE_RETIRED) break;
+    /* Closed: ends once drained, or at once while a caller reads (it
+     * drains what is left). */
+    if (pfb_ring_closed(&w->replies) && !reader_ready(w)) break;
+    /* Given up while it sleeps: a waiting caller may read meanwhile. */
+    if (pfb_ring_sleep(&w->replies, PFB_POOL_SLEEPER_READER, timeout, reader_ready, w))
+      bump(&w->d->counts.reply_sleeps, 1);
   }
-  free(buffer);
   return NULL;
 }
 
@@ -373,6 +425,7 @@ PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int worker
     w->d = d;
     w->index = i;
     w->doorbell = -1;
+    w->role = ROLE_RETIRED;  /* until attached */
     pthread_mutex_init(&w->post, NULL);
     pthread_mutex_init(&w->calls, NULL);
     pthread_mutex_init(&w->back_lock, NULL);
@@ -392,7 +445,9 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
   }
   if (w->scratch == NULL)
     w->scratch = (PfbPoolSlot*)malloc(PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
-  if (w->scratch == NULL) {
+  if (w->reading == NULL)
+    w->reading = (PfbPoolSlot*)malloc(PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
+  if (w->scratch == NULL || w->reading == NULL) {
     pthread_mutex_unlock(&w->post);
     return ENOMEM;
   }
@@ -438,6 +493,7 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
   w->back.count = 0;
   pthread_mutex_unlock(&w->back_lock);
   __atomic_store_n(&d->ring_slots, w->requests.capacity, SC);
+  __atomic_store_n(&w->role, ROLE_FREE, SC);  /* the rings are bound: readable */
   int rc = pthread_create(&w->thread, NULL, reply_thread, w);
   if (rc == 0) {
     w->has_thread = 1;
@@ -448,6 +504,7 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
     w->counted = 1;
     pthread_mutex_unlock(&d->queue_lock);
   } else {
+    __atomic_store_n(&w->role, ROLE_RETIRED, SC);  /* no call was posted: nobody reads */
     w->arena = NULL;
     pfb_dispatch_arena_drop(arena);
     close(w->doorbell);
@@ -474,6 +531,17 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   if (joined) {
     pfb_ring_close(&w->replies);  /* (the caller closed it too: idempotent) */
     pthread_join(thread, NULL);
+  }
+  /* No reader from now on: a caller that reads drains and leaves once it
+   * sees the ring closed (the close woke it), and none takes the role
+   * again until the slot is attached anew.  Then nothing below races with
+   * a reader (the calls' completions, the arena). */
+  for (;;) {
+    uint32_t role = ROLE_FREE;
+    if (__atomic_compare_exchange_n(&w->role, &role, ROLE_RETIRED, 0, SC, SC) ||
+        role == ROLE_RETIRED)
+      break;
+    usleep(50);
   }
   /* The worker is dead (Python reaped it): what it counted is final.  It
    * starts CALLs in the order they were posted, so those posted after the
@@ -572,6 +640,7 @@ static void destroy(PfbDispatch* d) {
     free(w->back.items);
     free(w->inputs.items);
     free(w->scratch);
+    free(w->reading);
     pthread_mutex_destroy(&w->post);
     pthread_mutex_destroy(&w->calls);
     pthread_mutex_destroy(&w->back_lock);
@@ -1053,9 +1122,9 @@ static int pump(PfbDispatch* d, Worker* w, int64_t deadline, PfbDispatchCall* ow
     }
     Queued* q = queue_pop(d);
     PfbDispatchCall* call = q->call;
-    call->worker = w->index;
     call->generation = w->generation;
     call->sequence = ++w->posted;
+    __atomic_store_n(&call->worker, w->index, SC);  /* its caller may read w's ring now */
     /* Listed before it is posted: its DONE may come at once. */
     pthread_mutex_lock(&w->calls);
     call->next = w->pending;
@@ -1077,10 +1146,12 @@ static int pump(PfbDispatch* d, Worker* w, int64_t deadline, PfbDispatchCall* ow
     int listed = unlist(w, call);
     int requeued = listed && again && !__atomic_load_n(&d->closed, SC) &&
                    d->attached_count > 0;
-    if (requeued) {
-      call->worker = -1;
-      queue_push(d, q, 1);
+    if (listed) {
+      /* Not w's: a caller that reads w's ring for it stops (read_for). */
+      __atomic_store_n(&call->worker, -1, SC);
+      pfb_ring_wake(&w->replies, PFB_POOL_SLEEPER_CALLER);
     }
+    if (requeued) queue_push(d, q, 1);
     pthread_mutex_unlock(&d->queue_lock);
     if (requeued) {
       waits = rc;
@@ -1089,7 +1160,6 @@ static int pump(PfbDispatch* d, Worker* w, int64_t deadline, PfbDispatchCall* ow
     if (!listed) {  /* abandoned meanwhile: nobody waits for it */
       queued_free(d, q, 1);
     } else if (call == own && !again) {
-      call->worker = -1;
       queued_free(d, q, 1);
       *own_rc = rc;
     } else {  /* (closed or no worker left: as end_queued) */
@@ -1204,6 +1274,7 @@ int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
                         const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
                         PfbDispatchCall* call) {
   memset(call, 0, sizeof(*call));
+  call->d = d;
   call->worker = -1;
   /* Counted first, then `closed` checked: delete sets `closed`, then waits
    * for the count, so no submit touches the input mapping once it goes. */
@@ -1215,8 +1286,47 @@ int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
   return rc;
 }
 
+/* What a caller that reads w's ring for `call` sleeps until. */
+typedef struct Reading {
+  Worker* w;
+  PfbDispatchCall* call;
+} Reading;
+
+static int caller_ready(void* reading) {
+  Reading* r = (Reading*)reading;
+  return __atomic_load_n(&r->call->state, SC) != PFB_DISPATCH_WAITING ||
+         __atomic_load_n(&r->call->worker, SC) != r->w->index ||
+         pfb_ring_available(&r->w->replies);
+}
+
+/* Reads w's reply ring, the role held, until `call` is done, leaves w (a
+ * post that failed), the ring closes (drained first, as the reply thread
+ * would), or `deadline`.  Its own DONE wakes it from the worker directly.
+ * Whoever else ends the call while it sleeps here wakes it through the
+ * ring: lost() closes it, and a post that fails moves the call off w first
+ * (pump).  0, or ETIMEDOUT. */
+static int read_for(Worker* w, PfbDispatchCall* call, int64_t deadline) {
+  Reading reading = {w, call};
+  for (;;) {
+    if (drain(w, call) != 0) {
+      __atomic_store_n(&w->role, ROLE_RETIRED, SC);  /* nobody reads a broken ring */
+      return 0;
+    }
+    if (__atomic_load_n(&call->state, SC) != PFB_DISPATCH_WAITING ||
+        __atomic_load_n(&call->worker, SC) != w->index || pfb_ring_closed(&w->replies))
+      return 0;
+    int64_t left = -1;
+    if (deadline >= 0) {
+      left = deadline - pfb_now_ns();
+      if (left <= 0) return ETIMEDOUT;
+    }
+    pfb_ring_sleep(&w->replies, PFB_POOL_SLEEPER_CALLER, left, caller_ready, &reading);
+  }
+}
+
 int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns) {
   int64_t deadline = timeout_ns < 0 ? -1 : pfb_now_ns() + timeout_ns;
+  int tried = 0;
   for (;;) {
     uint32_t state = __atomic_load_n(&call->state, SC);
     if (state != PFB_DISPATCH_WAITING) return 0;
@@ -1225,7 +1335,29 @@ int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns) {
       left = deadline - pfb_now_ns();
       if (left <= 0) return ETIMEDOUT;
     }
+    /* Posted, and nobody reads its worker's ring: this caller does. */
+    int index = __atomic_load_n(&call->worker, SC);
+    if (!tried && call->d != NULL && index >= 0 && index < call->d->workers_count) {
+      Worker* w = &call->d->workers[index];
+      if (role_take(w)) {
+        int rc = 0;
+        if (w->generation == call->generation) {
+          bump(&call->d->counts.caller_reads, 1);
+          rc = read_for(w, call, deadline);
+        }
+        if (__atomic_load_n(&w->role, SC) == ROLE_HELD) role_give(w);
+        if (rc == ETIMEDOUT) return rc;
+        /* Not done: its call moved, or the ring closed (lost() ends the
+         * call): whoever ends it wakes the state. */
+        tried = 1;
+        continue;
+      }
+      /* The reply thread (or another caller) reads: it completes this one.
+       * (Tried once per wake-up: a look each time round would spin.) */
+      tried = 1;
+    }
     pfb_futex_wait(&call->state, PFB_DISPATCH_WAITING, left, FUTEX_WAIT_PRIVATE);
+    tried = 0;
   }
 }
 
@@ -1342,6 +1474,7 @@ void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out) {
   out->loads = __atomic_load_n(&d->counts.loads, SC);
   out->doorbells = __atomic_load_n(&d->counts.doorbells, SC);
   out->reply_sleeps = __atomic_load_n(&d->counts.reply_sleeps, SC);
+  out->caller_reads = __atomic_load_n(&d->counts.caller_reads, SC);
   out->input_blocks = __atomic_load_n(&d->counts.input_blocks, SC);
   out->resent = __atomic_load_n(&d->counts.resent, SC);
   out->queued = __atomic_load_n(&d->counts.queued, SC);

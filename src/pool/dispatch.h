@@ -24,7 +24,13 @@
  *
  * Threads: any number of callers; one reply thread per attached worker (a
  * pthread, started by pfb_dispatch_attach, ended by pfb_dispatch_lost or
- * pfb_dispatch_delete).  Each worker's request ring has one producer at a
+ * pfb_dispatch_delete).  A worker's reply ring has one reader at a time,
+ * whoever holds its reader role: a caller waiting for a call posted to that
+ * worker takes it when it is free, reads the worker's DONE itself (one
+ * wake-up, from the worker straight to the caller) and every other message
+ * as the reply thread would (the same code: other callers' DONEs, credits
+ * and the queue's posts, INPUTS_BACK), and gives it back once its call is
+ * done; the reply thread reads whenever no caller does.  Each worker's request ring has one producer at a
  * time (the worker's `post` mutex; a reply thread only tries it, and never
  * waits for room while it holds it: the room comes from its own worker,
  * which may wait for it to read); the queue has its own mutex, taken after
@@ -105,13 +111,14 @@ enum {
  * done off its worker's list, and the reply thread, finding no call for
  * the DONE, hands its result blocks back at once. */
 typedef struct PfbDispatchCall {
-  uint32_t state;        /* PFB_DISPATCH_*, written by the reply thread */
+  uint32_t state;        /* PFB_DISPATCH_*, written by whoever completes it */
+  PfbDispatch* d;        /* its dispatcher (pfb_dispatch_wait reads its worker's ring) */
   uint64_t id;
   int worker;            /* the worker that has it; -1 while queued (the
-                          * queue's mutex) */
+                          * queue's mutex; atomic: the waiting caller reads it) */
   uint64_t generation;   /* that worker's generation (RESULTS_BACK names it) */
   uint64_t sequence;     /* its place among the CALLs posted to that worker */
-  /* DONE: the message (header, records), malloc'd by the reply thread,
+  /* DONE: the message (header, records), malloc'd by its reader,
    * freed by pfb_dispatch_finish; and a reference on the arena its result
    * blocks are in, dropped by pfb_dispatch_finish.  The blocks themselves
    * are the caller's: each goes back by pfb_dispatch_arena_hand_back. */
@@ -187,7 +194,9 @@ int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
                         const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
                         PfbDispatchCall* call);
 /* Sleeps until the call is DONE or FAILED (0), or `timeout_ns` passed
- * (ETIMEDOUT; negative: no limit). */
+ * (ETIMEDOUT; negative: no limit).  While it waits for a posted call it
+ * reads that worker's reply ring itself when the reader role is free (see
+ * Threads), and gives the role back before it returns. */
 int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns);
 /* The caller is done with the call: frees its reply and error; a call not
  * completed yet is abandoned: a queued one leaves the queue and its input
@@ -223,6 +232,7 @@ typedef struct PfbDispatchCounts {
   uint64_t loads;        /* LOADs posted */
   uint64_t doorbells;    /* doorbell rings (wake-ups of workers) */
   uint64_t reply_sleeps; /* reply threads' futex sleeps */
+  uint64_t caller_reads; /* waits that read their worker's reply ring themselves */
   uint64_t input_blocks; /* input blocks live now */
   uint64_t resent;       /* calls ended RESEND: a dead worker's unstarted ones,
                           * and the queue's when no worker was left */

@@ -232,6 +232,7 @@ cdef class Dispatcher:
         cdef PfbDispatchCounts c
         pfb_dispatch_counts(self._d, &c)
         return {"calls": c.calls, "loads": c.loads, "doorbells": c.doorbells,
-                "reply_sleeps": c.reply_sleeps, "input_blocks": c.input_blocks,
+                "reply_sleeps": c.reply_sleeps, "caller_reads": c.caller_reads,
+                "input_blocks": c.input_blocks,
                 "resent": c.resent, "queued": c.queued}
 

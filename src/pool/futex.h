@@ -32,6 +32,26 @@ static inline void pfb_futex_wait(uint32_t* word, uint32_t expected, int64_t ns,
   syscall(SYS_futex, word, op, expected, limit, NULL, 0);
 }
 
+/* As pfb_futex_wait, for a sleeper of `bitset` (FUTEX_WAIT_BITSET, whose
+ * limit is absolute: CLOCK_MONOTONIC), on a shared word. */
+static inline void pfb_futex_wait_bitset(uint32_t* word, uint32_t expected, int64_t ns,
+                                         uint32_t bitset) {
+  struct timespec at;
+  struct timespec* limit = NULL;
+  if (ns >= 0) {
+    int64_t deadline = pfb_now_ns() + ns;
+    at.tv_sec = (time_t)(deadline / 1000000000);
+    at.tv_nsec = (long)(deadline % 1000000000);
+    limit = &at;
+  }
+  syscall(SYS_futex, word, FUTEX_WAIT_BITSET, expected, limit, NULL, bitset);
+}
+
+/* Wakes every sleeper of `word` whose bitset meets `bitset`. */
+static inline void pfb_futex_wake_bitset(uint32_t* word, uint32_t bitset) {
+  syscall(SYS_futex, word, FUTEX_WAKE_BITSET, INT32_MAX, NULL, NULL, bitset);
+}
+
 /* Wakes up to `waiters` sleepers on `word`; `op`: FUTEX_WAKE or
  * FUTEX_WAKE_PRIVATE, as the wait. */
 static inline void pfb_futex_wake(uint32_t* word, int waiters, int op) {

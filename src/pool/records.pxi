@@ -91,8 +91,18 @@ def dl_dtype(dtype):
     return None
 
 
+cdef dict _NP_DTYPES = {}  # (code, bits) -> np_dtype's answer: each call and result asks
+
+
 def np_dtype(int code, int bits):
     """The NumPy dtype of a record's (code, bits): dl_dtype's inverse."""
+    made = _NP_DTYPES.get((code, bits))
+    if made is None:
+        made = _NP_DTYPES[(code, bits)] = _np_dtype(code, bits)
+    return made
+
+
+cdef object _np_dtype(int code, int bits):
     if code == _DL_BFLOAT and bits == 16:
         import ml_dtypes
         return np.dtype(ml_dtypes.bfloat16)

@@ -43,7 +43,10 @@ void pfb_ring_attach(PfbRing* ring, PfbPoolRingWords* words, PfbPoolSlot* slots,
 void pfb_ring_set_doorbell(PfbRing* ring, int fd) { ring->doorbell = fd; }
 
 void pfb_ring_set_consumer_sleeping(PfbRing* ring, int sleeping) {
-  STORE(ring->words->consumer_sleeping, sleeping ? 1u : 0u, SC);
+  if (sleeping)
+    __atomic_fetch_or(&ring->words->consumer_sleeping, PFB_POOL_SLEEPER_READER, SC);
+  else
+    __atomic_fetch_and(&ring->words->consumer_sleeping, ~(uint32_t)PFB_POOL_SLEEPER_READER, SC);
 }
 
 void pfb_ring_reset(PfbRing* ring) {
@@ -116,7 +119,8 @@ int pfb_ring_write(PfbRing* ring, const PfbPoolSlot* message) {
 int pfb_ring_notify(PfbRing* ring) {
   PfbPoolRingWords* w = ring->words;
   __atomic_thread_fence(SC);
-  if (!LOAD(w->consumer_sleeping, SC)) return 0;
+  uint32_t sleepers = LOAD(w->consumer_sleeping, SC);
+  if (!sleepers) return 0;
   if (ring->doorbell >= 0) {
     /* An eventfd keeps its count until read: a ring that comes before the
      * consumer's poll still wakes it.  EAGAIN (the count is full) means it
@@ -127,10 +131,21 @@ int pfb_ring_notify(PfbRing* ring) {
     ++ring->wakes;
     return 1;
   }
+  /* A caller that holds the reader role reads everything there is: the
+   * reply thread sleeps on (shm_layout.h). */
   __atomic_fetch_add(&w->items_wake, 1, SC);
-  pfb_futex_wake(&w->items_wake, 1, FUTEX_WAKE);
+  pfb_futex_wake_bitset(&w->items_wake, sleepers & PFB_POOL_SLEEPER_CALLER
+                                            ? PFB_POOL_SLEEPER_CALLER
+                                            : PFB_POOL_SLEEPER_READER);
   ++ring->wakes;
   return 1;
+}
+
+void pfb_ring_wake(PfbRing* ring, uint32_t sleeper) {
+  PfbPoolRingWords* w = ring->words;
+  if (!(LOAD(w->consumer_sleeping, SC) & sleeper)) return;
+  __atomic_fetch_add(&w->items_wake, 1, SC);
+  pfb_futex_wake_bitset(&w->items_wake, sleeper);
 }
 
 /* ------------------------------------------------------------ consumer -- */
@@ -154,15 +169,31 @@ int pfb_ring_wait_items(PfbRing* ring, int64_t timeout_ns, uint32_t checks) {
     int64_t left = time_left(deadline);
     if (left == 0) return ETIMEDOUT;
     uint32_t seen = LOAD(w->items_wake, SC);
-    STORE(w->consumer_sleeping, 1, SC);
+    __atomic_fetch_or(&w->consumer_sleeping, PFB_POOL_SLEEPER_READER, SC);
     /* Re-checked after the flag: a message published before the producer
      * could see the flag is found here instead of being slept through. */
     if (!pfb_ring_available(ring) && !pfb_ring_closed(ring)) {
       ++ring->sleeps;
-      pfb_futex_wait(&w->items_wake, seen, left, FUTEX_WAIT);
+      pfb_futex_wait_bitset(&w->items_wake, seen, left, PFB_POOL_SLEEPER_READER);
     }
-    STORE(w->consumer_sleeping, 0, SC);
+    __atomic_fetch_and(&w->consumer_sleeping, ~(uint32_t)PFB_POOL_SLEEPER_READER, SC);
   }
+}
+
+int pfb_ring_sleep(PfbRing* ring, uint32_t sleeper, int64_t timeout_ns,
+                   int (*ready)(void*), void* context) {
+  PfbPoolRingWords* w = ring->words;
+  int slept = 0;
+  uint32_t seen = LOAD(w->items_wake, SC);
+  __atomic_fetch_or(&w->consumer_sleeping, sleeper, SC);
+  /* After the flag, as in wait_items: whoever changes what `ready` reads
+   * either sees the flag (and wakes) or is seen here. */
+  if (timeout_ns != 0 && !pfb_ring_closed(ring) && !ready(context)) {
+    slept = 1;
+    pfb_futex_wait_bitset(&w->items_wake, seen, timeout_ns, sleeper);
+  }
+  __atomic_fetch_and(&w->consumer_sleeping, ~sleeper, SC);
+  return slept;
 }
 
 int pfb_ring_read(PfbRing* ring, PfbPoolSlot* out, uint32_t max_slots) {

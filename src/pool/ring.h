@@ -1,6 +1,6 @@
 /* One ring of a worker's control segment (shm_layout.h: "THE RINGS"), seen
- * from one process: one producer and one consumer, messages of whole slots,
- * futex wake-ups only when the other side sleeps.
+ * from one process: one producer and one consumer (one thread at a time),
+ * messages of whole slots, futex wake-ups only when the other side sleeps.
  *
  * A producer writes messages (pfb_ring_write, which publishes each) and then
  * calls pfb_ring_notify once for the batch.  A consumer waits
@@ -84,7 +84,19 @@ int pfb_ring_wait_items(PfbRing* ring, int64_t timeout_ns, uint32_t checks);
  * the protocol: the caller ends the worker). */
 int pfb_ring_read(PfbRing* ring, PfbPoolSlot* out, uint32_t max_slots);
 
-/* Sets (1) or clears (0) the consumer's sleeper flag, for a consumer that
+/* For a ring whose consumer is one of several threads of its process, one
+ * at a time (the parent's reply ring, dispatch.c's reader role): announces
+ * `sleeper` (PFB_POOL_SLEEPER_*) and sleeps, unless the ring is closed or
+ * `ready(context)` (checked after the announcement), until a producer or
+ * pfb_ring_wake wakes that sleeper, or `timeout_ns` (negative: no limit).
+ * Reads nothing.  1 when it slept. */
+int pfb_ring_sleep(PfbRing* ring, uint32_t sleeper, int64_t timeout_ns,
+                   int (*ready)(void*), void* context);
+/* Wakes the consumer's threads asleep as `sleeper`, if any: for a change
+ * that their `ready` reads, made after it (sequentially consistent). */
+void pfb_ring_wake(PfbRing* ring, uint32_t sleeper);
+
+/* Sets (1) or clears (0) the consumer's sleeper flag (PFB_POOL_SLEEPER_READER), for a consumer that
  * sleeps elsewhere than in pfb_ring_wait_items (poll on a doorbell and a
  * socket).  After setting it, the consumer checks pfb_ring_available once
  * more before it sleeps (sequentially consistent, as in wait_items: either

@@ -113,6 +113,18 @@
  * flagged by `producer_sleeping`, and the consumer wakes it after consuming.
  * `closed` (set by either side when it ends the ring, then both words are
  * bumped and woken) ends every wait.
+ *
+ * The consumer side is one process, but on the reply ring more than one of
+ * its threads may be the consumer, one at a time (the parent's reader role,
+ * dispatch.c): the reply thread, or a caller waiting for a call of that
+ * worker, which then reads the worker's DONE itself (one wake-up per call,
+ * not two).  So `consumer_sleeping` holds a bit per kind of sleeper
+ * (PFB_POOL_SLEEPER_*), each set and cleared atomically by its sleeper, and
+ * each sleeper waits with FUTEX_WAIT_BITSET and its bit.  A producer that
+ * finds PFB_POOL_SLEEPER_CALLER set wakes only that sleeper (it holds the
+ * role and reads everything before it sleeps again or gives the role up),
+ * otherwise the PFB_POOL_SLEEPER_READER.  The parent's threads may bump
+ * `items_wake` too, to wake a caller asleep there whose call moved away.
  */
 #ifndef PYFUNC_BRIDGE_POOL_SHM_LAYOUT_H_
 #define PYFUNC_BRIDGE_POOL_SHM_LAYOUT_H_
@@ -131,8 +143,20 @@
  * which a DONE's tensor records carry (PFB_POOL_TENSOR_ALIASED ..).
  * 4: a CALL's input, and a LOAD's function, may be pulled over the socket
  * (PFB_POOL_TENSOR_SOCKET, PFB_POOL_LOAD_SOCKET); PFB_POOL_CALL_CUPY.
- * 5: no socket calls (socket_calls_started is gone); PFB_POOL_CALL_PACKED. */
-#define PFB_POOL_LAYOUT_VERSION 5
+ * 5: no socket calls (socket_calls_started is gone); PFB_POOL_CALL_PACKED.
+ * 6: consumer_sleeping holds PFB_POOL_SLEEPER_* bits, woken by bitset. */
+#define PFB_POOL_LAYOUT_VERSION 6
+
+/* PfbPoolRingWords.consumer_sleeping: who of the consumer's threads sleeps
+ * on `items_wake` (its FUTEX_WAIT_BITSET bitset). */
+enum {
+  /* The ring's own consumer: the worker on its request ring (whose
+   * doorbell replaces the futex), the parent's reply thread on a reply ring. */
+  PFB_POOL_SLEEPER_READER = 1,
+  /* A parent's caller that holds the reply ring's reader role while it
+   * waits for its call: woken instead of the reply thread. */
+  PFB_POOL_SLEEPER_CALLER = 2
+};
 
 /* Every block starts at a multiple of this and is a multiple of it long:
  * PFB_TENSOR_ALIGNMENT (bridge_abi.h), which TensorFlow needs to use memory
@@ -327,13 +351,15 @@ typedef union PfbPoolSlot {
 typedef struct PfbPoolRingWords {
   /* Written by the producer. */
   uint64_t tail;               /* slots published */
-  uint32_t items_wake;         /* futex: bumped to wake the consumer */
+  uint32_t items_wake;         /* futex: bumped to wake the consumer (and by
+                                * the consumer's own threads, see above) */
   uint32_t producer_sleeping;  /* 1 while the producer waits for room */
   unsigned char producer_pad[PFB_POOL_SLOT_BYTES - 16];
   /* Written by the consumer. */
   uint64_t head;               /* slots consumed (their slots are free again) */
   uint32_t space_wake;         /* futex: bumped to wake the producer */
-  uint32_t consumer_sleeping;  /* 1 while the consumer waits for messages */
+  uint32_t consumer_sleeping;  /* PFB_POOL_SLEEPER_* bits of the consumer's
+                                * threads that wait for messages */
   unsigned char consumer_pad[PFB_POOL_SLOT_BYTES - 16];
   /* Written once, by whichever side ends the ring. */
   uint32_t closed;

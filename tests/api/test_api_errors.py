@@ -12,16 +12,6 @@ NUL_MESSAGE = "bad value\0 in row 7"
 NUL_SHOWN = "bad value\\x00 in row 7"
 
 
-@pytest.fixture(params=["direct", "dispatched"])
-def eager_path(request, monkeypatch):
-    """Eager calls skip TF's op dispatch where TF has one CPU device; the
-    dispatched op (GPU machines, async mode) must behave the same."""
-    conv = pfb._library.conversion()
-    if request.param == "dispatched":
-        monkeypatch.setattr(conv, "direct_eager_calls", lambda: False)
-    return request.param
-
-
 # ------------------------------------------------------------- NUL bytes --
 
 @pytest.mark.parametrize("op", sorted(API_PAIRS))

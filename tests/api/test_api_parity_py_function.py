@@ -1,10 +1,10 @@
-"""py_function against TensorFlow's, side by side (test_api_parity.py's
-helpers and modes): what concerns py_function alone."""
+"""py_function against TensorFlow's, side by side (api_helpers.py's parity
+harness and modes): what concerns py_function alone."""
 import pytest
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
-from test_api_parity import MODES, raised
+from api_helpers import MODES, raised
 
 
 def _returns_a_new_variable(x):

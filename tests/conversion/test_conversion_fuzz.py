@@ -10,120 +10,30 @@
 - Malformed tensors (each mutation refusable by construction): a BufferError,
   the capsule left to its producer, and no crash.  They run in a subprocess.
 - Results of numpy_function / array_function(torch): random dtype x layout x
-  copy mode against NumPy, zero-copy by the documented rule.
+  copy mode against NumPy, zero-copy by the documented rule
+  (test_conversion_fuzz_results.py).  Both files share fuzz_helpers.py.
 
 Profiles (tests/conftest.py): "ci" by default, ``--hypothesis-profile=long``
 or ``HYPOTHESIS_PROFILE=long`` for a deeper run.  ``PFB_FUZZ_FIGURES=path``
 writes the counts (tried, refused, wrong, crashed) as JSON.
 """
-import collections
 import json
 import os
 import subprocess
 import sys
 
-import ml_dtypes
 import numpy as np
 import pytest
-import tensorflow as tf
+
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import assume, event, given, strategies as st  # noqa: E402
 
 import pyfunc_bridge as pfb  # noqa: E402
 import dlpack_ctypes as dl  # noqa: E402
-
-conv = pfb._library.conversion()
-BF16 = np.dtype(ml_dtypes.bfloat16)
-# (NumPy dtype, DLPack code, bits)
-DTYPES = [(np.dtype(t), code, bits) for t, code, bits in [
-    (np.float16, dl.kDLFloat, 16), (np.float32, dl.kDLFloat, 32), (np.float64, dl.kDLFloat, 64),
-    (BF16, dl.kDLBfloat, 16),
-    (np.int8, dl.kDLInt, 8), (np.int16, dl.kDLInt, 16), (np.int32, dl.kDLInt, 32),
-    (np.int64, dl.kDLInt, 64),
-    (np.uint8, dl.kDLUInt, 8), (np.uint16, dl.kDLUInt, 16), (np.uint32, dl.kDLUInt, 32),
-    (np.uint64, dl.kDLUInt, 64),
-    (np.complex64, dl.kDLComplex, 64), (np.complex128, dl.kDLComplex, 128),
-    (np.bool_, dl.kDLBool, 8)]]
-INT64_MAX = 2 ** 63 - 1
-
-# Counts for the report (the test asserts; these say how much was explored).
-FIGURES = collections.Counter()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _figures():
-    yield
-    path = os.environ.get("PFB_FUZZ_FIGURES")
-    if path:
-        with open(path, "w") as f:
-            json.dump(dict(FIGURES), f, indent=1, sort_keys=True)
-
-
-def tally(what, where):
-    """Counts `what` (tried, refused, wrong, crashed) in total and for `where`."""
-    FIGURES[what] += 1
-    FIGURES[f"{where}: {what}"] += 1
-
-
-def run_or_refused(op, copy, where):
-    """(op(), False), or (None, True) when copy=False refused the copy it
-    needed (tallied as refused for `where`); any other error propagates."""
-    try:
-        return op(), False
-    except tf.errors.InvalidArgumentError as e:
-        if copy is False and "copy=False forbids copies" in e.message:
-            tally("refused", where)
-            return None, True
-        raise
-
-
-def wrong(message, where="?"):
-    tally("wrong", where)
-    raise AssertionError(message)
-
-
-def raw_bytes(a):
-    return np.array(a, order="C").reshape(-1).view(np.uint8)
-
-
-def check_result(out, seen, rule, copy, want, what, where):
-    """An op's result `out` (None when refused): shared with the function's
-    result (`seen["address"]`) exactly when the zero-copy `rule` and `copy`
-    say so (`rule` None: no rule applies; copy=False is judged by the
-    caller), and NumPy's values."""
-    if out is None:
-        return
-    if rule is not None and copy is not False:
-        shared = address(pfb.to_numpy(out)) == seen["address"]
-        if shared != (rule and copy is not True):
-            wrong(f"zero-copy {shared}, the rule says {rule and copy is not True}: {what}",
-                  where)
-    check_values(pfb.to_numpy(out), want, what, where)
-
-
-def check_values(got, want, what, where):
-    got = np.asarray(got)
-    if got.dtype != want.dtype or got.shape != want.shape:
-        wrong(f"{what}: got {got.dtype}{got.shape}, want {want.dtype}{want.shape}", where)
-    if not np.array_equal(raw_bytes(got), raw_bytes(want)):
-        wrong(f"{what}: values differ\n got {got!r}\nwant {want!r}", where)
-
-
-def address(a):
-    return np.asarray(a).__array_interface__["data"][0]
-
-
-def fill(dtype, count, seed):
-    """`count` elements of `dtype` from random bytes (bool: 0/1), 64-byte aligned."""
-    rng = np.random.default_rng(seed)
-    with conv.aligned_allocation():
-        buf = np.empty(count, dtype)
-    if dtype == np.bool_:
-        buf[...] = rng.integers(0, 2, count).astype(bool)
-    else:
-        buf.view(np.uint8)[...] = rng.integers(0, 256, count * dtype.itemsize, dtype=np.uint8)
-    return buf
+from fuzz_helpers import (  # noqa: E402
+    BF16, DTYPES, FIGURES, INT64_MAX, address, check_values, conv, fill, tally, wrong)
+from fuzz_helpers import write_figures  # noqa: E402,F401 (an autouse fixture)
 
 
 # ------------------------------------------------------------ honest tensors
@@ -383,167 +293,3 @@ def test_malformed_tensors_are_refused(request, tmp_path):
                     f"{last.read_text() if last.exists() else '?'}\n{proc.stderr[-3000:]}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert figures, proc.stdout[-3000:]
-
-
-# ------------------------------------------------------- function results
-
-GLOBALS = {}
-
-
-@st.composite
-def results(draw, sources):
-    entry = draw(st.sampled_from(DTYPES))
-    rank = draw(st.integers(0, 4))
-    shape = tuple(draw(st.lists(st.integers(0, 4), min_size=rank, max_size=rank)))
-    source = draw(st.sampled_from(sources))
-    copy = draw(st.sampled_from([None, True, False]))
-    seed = draw(st.integers(0, 2 ** 32))
-    return entry, shape, source, copy, seed
-
-
-def values(dtype, shape, seed):
-    """Small values (no NaN): exact through every path, lists included."""
-    rng = np.random.default_rng(seed)
-    v = rng.integers(0, 100, shape)
-    return (v % 2).astype(dtype) if dtype == np.bool_ else v.astype(dtype)
-
-
-NUMPY_SOURCES = ["fresh", "fortran", "strided", "negative", "unaligned", "global", "list",
-                 "input_view"]
-
-
-def numpy_result(source, want):
-    """Inside the function: `want`'s values laid out as `source` says.
-    Returns (result, whether the result is private memory of the function)."""
-    if source == "fresh":
-        return want.copy(), True
-    if source == "fortran":
-        return np.array(want, order="F"), True
-    if source == "strided":
-        big = np.repeat(want.reshape(-1), 2).reshape(want.shape + (2,)) if want.ndim else None
-        if big is None:
-            return want.copy(), True
-        return big[..., 0], True
-    if source == "negative":
-        flipped = np.flip(want).copy()
-        return np.flip(flipped), True
-    if source == "unaligned":
-        raw = np.empty(want.size + 1, want.dtype)
-        raw[1:] = want.reshape(-1)
-        return raw[1:].reshape(want.shape), True
-    if source == "global":
-        GLOBALS["last"] = want.copy()
-        return GLOBALS["last"], False
-    if source == "list":
-        return want.tolist(), None
-    raise AssertionError(source)
-
-
-@given(results(NUMPY_SOURCES))
-def test_numpy_function_results(case):
-    (dtype, code, bits), shape, source, copy, seed = case
-    want = values(dtype, shape, seed)
-    if source == "list" and dtype == BF16:
-        source = "fresh"  # bfloat16 tolist gives ml_dtypes scalars, not Python values
-    if source == "list" and np.asarray(want.tolist()).shape != want.shape:
-        source = "fresh"  # [] for shape (0, 3): a list cannot say that shape
-    seen = {}
-    x = tf.constant(want)
-
-    def f(a):
-        if source == "input_view":
-            out, private = a, None  # a read-only view of the input
-        else:
-            out, private = numpy_result(source, want)
-        # Facts, not the object: a reference kept here would make it aliased.
-        if isinstance(out, np.ndarray):
-            seen.update(address=address(out), size=out.size, private=private,
-                        contiguous=out.flags.c_contiguous)
-        return [out]  # a list of one output: `out` itself may be a list
-
-    tally("tried", "numpy_function results")
-    event(f"{source} copy={copy}")
-    outs, needs_copy = run_or_refused(
-        lambda: pfb.numpy_function(f, [x], [tf.as_dtype(dtype)], copy=copy), copy,
-        "numpy_function results")
-    out, = (None,) if needs_copy else outs
-    rule = None  # no zero-copy rule for empty or unseen results
-    if seen and seen["size"] > 0:
-        if source == "input_view":
-            rule = True  # TF's memory handed back
-        else:
-            rule = seen["private"] and seen["contiguous"] and seen["address"] % 64 == 0
-        if copy is False:
-            if needs_copy and rule:
-                wrong(f"copy=False refused a result the rule hands over: {case}",
-                      "numpy_function results")
-            if not needs_copy and not rule:
-                wrong(f"copy=False accepted a result that needs a copy: {case}",
-                      "numpy_function results")
-    check_result(out, seen, rule, copy, want, f"numpy_function {case}",
-                 "numpy_function results")
-
-
-TORCH_SOURCES = ["fresh", "transposed", "strided", "global", "from_numpy", "lazy_neg",
-                 "lazy_conj", "input"]
-
-
-@given(results(TORCH_SOURCES))
-def test_array_function_torch_results(torch, case):
-    (dtype, code, bits), shape, source, copy, seed = case
-    want = values(dtype, shape, seed)
-
-    def to_torch(a):
-        a = np.array(a, order="C")  # np.ascontiguousarray would make 0-d arrays 1-d
-        t = torch.from_numpy(a.view(np.uint16) if dtype == BF16 else a)
-        return t.view(torch.bfloat16) if dtype == BF16 else t
-
-    if source == "lazy_conj" and dtype.kind != "c":
-        source = "fresh"
-    if source == "lazy_neg" and dtype.kind in "bu":
-        source = "fresh"  # torch has no negation of bool / unsigned
-    seen = {}
-    x = tf.constant(want)
-
-    def f(a):
-        if source == "fresh":
-            out = to_torch(want).clone()
-        elif source == "transposed":
-            out = to_torch(np.transpose(want)).clone()
-            out = out.permute(tuple(reversed(range(out.ndim))))
-        elif source == "strided":
-            big = to_torch(np.stack([want, want], axis=-1)).clone()
-            out = big[..., 0]
-        elif source == "global":
-            GLOBALS["torch"] = to_torch(want).clone()
-            out = GLOBALS["torch"]
-        elif source == "from_numpy":
-            out = to_torch(want.copy())
-        elif source == "lazy_neg":
-            out = to_torch(-want if dtype.kind != "b" else want).clone()._neg_view()
-        elif source == "lazy_conj":
-            out = to_torch(np.conj(want)).clone().conj()
-        else:
-            out = a
-        seen.update(address=out.data_ptr(), numel=out.numel(),
-                    contiguous=out.is_contiguous())
-        return out
-
-    tally("tried", "array_function torch results")
-    event(f"torch {source} copy={copy}")
-    out, refused = run_or_refused(
-        lambda: pfb.array_function(f, [x], tf.as_dtype(dtype), framework="torch", copy=copy),
-        copy, "array_function torch results")
-    rule = None  # no zero-copy rule for empty results
-    if seen["numel"] > 0:
-        # Documented rule: a fresh torch tensor (not a view, storage not
-        # shared, allocated by torch) or a view of an input, aligned and
-        # compact, is handed over; views (even contiguous ones) and memory
-        # torch did not allocate are copied; lazy views are resolved (a copy).
-        rule = source in ("fresh", "input") and seen["contiguous"]
-        if copy is False:
-            if refused == rule:
-                wrong(f"copy=False {'refused' if refused else 'accepted'} against the "
-                      f"rule ({rule}): {case}", "array_function torch results")
-    check_result(out, seen, rule, copy, want, f"array_function torch {case}",
-                 "array_function torch results")

@@ -86,6 +86,22 @@ def test_calls_round_trip_and_blocks_come_back(pool):
     wait_for(lambda: dispatch.counts()["input_blocks"] == 0)  # INPUTS_BACK freed them
 
 
+def test_a_waiting_caller_reads_its_own_done(pool):
+    """The worker's DONE wakes the caller waiting for it, which reads it
+    itself (its worker's reader role), instead of waking the reply thread,
+    which would then wake the caller: one wake-up per call less.  The reply
+    threads sleep through such calls."""
+    dispatch = ready(pool)
+    register(dispatch, 11, double)
+    dispatch.call_many(11, [np.ones(1)], 5)  # loaded on the worker(s) it goes to
+    before = dispatch.counts()
+    assert all(dispatch.call_many(11, [np.ones(1)], 200))
+    after = dispatch.counts()
+    assert after["caller_reads"] - before["caller_reads"] >= 100
+    assert after["reply_sleeps"] - before["reply_sleeps"] < 100
+    wait_for(lambda: dispatch.counts()["input_blocks"] == 0)  # INPUTS_BACK read too
+
+
 def test_unknown_tokens_and_bad_inputs_are_refused(pool):
     dispatch = ready(pool)
     with pytest.raises(OSError, match="dispatching the call failed"):

@@ -2,7 +2,7 @@
 item 5): a worker killed while idle fails none of the calls posted to it
 before the pool saw it die, whoever made the call (an eager call from
 Python, a tf.data map's kernel natively; both over the rings).  A call the worker had started still
-fails with WorkerError (tests/pool/test_process_pool.py, tests/kernel/test_faults.py).
+fails with WorkerError (tests/pool/test_process_pool_faults.py, tests/kernel/test_faults.py).
 
 Written against the public API (`executor=`, `pids()`, `pfb.stats()`)."""
 import os

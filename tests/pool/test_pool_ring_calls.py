@@ -4,8 +4,8 @@ copy=False calls (the worker's copy facts travel in the DONE's records:
 src/pool/shm_layout.h, PFB_POOL_CALL_* and PFB_POOL_TENSOR_*).
 
 Written against the public API: a call that needs no Python in this process
-keeps completing while a thread holds the GIL (tests/pool/test_pool_native.py's
-proof), and what the pool answers is what in-process pfb answers, values
+keeps completing while a thread holds the GIL (the proof of
+tests/pool/test_pool_native_gil.py), and what the pool answers is what in-process pfb answers, values
 and error texts alike, whichever path a call took.  A map's first calls take
 the Python path; the gated functions below change what they return after
 GATE elements, so that the later, native calls are the ones judged.
@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import copy_functions as cf
 import process_functions as pf
 import pyfunc_bridge as pfb
-from test_pool_native import STAMP_SECONDS, THRESHOLD, ended_while_the_gil_is_held
+from test_pool_native_gil import (STAMP_SECONDS, THRESHOLD,
+                                  ended_while_the_gil_is_held)
 
 POOL_NAME = "ring calls pool"
 GATE = 12  # elements answered alike before a gated function changes
@@ -32,7 +34,7 @@ def pool():
 
 
 def torch_stamp(_):
-    """test_pool_native's stamp, as a torch tensor."""
+    """test_pool_native_gil's stamp, as a torch tensor."""
     import torch
     time.sleep(STAMP_SECONDS)
     return torch.tensor(time.time_ns(), dtype=torch.int64)
@@ -98,7 +100,7 @@ def test_torch_calls_keep_completing_while_a_thread_holds_the_gil(pool, torch):
 
 
 def test_copy_false_calls_keep_completing_while_a_thread_holds_the_gil(pool):
-    from test_pool_native import stamp
+    from test_pool_native_gil import stamp
     during = ended_while_the_gil_is_held(
         lambda i: pfb.numpy_function(stamp, [i], tf.int64, executor=pool, copy=False))
     assert during >= THRESHOLD, (
@@ -137,22 +139,22 @@ def torch_fresh_complex(x):
 
 
 @pytest.mark.parametrize("before, after, framework, tout, refused", [
-    (pf.fresh, pf.fresh, "numpy", F32, None),
-    (pf.fresh, pf.input_itself, "numpy", F32, None),
-    (pf.fresh, pf.strided, "numpy", F32, "non_contiguous"),
-    (pf.fresh, pf.transposed, "numpy", F32, "non_contiguous"),
-    (pf.fresh, pf.unaligned, "numpy", F32, "unaligned"),
-    (pf.fresh, pf.input_rows, "numpy", F32, "non_contiguous"),
-    (pf.fresh, pf.shared_array, "numpy", F32, "aliasing"),
-    (pf.fresh, pf.view_of_shared, "numpy", F32, "aliasing"),
-    (pf.fresh, pf.strided_of_another_dtype, "numpy", F32, "dtype"),
-    (pf.torch_fresh, pf.torch_fresh, "torch", F32, None),
-    (pf.torch_fresh, pf.input_itself, "torch", F32, None),
-    (pf.torch_fresh, pf.torch_transposed, "torch", F32, "non_contiguous"),
-    (pf.torch_fresh, pf.torch_input_rows, "torch", F32, "non_contiguous"),
-    (pf.torch_fresh, pf.torch_view_of_fresh, "torch", F32, "aliasing"),
-    (pf.torch_fresh, pf.torch_as_numpy, "torch", F32, "aliasing"),
-    (torch_fresh_complex, pf.torch_conjugate, "torch", C64, "lazy"),
+    (cf.fresh, cf.fresh, "numpy", F32, None),
+    (cf.fresh, cf.input_itself, "numpy", F32, None),
+    (cf.fresh, cf.strided, "numpy", F32, "non_contiguous"),
+    (cf.fresh, cf.transposed, "numpy", F32, "non_contiguous"),
+    (cf.fresh, cf.unaligned, "numpy", F32, "unaligned"),
+    (cf.fresh, cf.input_rows, "numpy", F32, "non_contiguous"),
+    (cf.fresh, cf.shared_array, "numpy", F32, "aliasing"),
+    (cf.fresh, cf.view_of_shared, "numpy", F32, "aliasing"),
+    (cf.fresh, cf.strided_of_another_dtype, "numpy", F32, "dtype"),
+    (cf.torch_fresh, cf.torch_fresh, "torch", F32, None),
+    (cf.torch_fresh, cf.input_itself, "torch", F32, None),
+    (cf.torch_fresh, cf.torch_transposed, "torch", F32, "non_contiguous"),
+    (cf.torch_fresh, cf.torch_input_rows, "torch", F32, "non_contiguous"),
+    (cf.torch_fresh, cf.torch_view_of_fresh, "torch", F32, "aliasing"),
+    (cf.torch_fresh, cf.torch_as_numpy, "torch", F32, "aliasing"),
+    (torch_fresh_complex, cf.torch_conjugate, "torch", C64, "lazy"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_copy_false_judges_native_calls_as_in_process(pool, before, after, framework, tout,
                                                       refused):
@@ -188,12 +190,12 @@ def test_copy_false_shares_accepted_results_without_a_copy(pool, stats_on):
     assert entry.calls == N and entry.bytes_zero_copy == N * 8 << 14
 
 
-@pytest.mark.parametrize("after, refused", [(pf.large_fresh, False),
-                                            (pf.large_transposed, True)])
+@pytest.mark.parametrize("after, refused", [(cf.large_fresh, False),
+                                            (cf.large_transposed, True)])
 def test_copy_false_judges_answers_too_large_for_the_arena(after, refused):
     """An answer that does not fit the result arena goes by the socket with
     its copy facts: judged as in-process."""
-    func = gated(pf.large_fresh, after)
+    func = gated(cf.large_fresh, after)
     with pfb.ProcessPool(1, arena_bytes=4096, name="small ring copy pool") as small:
         got = map_outcome(func, tf.float32, "numpy", small, False, n=2 * GATE)
     assert got == map_outcome(func, tf.float32, "numpy", None, False, n=2 * GATE)

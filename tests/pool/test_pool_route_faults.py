@@ -20,6 +20,7 @@ import pytest
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
+import copy_functions as cf
 import process_functions as pf
 
 from conftest import ROOT, TESTS, script_env, serving
@@ -141,13 +142,13 @@ def test_result_blocks_of_dropped_native_outputs_go_back_with_python_path_calls(
     have come back in shared memory came back pickled (half of them)."""
     with serving(pfb.ProcessPool(1, arena_bytes=1 << 22, name="blocks back pool")) as pool:
         dataset = tf.data.Dataset.range(16).map(
-            lambda i: pfb.numpy_function(pf.large_fresh, [i], tf.float32, executor=pool),
+            lambda i: pfb.numpy_function(cf.large_fresh, [i], tf.float32, executor=pool),
             num_parallel_calls=2)  # 16 x 256 KiB: the 4 MiB arena
         outputs = list(dataset)
         assert native_calls(pool) >= 10
         del outputs  # (their blocks wait for a request to the worker)
         pfb.reset_stats()
-        kept = [pfb.numpy_function(pf.large_fresh, [tf.constant(i)], tf.float32, executor=pool)
+        kept = [pfb.numpy_function(cf.large_fresh, [tf.constant(i)], tf.float32, executor=pool)
                 for i in range(8)]  # eager: the Python path
         assert all(float(tf.reduce_sum(k)) == 1 << 16 for k in kept)
         assert pfb.stats().pools["blocks back pool"].copies_saved == 8

@@ -4,8 +4,8 @@ does, and a native call that overruns fails with the timeout's error while
 the calls its worker had not started run in another worker.
 
 Written against the public API (`executor=`, `pids()`, `pfb.stats()`); the
-sign of native calls is tests/pool/test_pool_native.py's: they keep completing
-while a thread of this process holds the GIL."""
+sign of native calls is the one of tests/pool/test_pool_native_gil.py: they
+keep completing while a thread of this process holds the GIL."""
 import re
 import threading
 
@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import process_functions as pf
 from conftest import wait_for
-from test_pool_native import THRESHOLD, ended_while_the_gil_is_held, stamp
+from test_pool_native_gil import THRESHOLD, ended_while_the_gil_is_held, stamp
 import pyfunc_bridge as pfb
 
 NAME = "native timeout pool"

@@ -253,3 +253,14 @@ def test_gpu_overhead_says_it_needs_a_gpu_where_there_is_none():
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "gpu_overhead: skipped (no GPU: TensorFlow lists no GPU device here)"
+
+
+def test_pool_dispatch_prints_each_way_and_where_a_call_goes():
+    run = subprocess.run([sys.executable, "-m", "benchmarks.pool_dispatch", "--calls", "20"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"^trivial \(8 B\) +20 +(\s*[\d.]+/\s*[\d.]+){4}$", run.stdout, re.M), run.stdout
+    assert re.search(r"post to the worker's start [\d.]+, in the worker [\d.]+, worker's end "
+                     r"to the caller [\d.]+ \(per call: caller reads [\d.]+, "
+                     r"reply-thread sleeps [\d.]+\)", run.stdout), run.stdout
+    assert not negative_figures(run.stdout), run.stdout

@@ -45,6 +45,7 @@ cdef extern from "dispatch.h" nogil:
         uint64_t loads
         uint64_t doorbells
         uint64_t reply_sleeps
+        uint64_t caller_reads
         uint64_t input_blocks
         uint64_t resent
         uint64_t queued

@@ -1,0 +1,149 @@
+"""Process workers: errors of a call (unpicklable results, unloadable
+replies, exceptions with the worker's traceback, autograph-converted
+functions) and of the arguments (executor, pool, closed pools)."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import process_functions as pf
+import pyfunc_bridge as pfb
+from process_pool_helpers import run_script
+from process_pool_helpers import pool  # noqa: F401 (fixtures)
+
+
+@pytest.mark.parametrize("func, index", [(pf.returns_a_lambda, 0),
+                                         (pf.returns_an_array_and_a_lambda, 1)])
+def test_a_result_that_does_not_pickle_fails_its_call_only(func, index):
+    with pfb.ProcessPool(1, name="pickle pool") as one:
+        before = one.pids()
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=f"result {index} of the function \\(a function\\) cannot be "
+                                 f"sent back from the worker process"):
+            pfb.numpy_function(func, [tf.constant([1, 2])], [tf.int32] * (index + 1),
+                               executor=one)
+        assert one.pids() == before  # the worker lives on
+        y = pfb.numpy_function(pf.double, [tf.constant([1, 2])], tf.int32, executor=one)
+        assert y.numpy().tolist() == [2, 4]
+
+
+# Hangs (in a subprocess, then) where the reader thread dies on the reply.
+_UNLOADABLE_REPLY_SCRIPT = r"""
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+with pfb.ProcessPool(1, name="unloadable pool") as pool:
+    try:
+        pfb.numpy_function(pf.returns_what_does_not_load, [tf.constant(1)], tf.int32,
+                           executor=pool)
+    except tf.errors.UnknownError as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("no error")
+    assert "of unloadable pool sent a reply this process cannot unpickle" in message, message
+    assert "RuntimeError: this value does not load in the parent" in message, message
+    assert int(pfb.numpy_function(pf.double, [tf.constant(2)], tf.int32, executor=pool)) == 4
+print("done")
+"""
+
+
+def test_a_reply_this_process_cannot_load_fails_the_call_and_the_pool_recovers():
+    run_script(_UNLOADABLE_REPLY_SCRIPT)
+
+
+@pytest.mark.parametrize("func, tf_error, name, marker", [
+    (pf.raises_value_error, tf.errors.InvalidArgumentError, "ValueError",
+     "bad value from the worker"),
+    (pf.raises_key_error, tf.errors.UnknownError, "KeyError", "missing key in the worker"),
+    (pf.raises_unpicklable, tf.errors.UnknownError, "Unpicklable", "one and two"),
+])
+def test_exceptions_map_to_tf_errors_with_the_worker_traceback(pool, func, tf_error, name,
+                                                               marker):
+    run = tf.function(lambda x: pfb.numpy_function(func, [x], tf.int64, executor=pool))
+    with pytest.raises(tf_error) as info:
+        run(tf.constant(1, tf.int64))
+    message = info.value.message
+    assert marker in message and name in message
+    assert "the traceback in the worker process" in message
+    assert "process_functions.py" in message and f"in {func.__name__}" in message
+
+
+def _autograph_map(executor, offset):
+    """A map function whose functions are defined inside it: tf.data
+    converts them with autograph (a nested def with a default and a branch,
+    and lambdas, one closing over `offset`)."""
+    def map_fn(i):
+        def inner(a, k=3.0):
+            if a > 1:
+                return np.sqrt(a) + offset
+            return a * k
+        y = pfb.numpy_function(inner, [tf.cast(i, tf.float64)], tf.float64, executor=executor)
+        z = pfb.numpy_function(lambda b: np.abs(b) + offset, [y], tf.float64,
+                               executor=executor)
+        return pfb.numpy_function(lambda a: np.sqrt(a), [z], tf.float64, executor=executor)
+    return map_fn
+
+
+def test_functions_autograph_converted_run_in_a_worker_as_written():
+    """tf.data converts the map function, and every function defined inside
+    it, with autograph: the worker receives the functions as written (the
+    converted ones name TensorFlow's autograph, which a worker has not)."""
+    with pfb.ProcessPool(1, name="autograph pool") as one:
+        in_process = tf.data.Dataset.range(6).map(_autograph_map(None, 2.0))
+        in_worker = tf.data.Dataset.range(6).map(_autograph_map(one, 2.0))
+        np.testing.assert_array_equal(list(in_worker.as_numpy_iterator()),
+                                      list(in_process.as_numpy_iterator()))
+        # The issue's example: an inline lambda that calls something.
+        dataset = tf.data.Dataset.range(4).map(lambda i: pfb.numpy_function(
+            lambda a: np.sqrt(a), [tf.cast(i, tf.float64)], tf.float64, executor=one))
+        np.testing.assert_array_equal(list(dataset.as_numpy_iterator()), np.sqrt(np.arange(4)))
+        # An error's traceback names this file, not autograph's generated one.
+        failing = tf.data.Dataset.range(1).map(lambda i: pfb.numpy_function(
+            lambda a: np.asarray(int("not a number")), [i], tf.int64, executor=one))
+        with pytest.raises(tf.errors.InvalidArgumentError) as info:
+            list(failing)
+        message = info.value.message  # whole, where an assertion fails (pytest would elide it)
+        assert os.path.basename(__file__) in message, message  # this file
+        assert "__autograph_generated" not in message, message
+        assert not pfb.numpy_function(pf.tensorflow_imported, [0], tf.bool, executor=one)
+
+
+def test_py_function_refuses_an_executor(pool):
+    for executor in (pool, "process"):
+        with pytest.raises(ValueError, match="py_function takes no executor.*EagerTensors"):
+            pfb.py_function(pf.identity, [tf.constant(1)], tf.int32, executor=executor)
+
+
+@pytest.mark.parametrize("executor", ["threads", 2, object()])
+def test_executor_arguments_are_checked(executor):
+    with pytest.raises(ValueError, match="executor must be None.*ProcessPool"):
+        pfb.numpy_function(pf.identity, [tf.constant(1)], tf.int32, executor=executor)
+
+
+def test_a_closed_pool_is_refused():
+    closed = pfb.ProcessPool(1, name="closed pool")
+    closed.close()
+    closed.close()  # idempotent
+    with pytest.raises(ValueError, match="'closed pool'.*is closed"):
+        pfb.array_function(pf.identity, [tf.constant(1)], tf.int32, framework="numpy",
+                           executor=closed)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"workers": 0}, "workers must be a positive int"),
+    ({"workers": "2"}, "workers must be a positive int"),
+    ({"arena_bytes": -1}, "arena_bytes must be a non-negative int"),
+])
+def test_pool_arguments_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pfb.ProcessPool(**kwargs)
+
+
+def test_a_graph_op_whose_pool_closed_fails_clearly():
+    closing = pfb.ProcessPool(1, name="closing pool")
+    run = tf.function(lambda x: pfb.numpy_function(pf.identity, [x], tf.int32,
+                                                   executor=closing))
+    assert int(run(tf.constant(4))) == 4
+    closing.close()
+    with pytest.raises(tf.errors.UnknownError, match="'closing pool' is closed|closing pool is"):
+        run(tf.constant(4))

@@ -1,0 +1,151 @@
+"""Process workers across fork(): the child gets a clear error for its
+parent's pool and lets go of its shared memory, and the parent's pool goes on
+with the same workers."""
+import json
+import subprocess
+import sys
+
+from conftest import ROOT, TESTS, script_env
+from pool_checks import worker_alive
+from process_pool_helpers import run_script
+
+
+# A fork of a process that has pools: the child gets a clear error for the
+# parent's pool and a fresh default pool, runs its exit hooks, and the
+# parent's pools go on with the same workers.
+_FORK_SCRIPT = r"""
+import json, os, signal, sys, time
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+from pyfunc_bridge.pool import process_pool as _process
+
+def run(executor):
+    return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=executor))
+
+pool = pfb.ProcessPool(1, name="forked pool", timeout=60)
+before = {"pool": pool.pids(), "default": _process.default_pool().pids(),
+          "calls": [run(pool), run("process")]}
+child = os.fork()
+if child == 0:
+    report = {}
+    for how in ("api", "run"):
+        try:
+            if how == "api":
+                run(pool)
+            else:  # a graph built before the fork reaches the pool itself
+                pool.ring_call(pf.pid, None, (np.int64(0),), False, False)
+        except Exception as exc:  # noqa: BLE001 - reported
+            report[how] = f"{type(exc).__name__}: {exc}"
+    report["default"] = run("process")
+    report["default_pids"] = _process.default_pool().pids()
+    print("child " + json.dumps(report), flush=True)
+    # The exit hooks close this process's pools (and must not touch the
+    # parent's).  Then os._exit: TensorFlow's own finalization hangs in a
+    # fork of a process that ran an eager op (tf.numpy_function's too).
+    import atexit
+    atexit._run_exitfuncs()
+    os._exit(0)
+deadline = time.monotonic() + 60
+while os.waitpid(child, os.WNOHANG) == (0, 0):
+    if time.monotonic() > deadline:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        print("child hung", flush=True)
+        break
+    time.sleep(0.05)
+time.sleep(0.5)  # what the child's exit did to the parent's workers is done
+after = {"pool": pool.pids(), "default": _process.default_pool().pids(),
+         "calls": [run(pool), run("process")]}
+print("parent " + json.dumps({"before": before, "after": after}), flush=True)
+"""
+
+
+def test_a_forked_child_gets_a_clear_error_and_the_parent_pool_is_unaffected():
+    run = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], cwd=TESTS, capture_output=True,
+                         text=True, timeout=240,
+                         env=script_env(ROOT, TESTS))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "child hung" not in run.stdout  # on the parent's pool
+    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    child = json.loads(lines["child"])
+    parent = json.loads(lines["parent"])
+    for how, error in (("api", child["api"]), ("run", child["run"])):
+        assert "'forked pool'" in error or "forked pool " in error, (how, error)
+        assert "is a fork of it" in error and "Start a ProcessPool in this process" in error
+    assert child["api"].startswith("ValueError") and child["run"].startswith("PoolClosedError")
+    # The child's default pool is its own; the parent's workers are the same ones.
+    assert child["default"] in child["default_pids"]
+    assert not set(child["default_pids"]) & set(parent["before"]["default"])
+    # The same workers, and each call ran in one of its pool's (which of the
+    # default pool's two takes a call is the pool's choice).
+    for state in (parent["before"], parent["after"]):
+        assert state["calls"][0] in state["pool"] and state["calls"][1] in state["default"]
+    assert {k: parent["after"][k] for k in ("pool", "default")} == \
+        {k: parent["before"][k] for k in ("pool", "default")}
+    assert not [p for p in child["default_pids"] if worker_alive(p)]  # ended at the child's exit
+
+
+# A forked child lets go of its parent's pools' shared memory: it holds no
+# descriptor of their memfds and maps none of them (their mappings are its
+# own memory now), the result tensors it inherited (from the Python path
+# and from a kernel's native route) keep their values while the parent
+# lets go of their blocks and the worker reuses them, and using the pool
+# there is a clear error.
+_FORK_KEEPS_RESULT_SCRIPT = r"""
+import json, os, signal, time
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+from pool_checks import memfds_of
+NAME = "fork result pool"
+
+def shared():
+    return memfds_of(NAME)
+
+with pfb.ProcessPool(1, name=NAME) as pool:
+    graph = tf.function(lambda x: pfb.numpy_function(pf.quarter_mib_of, [x], tf.float32,
+                                                     executor=pool))
+    graph(tf.constant(0.0))  # the kernel's first call sets up its route
+    eager = pfb.numpy_function(pf.quarter_mib_of, [tf.constant(1.0)], tf.float32,
+                               executor=pool)
+    native = graph(tf.constant(2.0))
+    addresses = {pfb.to_numpy(eager).ctypes.data, pfb.to_numpy(native).ctypes.data}
+    x = tf.constant(3.0)
+    fds, maps = shared()
+    assert fds and maps, (fds, maps)  # (the probe sees them)
+    go_r, go_w = os.pipe()
+    seen_r, seen_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.read(go_r, 1)  # the parent let go of the blocks, and the worker reused them
+        report = {"values": [float(v) for t in (eager, native)
+                             for v in (pfb.to_numpy(t)[0], pfb.to_numpy(t)[-1])]}
+        report["fds"], report["maps"] = shared()
+        try:
+            pfb.numpy_function(pf.quarter_mib_of, [x], tf.float32, executor=pool)
+        except ValueError as exc:
+            report["error"] = str(exc)
+        os.write(seen_w, json.dumps(report).encode())
+        os._exit(0)  # (TensorFlow's own exit hangs in a fork of a process that ran ops)
+    del eager, native
+    later = [pfb.numpy_function(pf.quarter_mib_of, [tf.constant(7.0)], tf.float32,
+                                executor=pool) for _ in range(2)]
+    later += [graph(tf.constant(7.0)) for _ in range(2)]
+    reused = addresses & {pfb.to_numpy(t).ctypes.data for t in later}
+    os.write(go_w, b"x")
+    report = json.loads(os.read(seen_r, 1 << 16).decode())
+    deadline = time.monotonic() + 60
+    while os.waitpid(child, os.WNOHANG) == (0, 0):
+        assert time.monotonic() < deadline, "the child hung"
+        time.sleep(0.01)
+    assert report["values"] == [1.0, 1.0, 2.0, 2.0], (report, reused)
+    assert report["fds"] == [] and report["maps"] == [], report
+    error = report.get("error", "")
+    assert f"'{NAME}'" in error and "is a fork of it" in error and \
+        "Start a ProcessPool in this process" in error, report
+    assert [float(t[0]) for t in later] == [7.0] * 4
+print("done")
+"""
+
+
+def test_a_forked_child_lets_go_of_the_pool_s_memory_and_keeps_its_results():
+    run_script(_FORK_KEEPS_RESULT_SCRIPT)

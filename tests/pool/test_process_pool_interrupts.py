@@ -1,0 +1,172 @@
+"""Process workers: Ctrl-C in a caller waiting on the pool, at any moment
+of a call, leaves every block with an owner (scripts in fresh interpreters,
+with timeouts)."""
+import pytest
+
+from process_pool_helpers import run_script
+
+
+# Ctrl-C in the waiting caller, again and again, in a fresh interpreter (a
+# signal, and a hang to stop by the timeout).  Each interrupted call stays
+# with the pool (queued, or in its worker); its blocks must stay its own
+# until the worker is done with them: inputs (else the next call's input is
+# the block it writes to in place) and results (else they fill the worker's
+# result arena).
+_INTERRUPTED_SCRIPT = r"""
+import signal, sys, threading, time
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+from pool_checks import in_arena, settled
+FRAMEWORK = {framework!r}
+BLOCK = 4 << 20  # one 1 Mi-element float32 input or result
+main = threading.main_thread()
+
+def call(value):
+    x = tf.fill([1 << 20], float(value))
+    if FRAMEWORK == "numpy":
+        return pfb.numpy_function(pf.slow_double_in_place, [x], tf.float32, copy=True,
+                                  executor=pool)
+    return pfb.array_function(pf.slow_double_in_place, [x], tf.float32, copy=True,
+                              framework=FRAMEWORK, executor=pool)
+
+def waiting():  # the main thread waits in the pool (its innermost Python frame)
+    frame = sys._current_frames().get(main.ident)
+    return frame is not None and frame.f_code.co_name == "ring_call"
+
+def interrupt(moment, gate, returned):
+    # SIGINT to the main thread at a moment of the call (a state it reaches,
+    # never a time, which a loaded machine stretches): at once (its inputs
+    # being made), or once it waits for its worker; never once it returned.
+    ready = (lambda: True) if moment == "at once" else waiting
+    while True:
+        with gate:
+            if returned:
+                return
+            if ready():
+                signal.pthread_kill(main.ident, signal.SIGINT)
+                return
+        time.sleep(0.001)
+
+with pfb.ProcessPool(1, arena_bytes=4 * BLOCK, name="interrupted pool") as pool:
+    interrupted, most_held = 0, 0
+    for i in range(12):
+        gate, returned = threading.Lock(), []
+        interrupter = threading.Thread(target=interrupt, args=(
+            ("at once", "waiting", "waiting")[i % 3], gate, returned))
+        try:
+            interrupter.start()
+            call(100 + i)
+            with gate:  # (a SIGINT sent before this lands inside the try)
+                returned.append(True)
+        except KeyboardInterrupt:
+            interrupted += 1
+        interrupter.join()
+        # The blocks of the calls still with the pool are theirs.
+        most_held = max(most_held, pool.arena_bytes - pool.free_input_bytes)
+    # (A KeyboardInterrupt raised in a gc callback is ignored: the call runs on.)
+    # A call interrupted while its worker is busy keeps its input block
+    # until the worker is done with it.
+    assert interrupted >= 8 and most_held >= BLOCK, (interrupted, most_held)
+    # The next calls run after the abandoned ones, which wrote in place to
+    # their own blocks, not to these calls' inputs.
+    for value in (10, 11, 12):
+        out = call(value)
+        np.testing.assert_array_equal(out.numpy(), np.full(1 << 20, 2.0 * value))
+    # The abandoned calls' results went back to the worker: its arena still
+    # has room for a 4 MiB result, which comes back through shared memory
+    # (without copy=True, which copies every result).
+    out = pfb.numpy_function(pf.identity, [tf.fill([1 << 20], 1.0)], tf.float32,
+                             executor=pool)
+    assert in_arena(pool, out)
+    settled(pool)
+print("done")
+"""
+
+
+# Ctrl-C at any moment of a call: while its inputs are placed, handed to a
+# worker, its reply decoded.  Every block must end with an owner: once the
+# calls are done, the arena is whole and the values right.
+_INTERRUPTED_ANYWHERE_SCRIPT = r"""
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+from pool_checks import Interrupts, settled
+with pfb.ProcessPool(2, arena_bytes=1 << 20, name="interrupted pool") as pool:
+    x = tf.fill([64 << 10], 3.0)  # 256 KiB: four fit the arena
+    interrupts = Interrupts(seed=18)
+    interrupted = calls = 0
+    while calls < 300:
+        try:
+            calls += 1
+            out = pfb.numpy_function(pf.briefly_double_in_place, [x, x][:1 + calls % 2],
+                                     tf.float32, copy=True, executor=pool)
+            assert float(out[0]) == 6.0 * (1 + calls % 2), (calls, out)
+        except KeyboardInterrupt:
+            interrupted += 1
+    interrupts.stop()
+    assert interrupted > 100, interrupted
+    settled(pool)  # the state every call leaves in the end, or the script's timeout
+    for _ in range(8):
+        out = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=True,
+                                 executor=pool)
+        np.testing.assert_array_equal(out.numpy(), np.full(64 << 10, 6.0))
+print("done")
+"""
+
+
+def test_ctrl_c_at_any_moment_of_a_call_leaves_every_block_an_owner():
+    run_script(_INTERRUPTED_ANYWHERE_SCRIPT)
+
+
+# Ctrl-C while a call waits for its one worker, which is held, again and
+# again: the interrupt lands once the call's input is placed, at any moment
+# of its wait, also just before the wait blocks (the wait must look for it
+# itself).
+_INTERRUPTED_QUEUED_SCRIPT = r"""
+import os, signal, sys, threading, time
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+main = threading.main_thread().ident
+BLOCK = 4000  # the waiting call's input: 1000 float32, in one block
+with pfb.ProcessPool(1, arena_bytes=1 << 20, name="queued pool") as pool:
+    for round in range(12):
+        go = f"{sys.argv[1]}-{round}"
+        holder = threading.Thread(target=pfb.numpy_function,
+                                  args=(pf.wait_for_file, [tf.constant(go)], tf.int64),
+                                  kwargs={"executor": pool})
+        holder.start()
+        while pool.free_input_bytes == pool.arena_bytes:  # the holder's input is placed
+            time.sleep(0.01)
+        held = pool.free_input_bytes
+        def interrupt_once_queued():
+            while pool.free_input_bytes > held - BLOCK:  # the call's input is placed
+                time.sleep(0.001)
+            signal.pthread_kill(main, signal.SIGINT)
+        interrupter = threading.Thread(target=interrupt_once_queued)
+        interrupter.start()
+        try:
+            pfb.numpy_function(pf.double, [tf.fill([1000], 1.0)], tf.float32, executor=pool)
+            raise AssertionError("not interrupted")
+        except KeyboardInterrupt:
+            pass
+        interrupter.join()
+        open(go, "w").close()
+        holder.join()
+        # The abandoned call's input block went back (at once, or once its
+        # worker ran it), and its result's too: nothing is held for good.
+        while pool.free_input_bytes != pool.arena_bytes:  # the state, or the timeout
+            time.sleep(0.01)
+    out = pfb.numpy_function(pf.double, [tf.fill([1000], 2.0)], tf.float32, executor=pool)
+    np.testing.assert_array_equal(out.numpy(), np.full(1000, 4.0))
+print("done")
+"""
+
+
+def test_a_call_interrupted_while_queued_leaves_the_queue_with_its_blocks(tmp_path):
+    run_script(_INTERRUPTED_QUEUED_SCRIPT, str(tmp_path / "go"))
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_ctrl_c_leaves_a_calls_blocks_with_its_worker_until_it_is_done(framework):
+    if framework == "torch":
+        pytest.importorskip("torch")
+    run_script(_INTERRUPTED_SCRIPT.format(framework=framework))

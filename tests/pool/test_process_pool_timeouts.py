@@ -1,0 +1,126 @@
+"""Process workers: a pool's timeout. A call past it fails with the
+function's stack, its worker is replaced, and calls the worker had not
+started run in another; the timeout argument is checked."""
+import inspect
+import re
+import threading
+
+import pytest
+import tensorflow as tf
+
+import process_functions as pf
+from conftest import wait_for
+from pool_checks import worker_alive
+import pyfunc_bridge as pfb
+from process_pool_helpers import call_in_thread
+
+
+def _lines_of(func, texts):
+    """The line numbers of the lines of `func` that contain one of `texts`."""
+    lines, first = inspect.getsourcelines(func)
+    return {first + i for i, line in enumerate(lines) if any(t in line for t in texts)}
+
+
+def _assert_timed_out(error, func, texts, pool):
+    """`error` is the timeout of a call of `func`, stuck on a line holding one of `texts`."""
+    assert isinstance(error, tf.errors.DeadlineExceededError), repr(error)
+    message = error.message
+    assert f"ran past the {pool.timeout:g} s timeout of {pool.name}" in message, message
+    where = re.search(rf'process_functions.py", line (\d+) in {func.__name__}\n', message)
+    assert where and int(where[1]) in _lines_of(func, texts), message
+    killed = int(message.split("in worker process ")[1].split(",")[0])
+    wait_for(lambda: not worker_alive(killed))
+    return killed
+
+
+@pytest.mark.parametrize("func, texts", [(pf.hang, ["time.sleep"]),
+                                         (pf.spin, ["while time", "n += 1"])])
+def test_a_call_past_its_timeout_fails_with_the_stack_and_later_calls_run(func, texts):
+    """Eagerly, in a tf.function and in a tf.data map: DeadlineExceededError
+    with the function's stack (a sleeping one, and one holding its GIL); the
+    worker is ended and replaced."""
+    with pfb.ProcessPool(2, timeout=1.5, name="timeout pool") as pool:
+        runs = {
+            "eager": lambda: pfb.numpy_function(func, [tf.constant(60.0)], tf.int64,
+                                                executor=pool),
+            "graph": lambda: tf.function(lambda x: pfb.numpy_function(
+                func, [x], tf.int64, executor=pool))(tf.constant(60.0)),
+            "tf.data": lambda: list(tf.data.Dataset.from_tensors(60.0).map(
+                lambda x: pfb.numpy_function(func, [x], tf.int64, executor=pool))),
+        }
+        killed = set()
+        for how, run in runs.items():
+            with pytest.raises(tf.errors.DeadlineExceededError) as info:
+                run()
+            killed.add(_assert_timed_out(info.value, func, texts, pool))
+            # Later calls run (a quick one is never timed out).
+            for _ in range(3):
+                got = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
+                                             executor=pool))
+                assert got in pool.pids() and got not in killed, how
+        assert len(killed) == 3
+    assert not _watchdogs(pool)  # close() ends the watchdog
+
+
+def _watchdogs(pool):
+    """The live threads that watch `pool`'s deadlines (by their name)."""
+    return [t for t in threading.enumerate() if t.name == f"{pool.name} watchdog"]
+
+
+def test_calls_a_timed_out_worker_had_not_started_run_in_another(tmp_path):
+    """A worker ended for a timeout held calls it had not started (the batch
+    it took from the queue): they never ran, so they run in another worker
+    rather than fail."""
+    go = tmp_path / "go"
+    # Time enough for the first call to wait while this test queues four more.
+    with pfb.ProcessPool(1, timeout=5, name="requeue pool") as pool:
+        # Each call's input is placed in the arena when it is submitted: the
+        # calls wait, in order, behind the first.
+        def submitted(call, arg):
+            free = pool.free_input_bytes
+            made = call_in_thread(call, arg, pool)
+            wait_for(lambda: pool.free_input_bytes < free)
+            return made
+        first, first_box = submitted(pf.wait_for_file, str(go))
+        hung, hung_box = submitted(pf.hang, 60.0)
+        quick = [submitted(pf.pid, 0) for _ in range(3)]
+        go.touch()  # the worker answers, then takes the hung call and the quick ones
+        for thread, _ in [(first, None), (hung, None)] + quick:
+            thread.join(timeout=60)
+            assert not thread.is_alive()
+        assert "error" not in first_box, first_box["error"]
+        timed_out = int(first_box["result"])
+        _assert_timed_out(hung_box["error"], pf.hang, ["time.sleep"], pool)
+        for _, box in quick:
+            assert "error" not in box, box["error"]
+            assert int(box["result"]) == pool.pids()[0] != timed_out
+
+
+def test_a_worker_that_outlives_its_timeout_signal_runs_later_calls_to_their_end():
+    """A function that handles SIGUSR1 answers the pool's timeout signal
+    with its own error instead of ending its worker.  The worker lives on;
+    its later calls, well within their deadlines, must not be ended by the
+    kill that was meant for the call that answered (it came a grace period
+    later, and failed whichever call ran then, as ended for another's
+    timeout)."""
+    with pfb.ProcessPool(1, timeout=0.5, name="usr1 pool") as pool:
+        (pid,) = pool.pids()
+        with pytest.raises(tf.errors.UnknownError, match="SIGUSR1 handled by the function"):
+            pfb.numpy_function(pf.handles_sigusr1, [tf.constant(5.0)], tf.int64,
+                               executor=pool)
+        for _ in range(6):  # 1.8 s: past the grace period of the kill
+            assert int(pfb.numpy_function(pf.slow_pid, [tf.constant(0.3)], tf.int64,
+                                          executor=pool)) == pid
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), "1", True])
+def test_timeout_must_be_a_positive_number_of_seconds(timeout):
+    with pytest.raises(ValueError, match=f"timeout must be a positive number of seconds, "
+                                         f"or None for no limit, got {re.escape(repr(timeout))}"):
+        pfb.ProcessPool(1, timeout=timeout)
+
+
+def test_a_pool_without_a_timeout_writes_no_status():
+    with pfb.ProcessPool(1, name="no timeout pool", timeout=None) as pool:
+        assert pool.timeout is None and not _watchdogs(pool)
+        assert int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
+                                      executor=pool)) == pool.pids()[0]

@@ -1,0 +1,47 @@
+"""What the test_xla*.py files share: the dtypes XLA takes, sample values,
+jit-compiled functions and their HLO, and scripts in fresh interpreters."""
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import tensorflow as tf
+
+from conftest import ROOT, script_env
+
+NUMERIC = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
+           tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool,
+           tf.complex64, tf.complex128]
+
+
+def sample(dtype, shape=(2, 3)):
+    n = int(np.prod(shape))
+    if dtype == tf.bool:
+        return tf.constant(np.arange(n).reshape(shape) % 3 == 0)
+    if dtype.is_complex:
+        return tf.cast(tf.reshape(tf.range(n, dtype=tf.float64), shape), dtype) * (1 + 2j)
+    return tf.cast(tf.reshape(tf.range(n), shape), dtype)
+
+
+def flip(a):
+    # Reversed rows, a new array: for every dtype, bool and bfloat16 included.
+    return np.ascontiguousarray(a[::-1])
+
+
+def jit(fn):
+    return tf.function(fn, jit_compile=True)
+
+
+def hlo(fn, *args):
+    return fn.experimental_get_compiler_ir(*args)(stage="hlo")
+
+
+def run_script(code, PYTHONPATH=None, **env):
+    """`code` in a fresh interpreter (this checkout's package first on its
+    path, then `PYTHONPATH`); its stdout's lines."""
+    env = script_env(*[p for p in (ROOT, PYTHONPATH) if p], TF_CPP_MIN_LOG_LEVEL="2",
+                     CUDA_VISIBLE_DEVICES="", **env)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()
