@@ -10,6 +10,7 @@
 
 The first two use the dlpack.h that ships in TensorFlow's wheel.
 """
+import glob
 import os
 import sys
 
@@ -83,6 +84,9 @@ kernels = Extension(
         "src/kernel/xla_sites.cc",
         "src/kernel/xla_ops.cc",
     ],
+    # The headers too: pool_route.cc embeds the dispatcher's structs, so a
+    # kernel built against older ones would misread a pool module's memory.
+    depends=sorted(glob.glob("src/*.h") + glob.glob("src/kernel/*.h") + glob.glob("src/pool/*.h")),
     include_dirs=TF_INCLUDES + [DLPACK_INCLUDE, FARMHASH_INCLUDE, HIGHWAYHASH_INCLUDE, "src"],
     extra_compile_args=[f for f in TF_COMPILE_FLAGS if not f.startswith("-I")]
     + OPT + KERNEL_SANITIZER_FLAGS + ["-Wno-deprecated-declarations", "-Wno-sign-compare"],
@@ -111,6 +115,7 @@ POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/records.c",
 pool_worker = Extension(
     "pyfunc_bridge._pool_worker",
     sources=["src/pool/_pool_worker.pyx"] + POOL_C_SOURCES,
+    depends=sorted(glob.glob("src/pool/*.h")),
     include_dirs=[np.get_include(), "src/pool"],
     # PyDataMem_SetHandler is NumPy 1.22 API.
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
