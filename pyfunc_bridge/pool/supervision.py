@@ -165,9 +165,9 @@ class Supervision:
             worker.alive = False
             closing = self._closed
         if closing:
-            error = PoolClosedError(f"pyfunc_bridge: {self.name} "
-                                    f"{EXIT_TEXT if self._closed_at_exit else 'was closed'} while the "
-                                    f"call ran in worker process {worker.pid}")
+            how = EXIT_TEXT if self._closed_at_exit else "was closed"
+            error = PoolClosedError(f"pyfunc_bridge: {self.name} {how} while the call ran in "
+                                    f"worker process {worker.pid}")
         else:  # the call told off for the timeout, if that is what ended it
             death = self._death(worker, unreadable)
             error = (WorkerError(death) if self._deadlines is None

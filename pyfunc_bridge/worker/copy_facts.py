@@ -9,10 +9,10 @@ ALIGN = 64  # PFB_TENSOR_ALIGNMENT (src/bridge_abi.h): TF's Eigen kernels need i
 # What the parent's copy decision (_copy_reason, src/conversion/copy.pxi)
 # would have known of a result in-process: the parent sees only blocks of
 # the result arena (a fresh result as it is, anything else copied), yet
-# copy=False must refuse what it refuses in-process.  The facts are gathered here as the conversion layer
-# gathers them (_array_writable_elsewhere and _export_output for arrays,
-# _export_dlpack_output and the framework's adapter for DLPack producers);
-# the parent decides.
+# copy=False must refuse what it refuses in-process.  The facts are gathered
+# here as the conversion layer gathers them (_array_writable_elsewhere and
+# _export_output for arrays, _export_dlpack_output and the framework's
+# adapter for DLPack producers); the parent decides.
 
 _CLEAN = (False, True, True, False)  # facts that copy=False refuses nothing for
 

@@ -30,12 +30,12 @@
  * wake-up, from the worker straight to the caller) and every other message
  * as the reply thread would (the same code: other callers' DONEs, credits
  * and the queue's posts, INPUTS_BACK), and gives it back once its call is
- * done; the reply thread reads whenever no caller does.  Each worker's request ring has one producer at a
- * time (the worker's `post` mutex; a reply thread only tries it, and never
- * waits for room while it holds it: the room comes from its own worker,
- * which may wait for it to read); the queue has its own mutex, taken after
- * `post`; the input arena's allocator has its own mutex and a condition
- * for callers waiting for room.
+ * done; the reply thread reads whenever no caller does.  Each worker's
+ * request ring has one producer at a time (the worker's `post` mutex; a
+ * reader only tries it, and never waits for room while it holds it: the
+ * room comes from its own worker, which may wait for it to read); the queue
+ * has its own mutex, taken after `post`; the input arena's allocator has its
+ * own mutex and a condition for callers waiting for room.
  *
  * Lifetime: a dispatcher is referenced by its creator (Python's Dispatcher,
  * whose pfb_dispatch_delete closes it and drops that reference), by each
