@@ -25,18 +25,25 @@ def test_exception_reaches_the_caller_with_its_traceback():
     assert "in boom" in message  # the traceback's frame
 
 
-def test_exception_class_maps_as_without_xla():
-    def missing(a):
-        raise KeyError("k")
-
+def _errors_with_and_without_xla(func):
+    """The errors of a numpy_function of `func` on a float32[2], in a plain
+    tf.function and under jit_compile=True, which must be of one class."""
     spec = tf.TensorSpec([2], tf.float32)
     x = tf.constant([1.0, 2.0])
-    f = lambda x: pfb.numpy_function(missing, [x], spec)  # noqa: E731
+    f = lambda x: pfb.numpy_function(func, [x], spec)  # noqa: E731
     with pytest.raises(tf.errors.OpError) as plain:
         tf.function(f)(x)
     with pytest.raises(tf.errors.OpError) as compiled:
         jit(f)(x)
     assert type(compiled.value) is type(plain.value)
+    return plain.value, compiled.value
+
+
+def test_exception_class_maps_as_without_xla():
+    def missing(a):
+        raise KeyError("k")
+
+    _errors_with_and_without_xla(missing)
 
 
 @pytest.mark.parametrize("result, words", [
@@ -45,18 +52,11 @@ def test_exception_class_maps_as_without_xla():
     (lambda a: np.zeros([2, 1], np.float32), "shape"),
 ])
 def test_wrong_result_is_the_usual_error(result, words):
-    spec = tf.TensorSpec([2], tf.float32)
-    x = tf.constant([1.0, 2.0])
-    f = lambda x: pfb.numpy_function(result, [x], spec)  # noqa: E731
-    with pytest.raises(tf.errors.OpError) as plain:
-        tf.function(f)(x)
-    with pytest.raises(tf.errors.OpError) as compiled:
-        jit(f)(x)
-    assert type(compiled.value) is type(plain.value)
-    assert words in str(compiled.value)
+    plain, compiled = _errors_with_and_without_xla(result)
+    assert words in str(compiled)
     # The bridge's own words, as without XLA.
-    words = re.search(r"pyfunc_bridge: [^\[\n]*", str(plain.value)).group(0).strip()
-    assert words in str(compiled.value)
+    words = re.search(r"pyfunc_bridge: [^\[\n]*", str(plain)).group(0).strip()
+    assert words in str(compiled)
 
 
 @pytest.mark.parametrize("Tout, words", [
