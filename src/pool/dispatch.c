@@ -345,12 +345,15 @@ static int role_take(Worker* w) {
   return __atomic_compare_exchange_n(&w->role, &free_role, ROLE_HELD, 0, SC, SC);
 }
 
-/* Gives the role back.  A message published after the holder's last read
- * is not left unread: the reply thread, if it sleeps, is woken for it (it
- * announced its sleep before it saw the role held, so this sees it). */
+/* Gives the role back.  Neither a message published after the holder's
+ * last read nor a queued call this worker could take is left behind: the
+ * reply thread, if it sleeps, is woken for them (it announced its sleep
+ * before it saw the role held, so this sees it), and its loop reads, posts
+ * the queue's calls, and retries a post that found no room. */
 static void role_give(Worker* w) {
   __atomic_store_n(&w->role, ROLE_FREE, SC);
-  if (pfb_ring_available(&w->replies)) pfb_ring_wake(&w->replies, PFB_POOL_SLEEPER_READER);
+  if (pfb_ring_available(&w->replies) || queue_waits(w))
+    pfb_ring_wake(&w->replies, PFB_POOL_SLEEPER_READER);
 }
 
 /* The reply thread sleeps unless it can read now (or must end). */
