@@ -43,30 +43,44 @@ def settled(pool):
 
 class Interrupts:
     """SIGINT to the main thread every 0 to `most` seconds, from `after`
-    seconds on, until stop(); a script's main thread calls in between."""
+    seconds on, until stop(); a script's main thread calls in between.
+
+    A signal raises KeyboardInterrupt only inside during(), once per call:
+    one landing in the script's own bookkeeping (its loop test, its except
+    clause) would end the script, not test the pool."""
 
     def __init__(self, seed, most=0.006, after=0.5):
         self._main = threading.main_thread().ident
         self._random = random.Random(seed)
+        self._armed = False
+        signal.signal(signal.SIGINT, self._on_sigint)
         self._stop = threading.Event()
         self._sender = threading.Thread(target=self._send, args=(most, after))
         self._sender.start()
+
+    def _on_sigint(self, signum, frame):
+        if self._armed:
+            self._armed = False
+            raise KeyboardInterrupt
 
     def _send(self, most, after):
         self._stop.wait(after)
         while not self._stop.wait(self._random.uniform(0, most)):
             signal.pthread_kill(self._main, signal.SIGINT)
 
+    def during(self, function, *args, **kwargs):
+        """function(*args, **kwargs), which a SIGINT interrupts at any moment."""
+        self._armed = True
+        try:
+            return function(*args, **kwargs)
+        finally:
+            self._armed = False
+
     def stop(self):
-        """Ends the stream; a SIGINT still on its way lands in here."""
-        while True:
-            try:
-                self._stop.set()
-                self._sender.join()
-                time.sleep(0.05)
-                return
-            except KeyboardInterrupt:
-                pass
+        """Ends the stream and puts back Python's own SIGINT handler."""
+        self._stop.set()
+        self._sender.join()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def worker_alive(pid):

@@ -201,8 +201,8 @@ with pfb.ProcessPool(2, arena_bytes=4096, name="interrupted pulls") as pool:
     while calls < 200:
         try:
             calls += 1
-            out = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=True,
-                                     executor=pool)
+            out = interrupts.during(pfb.numpy_function, pf.briefly_double_in_place,
+                                    [x], tf.float32, copy=True, executor=pool)
             assert float(out[0]) == 6.0, (calls, out)
         except KeyboardInterrupt:
             interrupted += 1

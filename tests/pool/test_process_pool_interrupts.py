@@ -97,8 +97,8 @@ with pfb.ProcessPool(2, arena_bytes=1 << 20, name="interrupted pool") as pool:
     while calls < 300:
         try:
             calls += 1
-            out = pfb.numpy_function(pf.briefly_double_in_place, [x, x][:1 + calls % 2],
-                                     tf.float32, copy=True, executor=pool)
+            out = interrupts.during(pfb.numpy_function, pf.briefly_double_in_place,
+                                    [x, x][:1 + calls % 2], tf.float32, copy=True, executor=pool)
             assert float(out[0]) == 6.0 * (1 + calls % 2), (calls, out)
         except KeyboardInterrupt:
             interrupted += 1
