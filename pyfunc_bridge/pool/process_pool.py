@@ -46,7 +46,7 @@ from pyfunc_bridge.pool.errors import (EXIT_TEXT, PoolClosedError, WorkerError,
 from pyfunc_bridge.pool.pickling import Functions
 from pyfunc_bridge.pool.supervision import Supervision
 from pyfunc_bridge.pool.timeouts import Deadlines
-from pyfunc_bridge.pool.worker_process import WorkerProcess, shared_memory
+from pyfunc_bridge.pool.worker_process import shared_memory
 from pyfunc_bridge.worker.compiled import pool_module
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL
 
@@ -154,12 +154,12 @@ class ProcessPool(Supervision):
         # function's LOAD pickle, for as long as it is registered.
         self._payloads = {}
         self._attached = threading.Condition()  # a worker joined the dispatcher (ring_call)
+        self._starting = False  # a worker's start runs (on the spawning thread, _start)
         self._workers = []
         _live_pools.add(self)
         try:
             for i in range(workers):
-                self._workers.append(WorkerProcess(self, i))
-                self._attach(self._workers[-1])
+                self._start(i, first=True)
         except BaseException:
             self.close()
             raise
@@ -312,7 +312,14 @@ class ProcessPool(Supervision):
     def __del__(self):
         if ((not getattr(self, "_closed", True) or getattr(self, "_closing", False))
                 and hasattr(self, "_workers")):
-            self.close()  # dropped without close() (or mid-close): its workers end with it
+            # Dropped without close() (or mid-close): its workers end with it.
+            # No later close() can finish one that a Ctrl-C interrupts here.
+            while True:
+                try:
+                    self.close()
+                    return
+                except KeyboardInterrupt:
+                    pass
 
     def close(self):
         """Ends the workers and frees the shared memory; calls in flight fail
@@ -336,6 +343,10 @@ class ProcessPool(Supervision):
         when = EXIT_TEXT if _exiting else "was closed"
         with self._attached:
             self._attached.notify_all()  # callers waiting for a worker see the close
+            # A worker's start under way uses the pool's descriptors: it ends
+            # first (and stops its worker itself, the pool being closed).
+            while self._starting:
+                self._attached.wait()
         self._stop(workers)
         if self._dispatch is not None:
             for w in workers:

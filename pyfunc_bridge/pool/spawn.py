@@ -1,5 +1,5 @@
 """The thread that starts every worker process of this process's pools
-(pool/worker_process.py starts them through ``spawner.popen``)."""
+(pool/supervision.py runs each start there, ``spawner.run``)."""
 import os
 import queue
 import subprocess
@@ -12,15 +12,23 @@ class Spawner:
     (PR_SET_PDEATHSIG, pyfunc_bridge/worker/start_worker.py); the kernel's "parent" is
     the *thread* that started it, and the threads that start workers come
     and go (a tf.data thread's first call, a reader thread replacing a dead
-    worker): a worker started by one of them would be killed with it."""
+    worker): a worker started by one of them would be killed with it.
+
+    A pool starts each worker there as a whole (run): a Ctrl-C can land only
+    in the caller's wait, and the start runs on to its end and puts the
+    worker in its pool, so no process is left that its pool does not know."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._requests = None
         self._thread = None
 
-    def popen(self, args, **kwargs):
-        """subprocess.Popen(args, **kwargs), run by the spawning thread."""
+    def run(self, function, *args, **kwargs):
+        """function(*args, **kwargs) on the spawning thread: its value, or its
+        exception raised here.  A caller interrupted while it waits leaves
+        the call running to its end (which must record what it made)."""
+        if threading.current_thread() is self._thread:
+            return function(*args, **kwargs)
         done = threading.Event()
         box = []
         with self._lock:
@@ -30,22 +38,27 @@ class Spawner:
                                                 name="pyfunc_bridge worker spawner",
                                                 daemon=True)
                 self._thread.start()
-            self._requests.put((args, kwargs, box, done))
+            self._requests.put((function, args, kwargs, box, done))
         done.wait()
         ok, value = box[0]
         if not ok:
             raise value
         return value
 
+    def popen(self, args, **kwargs):
+        """subprocess.Popen(args, **kwargs), run by the spawning thread."""
+        return self.run(subprocess.Popen, args, **kwargs)
+
     @staticmethod
     def _serve(requests):
         while True:
-            args, kwargs, box, done = requests.get()
+            function, args, kwargs, box, done = requests.get()
             try:
-                box.append((True, subprocess.Popen(args, **kwargs)))
+                box.append((True, function(*args, **kwargs)))
             except BaseException as exc:  # noqa: BLE001 - raised in the caller
                 box.append((False, exc))
             done.set()
+            del function, args, kwargs, box  # nothing of a request outlives it here
 
     def after_fork_in_child(self):
         """The spawning thread is not in a forked child: the child starts its own."""

@@ -13,6 +13,7 @@ import time
 from pyfunc_bridge._errors import CallTimeoutError
 from pyfunc_bridge.pool.answers import ring_answers
 from pyfunc_bridge.pool.errors import EXIT_TEXT, PoolClosedError, WorkerError
+from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.pool.worker_process import WorkerProcess
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL, FrameReader, send
 
@@ -214,23 +215,45 @@ class Supervision:
         if not broken:
             self._start(dead.index)
 
-    def _start(self, index):
-        """Starts the worker of slot `index` (the dispatcher posts the calls
-        that wait to it once it is attached)."""
-        try:
-            fresh = WorkerProcess(self, index)
-        except BaseException as exc:  # noqa: BLE001 - recorded for the callers
-            with self._lock:
-                self._break(f"a worker could not be started ({type(exc).__name__}: {exc})")
-            return
+    def _start(self, index, first=False):
+        """Starts the worker of slot `index`: a new pool's (`first`: a failure
+        is raised) or a dead worker's (a failure breaks the pool for a while;
+        the dispatcher posts the calls that wait to it once it is attached).
+        The start runs on the spawning thread, which puts the worker in its
+        slot: a Ctrl-C in this caller's wait leaves no worker the pool does
+        not know, and close() stops it either way."""
+        spawner.run(self._start_here, index, first)
+
+    def _start_here(self, index, first):
         with self._lock:
-            self._workers[index] = fresh
-            closed = self._closed
-        if not closed:
-            self._attach(fresh)
-        self._counters.add_one("workers_replaced")
-        if closed:
-            self._stop([fresh])
+            if self._closed:
+                return  # close() began: it stops the workers it knows
+            self._starting = True
+        try:
+            try:
+                fresh = WorkerProcess(self, index)
+            except BaseException as exc:
+                if first:
+                    raise
+                with self._lock:
+                    self._break(f"a worker could not be started ({type(exc).__name__}: {exc})")
+                return
+            with self._lock:
+                if first:
+                    self._workers.append(fresh)
+                else:
+                    self._workers[index] = fresh
+                closed = self._closed
+            if not closed:
+                self._attach(fresh)
+            if not first:
+                self._counters.add_one("workers_replaced")
+            if closed:
+                self._stop([fresh])
+        finally:
+            with self._attached:
+                self._starting = False  # close() waits for this
+                self._attached.notify_all()
 
     def _break(self, why):
         """Marks the pool broken (the pool's lock is held): calls fail, saying

@@ -170,3 +170,92 @@ def test_ctrl_c_leaves_a_calls_blocks_with_its_worker_until_it_is_done(framework
     if framework == "torch":
         pytest.importorskip("torch")
     run_script(_INTERRUPTED_SCRIPT.format(framework=framework))
+
+
+# Ctrl-C while ProcessPool() waits for its worker's start (here, a start
+# slowed until the caller has seen the interrupt, as on a loaded machine):
+# the start ends before the constructor raises, and its process with it; no
+# process starts later on the interrupted pool's descriptors, which by then
+# may be the next pool's.
+_INTERRUPTED_START_SCRIPT = r"""
+import os, signal, subprocess, threading
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+main = threading.main_thread().ident
+interrupted, raised = threading.Event(), threading.Event()
+started = []  # (process, whether ProcessPool() had raised when it started)
+
+def on_sigint(*_):
+    interrupted.set()
+    raise KeyboardInterrupt
+
+real_popen = subprocess.Popen
+class SlowStart(real_popen):
+    def __init__(self, args, **kwargs):
+        if not started:  # the first start: Ctrl-C in its caller, then the start goes on
+            signal.pthread_kill(main, signal.SIGINT)
+            interrupted.wait(60)
+            raised.wait(2)  # (a start still under way when the constructor raised)
+        super().__init__(args, **kwargs)
+        started.append((self, raised.is_set()))
+
+signal.signal(signal.SIGINT, on_sigint)
+subprocess.Popen = SlowStart
+try:
+    pfb.ProcessPool(1, name="interrupted start", timeout=30)
+    raise AssertionError("not interrupted")
+except KeyboardInterrupt:
+    raised.set()
+assert all(process.poll() is not None for process, _ in started), "a process of it runs"
+signal.signal(signal.SIGINT, signal.default_int_handler)
+with pfb.ProcessPool(1, name="next pool") as pool:
+    served = {int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool))
+              for _ in range(10)}
+    assert served == set(pool.pids()), (served, pool.pids())
+    interrupted_pools = [process for process, _ in started if process.pid not in pool.pids()]
+assert not [process.pid for process, late in started
+            if late and process in interrupted_pools], "started after it raised"
+assert all(process.poll() is not None for process in interrupted_pools)
+print("done")
+"""
+
+
+def test_ctrl_c_while_a_pool_starts_leaves_no_process_behind():
+    run_script(_INTERRUPTED_START_SCRIPT)
+
+
+# Ctrl-C while a dropped pool's __del__ closes it: nothing else can finish
+# that close, so it is finished there; every memfd of the pool goes.
+_INTERRUPTED_DROP_SCRIPT = r"""
+import gc, signal, time
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+from pool_checks import memfds_of
+armed = False
+
+def on_alarm(*_):
+    global armed
+    if armed:  # once, and only inside the try below
+        armed = False
+        raise KeyboardInterrupt
+
+signal.signal(signal.SIGALRM, on_alarm)
+for step in range(25):
+    pool = pfb.ProcessPool(1, arena_bytes=4096, name="dropped while interrupted")
+    pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool)  # its worker serves
+    try:
+        armed = True
+        signal.setitimer(signal.ITIMER_REAL, 0.0005 + step * 0.001)
+        del pool  # __del__ closes it
+        time.sleep(0.1)
+        armed = False
+    except KeyboardInterrupt:
+        pass
+gc.collect()
+assert memfds_of("dropped while interrupted") == ([], []), memfds_of("dropped while interrupted")
+print("done")
+"""
+
+
+def test_ctrl_c_while_a_dropped_pool_closes_leaves_no_shared_memory():
+    run_script(_INTERRUPTED_DROP_SCRIPT)
