@@ -16,6 +16,12 @@ from .values import adapter_named, as_numpy, strings_array, wrap_input
 # sleeps) at once.  Dtypes travel as DLPack codes (the pool module's
 # dl_dtype and np_dtype: the one table).
 
+# How long a worker that ran out of requests keeps looking at its ring
+# before it sleeps: an eager caller's next call comes within tens of µs, and
+# finding it awake saves the parent's doorbell and a 20-50 µs wake-up here.
+SPIN_NS = 50_000
+
+
 class RingServer:
     """A worker's side of its control segment: reads every request there
     is, runs it, and answers on the reply ring, one call at a time, on the
@@ -44,10 +50,13 @@ class RingServer:
         (the pool closed, or the parent died), which the socket shows while
         the worker sleeps: the parent sends nothing else unasked."""
         import pickle
+        pw_requests = self.pw.REQUESTS
         while True:
             while self.serve():
                 if self.stopped:
                     return
+            if self.channel.spin(pw_requests, SPIN_NS):
+                continue
             if self.wait():
                 if not self.reader.read(pickle.loads):
                     return

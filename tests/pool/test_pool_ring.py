@@ -171,6 +171,31 @@ def test_no_wake_when_the_consumer_is_awake(channel):
     assert channel.wakes(R) == 0
 
 
+def test_a_spin_finds_a_message_without_announcing_a_sleep(channel):
+    """The worker's look before it sleeps (Channel.spin): bounded, and never
+    flagged, so the producer's notify makes no wake-up for what it finds."""
+    start = time.monotonic()
+    assert channel.spin(R, 2_000_000) is False  # empty: gives up after 2 ms
+    assert time.monotonic() - start >= 0.002
+    assert channel.sleeps(R) == 0 and not channel.consumer_sleeping(R)
+    flags = []
+
+    def produce():
+        flags.append(channel.consumer_sleeping(R))
+        channel.post(R, pw.MSG_WORDS, [5], call_id=5)
+        flags.append(channel.notify(R))
+
+    producer = threading.Timer(0.01, produce)
+    producer.start()
+    try:
+        assert channel.spin(R, 30_000_000_000) is True  # returns once posted
+    finally:
+        producer.join()
+    assert flags == [False, False]  # not flagged: the notify woke nobody
+    assert [m.call_id for m in channel.receive(R)] == [5]
+    assert channel.wakes(R) == 0 and channel.sleeps(R) == 0
+
+
 # ------------------------------------------------------ two processes --
 
 # The consumer: an echo of the request ring onto the reply ring, one reply
