@@ -350,8 +350,9 @@ class ProcessPool(Supervision):
         self._stop(workers)
         if self._dispatch is not None:
             for w in workers:
-                self._detach(w, PoolClosedError(f"pyfunc_bridge: {self.name} {when} while "
-                                                f"the call ran in worker process {w.pid}"))
+                self._detach(w, PoolClosedError(
+                    f"pyfunc_bridge: {self.name} {when} while worker process {w.pid} held "
+                    f"the call (queued there, or running)"))
             # Its reply threads have ended; it held the input mapping.
             self._dispatch = None
         if self._deadlines is not None:

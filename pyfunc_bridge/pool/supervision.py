@@ -167,8 +167,9 @@ class Supervision:
             closing = self._closed
         if closing:
             how = EXIT_TEXT if self._closed_at_exit else "was closed"
-            error = PoolClosedError(f"pyfunc_bridge: {self.name} {how} while the call ran in "
-                                    f"worker process {worker.pid}")
+            error = PoolClosedError(f"pyfunc_bridge: {self.name} {how} while worker "
+                                    f"process {worker.pid} held the call (queued there, "
+                                    f"or running)")
         else:  # the call told off for the timeout, if that is what ended it
             death = self._death(worker, unreadable)
             error = (WorkerError(death) if self._deadlines is None
