@@ -7,7 +7,6 @@ import time
 import weakref
 
 from pyfunc_bridge._errors import CallTimeoutError
-from pyfunc_bridge.pool.errors import WorkerError
 from pyfunc_bridge.worker import start_worker
 
 _STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then SIGKILL
@@ -92,17 +91,9 @@ class Deadlines:
                     wait = min(wait, start + self.timeout_ns - now)
         return max(wait, 0) / 1e9
 
-    def error(self, pool, worker, running, death):
-        """The exception of the call whose running call (shm_layout.h, its
-        id) is `running`, which `worker` had started when it ended (0: none
-        of its calls was told off)."""
-        if worker.timed_out is None:
-            return WorkerError(death)
-        if worker.timed_out != running:
-            return WorkerError(
-                f"pyfunc_bridge: worker process {worker.pid} of {pool.name} was ended "
-                f"because another call ran past the {self.timeout:g} s timeout; this call "
-                f"had just started in it. The pool starts a new worker, so later calls run.")
+    def error(self, pool, worker):
+        """The exception of the call `worker` was told off for (the one it
+        had started when it ended: the dispatcher resends the others)."""
         stack = self.stack(worker)
         pool._counters.add_one("timeouts")
         return CallTimeoutError(
