@@ -1,7 +1,10 @@
 """A worker's side of its rings: serving LOAD, CALL, RESULTS_BACK, FORGET and
 STOP one at a time, and answering with DONE and INPUTS_BACK."""
+import importlib
 import math
 import os
+import pickle
+import select
 import sys
 import time
 
@@ -22,7 +25,6 @@ class RingServer:
     worker's main thread."""
 
     def __init__(self, worker, pw, channel, doorbell, sock_fd, reader):
-        import select
         self.worker = worker
         self.reader = reader  # the socket's FrameReader, which pull() reads
         self.pw = pw
@@ -43,7 +45,6 @@ class RingServer:
         """Serves the ring until a STOP, or the end of the socket's stream
         (the pool closed, or the parent died), which the socket shows while
         the worker sleeps: the parent sends nothing else unasked."""
-        import pickle
         while True:
             while self.serve():
                 if self.stopped:
@@ -120,8 +121,6 @@ class RingServer:
             self.channel.notify(pw.REPLIES)
 
     def load(self, message):
-        import importlib
-        import pickle
         worker = self.worker
         offset, size = message.block
         data = None
@@ -145,7 +144,6 @@ class RingServer:
         """What the parent keeps under `payload_id` (shm_layout.h,
         PFB_POOL_TENSOR_SOCKET: an input, or a packed CALL's inputs; a
         LOAD's function, by ("load", token)), asked for on the socket."""
-        import pickle
         send(self.worker.sock, pickle.dumps(("need", payload_id), protocol=PICKLE_PROTOCOL))
         while True:
             frames = self.reader.read(pickle.loads)
@@ -302,7 +300,6 @@ class RingServer:
         """An answer the result arena has no room for goes pickled on the
         socket, before its DONE (shm_layout.h, PFB_POOL_STATUS_SOCKET), with
         its results' copy facts."""
-        import pickle
         send(self.worker.sock, pickle.dumps(("ring", call_id, ok, data, facts),
                                             protocol=PICKLE_PROTOCOL))
         return self.pw.STATUS_SOCKET
@@ -365,7 +362,6 @@ class _NoRoom(Exception):
 
 
 def _pickled(value):
-    import pickle
     return pickle.dumps(value, protocol=PICKLE_PROTOCOL)
 
 
@@ -375,8 +371,7 @@ def _exception_payload(exc):
     cloudpickle, not pickle: a class that came by value (its module imports
     TensorFlow, so this worker has not imported it) goes back by value, where
     pickle would import its module here to look the class up by name."""
-    import pickle
-    import traceback
+    import traceback  # (only on an error: a worker starts without it)
 
     import cloudpickle
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
