@@ -314,26 +314,20 @@ class RingServer:
         fact_bits = pw.facts_flags(facts)
         item, moved = worker.result(value, framework)
         if item[0] == "s":
-            _, offset, size, dtype, shape = item
-            dl = pw.dl_dtype(dtype)
-            if dl is not None:
-                return (*dl, (0 if moved else pw.TENSOR_SHARED) | fact_bits, offset, size,
-                        tuple(shape))
-            worker.arena.hand_back(offset)  # a dtype the records cannot name
-            value = worker.results[offset:offset + size].view(dtype)[:math.prod(shape)] \
-                .reshape(shape).copy()
-        else:
-            value = item[1]
-            # A NumPy scalar (numpy_function's usual 0-d result) is memory
-            # too: its bytes in a block, so that the parent's kernel takes it
-            # without Python.  (A Python number stays a value: the parent's
-            # checks convert it, as in-process.)
-            dl = pw.dl_dtype(value.dtype) if isinstance(value, np.generic) else None
-            if dl is not None:
-                data = value.tobytes()
-                block = self.place(data)
-                if block is not None:
-                    return (*dl, fact_bits, block[0], len(data), ())
+            _, offset, size, dl, shape = item
+            return (*dl, (0 if moved else pw.TENSOR_SHARED) | fact_bits, offset, size,
+                    tuple(shape))
+        value = item[1]
+        # A NumPy scalar (numpy_function's usual 0-d result) is memory too:
+        # its bytes in a block, so that the parent's kernel takes it without
+        # Python.  (A Python number stays a value: the parent's checks
+        # convert it, as in-process.)
+        dl = pw.dl_dtype(value.dtype) if isinstance(value, np.generic) else None
+        if dl is not None:
+            data = value.tobytes()
+            block = self.place(data)
+            if block is not None:
+                return (*dl, fact_bits, block[0], len(data), ())
         try:
             data = _pickled(value)
         except Exception as exc:  # noqa: BLE001 - the call's error

@@ -39,16 +39,6 @@ def _load_adapters():
                      for name in adapter.modules}
 
 
-def shares_by_memory(np, dtype):
-    """Whether arrays of `dtype` travel through an arena (numbers only: the
-    parent converts strings and checks every other dtype itself)."""
-    kind = dtype.kind
-    if kind in "biufc":
-        return dtype.isnative or dtype.itemsize == 1
-    return (kind == "V" and dtype.names is None
-            and dtype.type.__module__.startswith("ml_dtypes"))  # bfloat16, ...
-
-
 def as_numpy(np, value, framework):
     """A framework's array as an ndarray (the parent takes NumPy values)."""
     if framework == "torch" and type(value).__module__.startswith("torch"):
