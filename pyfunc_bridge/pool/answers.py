@@ -2,7 +2,6 @@
 worker's result arena, or an error), or an answer that came by the socket."""
 import pickle
 import threading
-import time
 
 import numpy as np
 
@@ -28,14 +27,11 @@ class RingAnswers:
     def take(self, call_id, pool_name):
         # The worker wrote it before the DONE: its reader has it or reads it
         # next (a dead worker's stream is read to its end first).
-        deadline = time.monotonic() + _RING_ANSWER_SECONDS
         with self._arrived:
-            while call_id not in self._answers:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WorkerError(f"pyfunc_bridge: a worker of {pool_name} sent a call's "
-                                      f"answer by its socket, and it never arrived")
-                self._arrived.wait(min(left, 0.25))
+            if not self._arrived.wait_for(lambda: call_id in self._answers,
+                                          _RING_ANSWER_SECONDS):
+                raise WorkerError(f"pyfunc_bridge: a worker of {pool_name} sent a call's "
+                                  f"answer by its socket, and it never arrived")
             return self._answers.pop(call_id)
 
 
