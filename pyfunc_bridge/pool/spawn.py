@@ -21,8 +21,7 @@ class Spawner:
 
     def popen(self, args, **kwargs):
         """subprocess.Popen(args, **kwargs), run by the spawning thread."""
-        done = threading.Event()
-        box = []
+        reply = queue.SimpleQueue()
         with self._lock:
             if self._thread is None:
                 self._requests = queue.SimpleQueue()
@@ -30,9 +29,8 @@ class Spawner:
                                                 name="pyfunc_bridge worker spawner",
                                                 daemon=True)
                 self._thread.start()
-            self._requests.put((args, kwargs, box, done))
-        done.wait()
-        ok, value = box[0]
+            self._requests.put((args, kwargs, reply))
+        ok, value = reply.get()
         if not ok:
             raise value
         return value
@@ -40,18 +38,15 @@ class Spawner:
     @staticmethod
     def _serve(requests):
         while True:
-            args, kwargs, box, done = requests.get()
+            args, kwargs, reply = requests.get()
             try:
-                box.append((True, subprocess.Popen(args, **kwargs)))
+                reply.put((True, subprocess.Popen(args, **kwargs)))
             except BaseException as exc:  # noqa: BLE001 - raised in the caller
-                box.append((False, exc))
-            done.set()
+                reply.put((False, exc))
 
     def after_fork_in_child(self):
         """The spawning thread is not in a forked child: the child starts its own."""
-        self._lock = threading.Lock()
-        self._requests = None
-        self._thread = None
+        self.__init__()
 
 
 spawner = Spawner()
