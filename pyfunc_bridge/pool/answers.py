@@ -2,7 +2,6 @@
 worker's result arena, or an error), or an answer that came by the socket."""
 import pickle
 import threading
-import time
 
 import numpy as np
 
@@ -28,14 +27,11 @@ class RingAnswers:
     def take(self, call_id, pool_name):
         # The worker wrote it before the DONE: its reader has it or reads it
         # next (a dead worker's stream is read to its end first).
-        deadline = time.monotonic() + _RING_ANSWER_SECONDS
         with self._arrived:
-            while call_id not in self._answers:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WorkerError(f"pyfunc_bridge: a worker of {pool_name} sent a call's "
-                                      f"answer by its socket, and it never arrived")
-                self._arrived.wait(min(left, 0.25))
+            if not self._arrived.wait_for(lambda: call_id in self._answers,
+                                          _RING_ANSWER_SECONDS):
+                raise WorkerError(f"pyfunc_bridge: a worker of {pool_name} sent a call's "
+                                  f"answer by its socket, and it never arrived")
             return self._answers.pop(call_id)
 
 
@@ -44,25 +40,19 @@ _RING_ANSWER_SECONDS = 60.0
 
 
 def native_reply(pool_name, address, writable=False, counters=None):
-    """decode_answer's answer (result, bytes moved, copy facts) for a call the kernel
-    ran natively (`address`: its PfbDispatchCall, DONE) whose reply the
-    kernel does not turn into outputs itself: the function raised, a value
-    came back pickled, a result is not what the op declares (the
-    conversion layer's checks then raise as for any result), or copy=False
-    may refuse it (the copy facts, per result, come from its record's flags:
-    shm_layout.h, PFB_POOL_TENSOR_ALIASED ..).  Takes its
-    result blocks: arrays over them hand them back when they go, a pickled
-    value's and an error's go back once read.  The kernel's route counted
-    the call for the pool; `counters` (the pool's record) get its results'
-    share here, as for ring_call's calls (`writable`: copy=True, which saves
-    no copy)."""
+    """decode_answer of a call the kernel ran natively (`address`: its
+    PfbDispatchCall, DONE) but whose reply it does not turn into outputs
+    itself (an error, a pickled value, a result the op does not declare, or
+    one copy=False may refuse).  Its route counted the call; `counters` get
+    its results' share, as for ring_call's calls."""
     return decode_answer(pool_name, pool_module().native_reply(address), writable, counters)
 
 
 def decode_answer(pool_name, reply, writable, counters):
     """(result, bytes moved, copy facts per result) of a DONE (the worker
-    module's Reply, which holds its
-    result blocks until each is claimed): native_reply's, and ring_call's."""
+    module's Reply, which holds its result blocks until each is claimed;
+    arrays over one hand it back when they go).  `writable`: copy=True,
+    which saves no copy."""
     pw = pool_module()
     from pyfunc_bridge import _library
     result_view = _library.conversion().worker_result

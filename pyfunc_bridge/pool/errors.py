@@ -26,7 +26,6 @@ class WorkerTraceback(Exception):
         return "the traceback in the worker process:\n\n" + self.args[0].rstrip()
 
 
-
 def dispatch_error(code, text):
     """The exception of a call the dispatcher failed (its worker died, or the
     pool closed): `text` is the one the pool gave it (_detach), "module.Class:
@@ -65,5 +64,3 @@ def worker_exception(payload):
         exc = getattr(builtins, base, Exception)(summary)
     exc.__cause__ = WorkerTraceback(text)
     return exc
-
-

@@ -8,17 +8,13 @@ shared: the child would keep the parent's arenas (and, through each
 result tensor it inherited would change under it once the parent let go of
 the block and its worker reused it.  So, in the child:
 
-- each mapping of a pool's memfd (this process's mmap objects, the native
-  dispatcher's own mappings, whoever made them: /proc/self/maps names them)
-  is replaced, at the same address, by private memory: a result arena's
-  with a copy of its pages that hold data (``mincore``; a page never
-  written reads as zeros, as it did), taken by the parent just before the
-  fork, so that inherited results keep the values they had then; the input
-  arenas and control segments, which nothing in the child
-  reads, with zeros;
-- each descriptor of a pool's memfd (an mmap object owns one) is made to
-  name /dev/null instead, so that the object that owns the number closes
-  it when it goes, as it would have.
+- each mapping of a pool's memfd (whoever made it: /proc/self/maps names
+  them) is replaced, at the same address, by private memory: a result
+  arena's by a copy of its resident pages, taken by the parent just before
+  the fork, so that inherited results keep their values; the input arenas
+  and control segments, which nothing in the child reads, by zeros;
+- each descriptor of a pool's memfd is made to name /dev/null instead, so
+  that the object that owns the number (an mmap) closes it when it goes.
 
 The copy costs the parent a copy of the result arenas' written pages at
 each fork (and the child that memory).  A block that another thread of the
@@ -140,10 +136,8 @@ def after_fork_in_parent():
 
 def forget_shared_memory(names):
     """In a forked child: the pools `names` (their memfds' names start with
-    one) are the parent's.  Their mappings become private (above), and each
-    descriptor of their memfds this process holds now names /dev/null: the
-    mmap objects that own one close it when they go, and the number must
-    stay theirs until then."""
+    one) are the parent's; their mappings and descriptors are let go of as
+    above."""
     copies = dict(_copies)
     _copies.clear()
     for start, length, prot, kind in _mappings(names):

@@ -23,6 +23,7 @@ cloudpickle chooses by value per module (``register_pickle_by_value``, a
 process-wide registry): the modules the pickle meets are registered for the
 length of one ``dumps``, under a lock, and unregistered after.
 """
+import functools
 import importlib
 import io
 import itertools
@@ -100,66 +101,56 @@ def imports_tensorflow(module):
 def dumps(func, protocol):
     """The pickle of `func` for a worker, by the rule above."""
     import cloudpickle
+    buffer = io.BytesIO()
     try:
         with _lock:
-            return _ByValuePickler.dumps(cloudpickle, func, protocol)
+            pickler = _by_value_pickler(cloudpickle)(buffer, protocol=protocol)
+            try:
+                pickler.dump(func)
+            finally:
+                for module in pickler.registered:
+                    cloudpickle.unregister_pickle_by_value(module)
+        return buffer.getvalue()
     except Exception:  # noqa: BLE001 - the by-name pickle below says what fails
         return _autograph.dumps(func, protocol=protocol)
 
 
-class _ByValuePickler:
-    """A cloudpickle Pickler that registers, for one dumps, the modules of the
-    functions and classes it meets that import TensorFlow."""
+@functools.cache
+def _by_value_pickler(cloudpickle):
+    """A cloudpickle Pickler class that registers, for one dumps, the modules
+    of the functions and classes it meets that import TensorFlow."""
+    class Pickler(_autograph.pickler_class()):
+        def __init__(self, file, protocol):
+            super().__init__(file, protocol=protocol)
+            self.registered = []   # modules this pickler registered
+            self._decided = {}     # module name -> by value?
 
-    _made = None
+        def reducer_override(self, obj):
+            if _autograph.converted(obj):
+                pass  # the user's function: the base class sends it instead
+            elif isinstance(obj, types.ModuleType):
+                # A module by name, even one registered above (cloudpickle
+                # would send its whole namespace, TensorFlow and all).
+                name = obj.__name__
+                if any(self._decided.get(n) for n in _with_parents(name)):
+                    return importlib.import_module, (name,)
+            elif isinstance(obj, (types.FunctionType, type)):
+                name = getattr(obj, "__module__", None)
+                if isinstance(name, str) and name not in self._decided:
+                    self._decide(name)
+            return super().reducer_override(obj)
 
-    @classmethod
-    def dumps(cls, cloudpickle, obj, protocol):
-        pickler_class = cls._made or cls._make(cloudpickle)
-        cls._made = pickler_class
-        buffer = io.BytesIO()
-        pickler = pickler_class(buffer, protocol=protocol)
-        try:
-            pickler.dump(obj)
-        finally:
-            for module in pickler.registered:
-                cloudpickle.unregister_pickle_by_value(module)
-        return buffer.getvalue()
+        def _decide(self, name):
+            module = sys.modules.get(name)
+            by_value = (isinstance(module, types.ModuleType) and not _is_tensorflow(name)
+                        and not _registered(cloudpickle, name)
+                        and imports_tensorflow(module))
+            self._decided[name] = by_value
+            if by_value:
+                cloudpickle.register_pickle_by_value(module)
+                self.registered.append(module)
 
-    @staticmethod
-    def _make(cloudpickle):
-        class Pickler(_autograph.pickler_class()):
-            def __init__(self, file, protocol):
-                super().__init__(file, protocol=protocol)
-                self.registered = []   # modules this pickler registered
-                self._decided = {}     # module name -> by value?
-
-            def reducer_override(self, obj):
-                if _autograph.converted(obj):
-                    pass  # the user's function: the base class sends it instead
-                elif isinstance(obj, types.ModuleType):
-                    # A module by name, even one registered above (cloudpickle
-                    # would send its whole namespace, TensorFlow and all).
-                    name = obj.__name__
-                    if any(self._decided.get(n) for n in _with_parents(name)):
-                        return importlib.import_module, (name,)
-                elif isinstance(obj, (types.FunctionType, type)):
-                    name = getattr(obj, "__module__", None)
-                    if isinstance(name, str) and name not in self._decided:
-                        self._decide(name)
-                return super().reducer_override(obj)
-
-            def _decide(self, name):
-                module = sys.modules.get(name)
-                by_value = (isinstance(module, types.ModuleType) and not _is_tensorflow(name)
-                            and not _registered(cloudpickle, name)
-                            and imports_tensorflow(module))
-                self._decided[name] = by_value
-                if by_value:
-                    cloudpickle.register_pickle_by_value(module)
-                    self.registered.append(module)
-
-        return Pickler
+    return Pickler
 
 
 def _registered(cloudpickle, name):
@@ -167,6 +158,8 @@ def _registered(cloudpickle, name):
     user: then it stays so, and stays theirs to unregister)."""
     registry = cloudpickle.list_registry_pickle_by_value()
     return any(n in registry for n in _with_parents(name))
+
+
 class Functions:
     """func -> (token, pickle) for the life of func; a function dropped in
     this process is dropped from the workers too."""

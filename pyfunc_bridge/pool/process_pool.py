@@ -2,32 +2,16 @@
 of numpy_function, py_func and array_function.  Its parts (this package's
 other modules) never import it.
 
-A pool runs functions in worker processes (pyfunc_bridge/worker/, a
-script that imports NumPy and the user's function, never TensorFlow), so
-that Python code that holds the GIL runs on as many cores as there are
-workers.
-
-Traffic: every call goes over the shared-memory rings of its worker
-(src/pool/shm_layout.h), through the pool's native dispatcher
-(src/pool/dispatch.h), which schedules it, copies its inputs into the input
-arena and waits for its DONE without the GIL.  Kernels post their calls
-themselves (src/kernel/pool_route.cc); Python posts eager calls, a kernel's
-first call and profiled calls with ``ring_call`` (src/pool/route.pxi), and
-decodes their DONE with ``decode_answer`` (answers.py).  Each worker's socket carries only
-control (the hello, "ready", its end as the worker's death) and what does
-not fit an arena, pickled: an input the worker pulls by payload id, a
-function's LOAD, a result its arena has no room for, and the argument list
-of a CALL larger than its ring (docs/pool.md).  A function travels once per
-worker (pickled by pickling.py's rule: by value when its module imports
-TensorFlow, else as cloudpickle does), then its token does.
-
-Lifetime: workers die with this process (PR_SET_PDEATHSIG, set in the
-worker; spawn.py starts them all from one thread); a pool with a timeout
-ends a worker whose call runs past it (timeouts.py); the calls a dead worker
-had not started go to another (the dispatcher resends them); a fork of this
-process finds the pools closed and their shared memory its own
-(_after_fork_in_child, fork.py).  Starting, watching and replacing
-workers is supervision.py's (a base class of ProcessPool).
+A pool runs functions in worker processes (pyfunc_bridge/worker/, which
+never imports TensorFlow), so that Python code that holds the GIL runs on
+as many cores as there are workers.  Every call goes over its worker's
+shared-memory rings through the pool's native dispatcher; the socket
+carries only control and what does not fit an arena or a ring.  Where a
+call goes, who owns each block and which file does each step:
+docs/pool.md.  Workers die with this process (worker/start_worker.py);
+supervision.py (a base class of ProcessPool) starts, watches and replaces
+them, timeouts.py ends one whose call runs past the pool's timeout, and
+fork.py makes the pools' shared memory a forked child's own.
 """
 import atexit
 import errno
@@ -219,15 +203,9 @@ class ProcessPool(Supervision):
 
     def ring_call(self, func, framework, args, writable, scalars, facts=False):
         """Runs `func` on `args` (the values _input_arrays made) in a worker
-        over the rings, as a kernel's native call runs (Route.call): returns
+        over the rings (Route.call; docs/pool.md, "A Python call"): returns
         (the route, which a kernel may keep for its later calls; (result,
-        bytes the worker wrote to shared memory, copy facts per result)).
-        Inputs the input arena has no room for, those the records cannot
-        describe, and the argument list of a CALL larger than the ring, are
-        pulled by the worker over its socket (Route.call's `payloads`).
-        Waits for a worker while none is attached (the pool is starting or
-        replacing them), with the GIL released; Ctrl-C abandons the call
-        (its blocks stay its worker's until it is done with them)."""
+        bytes the worker wrote to shared memory, copy facts per result))."""
         route = self.native_route(func, framework, writable, scalars, facts)
         if route is None:
             raise PoolClosedError(f"pyfunc_bridge: {self.name} {self._why_closed()}")
@@ -245,7 +223,9 @@ class ProcessPool(Supervision):
                 break
             except pw.Declined as declined:
                 if declined.errno == errno.EAGAIN and not self._closed:
-                    self._wait_for_worker()
+                    # No worker attached yet: _attach, _break and close notify.
+                    with self._attached:
+                        self._attached.wait(0.05)
                     continue
                 if declined.errno == errno.EPIPE or self._closed:
                     raise PoolClosedError(
@@ -260,19 +240,10 @@ class ProcessPool(Supervision):
                                     self._workers[index].pid)
         return route, decode_answer(self.name, reply, writable, self._counters)
 
-    def _wait_for_worker(self):
-        """Sleeps until a worker may have been attached (or the pool broke or
-        closed): _attach, _lost and close notify."""
-        with self._attached:
-            self._attached.wait(0.05)
-
     def native_route(self, func, framework, writable, scalars, facts=False):
-        """The Route of `func`'s calls with these CALL flags (dispatch.h;
-        shm_layout.h: torch, JAX and CuPy travel as PFB_POOL_CALL_* flags;
-        `facts`, copy=False, asks the worker for its copy facts), which
-        ring_call posts on and a kernel keeps for its later calls; None
-        once the pool is closed.  A pool's timeout watches every call
-        (Deadlines).  Registered with the dispatcher once per function: the
+        """The Route of `func`'s calls with these CALL flags (shm_layout.h,
+        PFB_POOL_CALL_*; `facts`: copy=False wants the worker's copy facts),
+        or None once the pool is closed.  A function is registered once: its
         LOAD carries this process's sys.path."""
         dispatch = self._dispatch
         if dispatch is None or self._closed:

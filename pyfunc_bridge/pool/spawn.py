@@ -29,8 +29,7 @@ class Spawner:
         the call running to its end (which must record what it made)."""
         if threading.current_thread() is self._thread:
             return function(*args, **kwargs)
-        done = threading.Event()
-        box = []
+        reply = queue.SimpleQueue()
         with self._lock:
             if self._thread is None:
                 self._requests = queue.SimpleQueue()
@@ -38,9 +37,8 @@ class Spawner:
                                                 name="pyfunc_bridge worker spawner",
                                                 daemon=True)
                 self._thread.start()
-            self._requests.put((function, args, kwargs, box, done))
-        done.wait()
-        ok, value = box[0]
+            self._requests.put((function, args, kwargs, reply))
+        ok, value = reply.get()
         if not ok:
             raise value
         return value
@@ -52,19 +50,16 @@ class Spawner:
     @staticmethod
     def _serve(requests):
         while True:
-            function, args, kwargs, box, done = requests.get()
+            function, args, kwargs, reply = requests.get()
             try:
-                box.append((True, function(*args, **kwargs)))
+                reply.put((True, function(*args, **kwargs)))
             except BaseException as exc:  # noqa: BLE001 - raised in the caller
-                box.append((False, exc))
-            done.set()
-            del function, args, kwargs, box  # nothing of a request outlives it here
+                reply.put((False, exc))
+            del function, args, kwargs, reply  # nothing of a request outlives it here
 
     def after_fork_in_child(self):
         """The spawning thread is not in a forked child: the child starts its own."""
-        self._lock = threading.Lock()
-        self._requests = None
-        self._thread = None
+        self.__init__()
 
 
 spawner = Spawner()

@@ -52,7 +52,6 @@ class Supervision:
         for worker in self._workers:
             worker.alive = False
             worker.sock.detach()  # the socket object must not close the fd ...
-        for worker in self._workers:
             # The rings are the parent's too: dropped here, never closed
             # (closing writes to the shared control segment).
             worker.channel = None
@@ -146,7 +145,7 @@ class Supervision:
         TF's code and the exception's message); its rings end first, so that
         no native producer waits on them."""
         dispatch = self._dispatch
-        if dispatch is None or getattr(worker, "generation", None) is None:
+        if dispatch is None or worker.generation is None:
             return
         if worker.channel is not None:
             worker.channel.close()
@@ -170,10 +169,10 @@ class Supervision:
             error = PoolClosedError(f"pyfunc_bridge: {self.name} {how} while worker "
                                     f"process {worker.pid} held the call (queued there, "
                                     f"or running)")
-        else:  # the call told off for the timeout, if that is what ended it
+        else:  # (_death reaps it first: a timed-out worker's stack is then written)
             death = self._death(worker, unreadable)
-            error = (WorkerError(death) if self._deadlines is None
-                     else self._deadlines.error(self, worker, worker.timed_out or 0, death))
+            error = (WorkerError(death) if worker.timed_out is None
+                     else self._deadlines.error(self, worker))
         self._detach(worker, error)
         if not closing:  # (close() ends its workers itself)
             worker.ended()
@@ -284,7 +283,6 @@ class Supervision:
             self._start(index)
 
     # --------------------------------------------------------------- close --
-
 
     def _stop(self, workers):
         for w in workers:

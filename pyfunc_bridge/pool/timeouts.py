@@ -7,7 +7,6 @@ import time
 import weakref
 
 from pyfunc_bridge._errors import CallTimeoutError
-from pyfunc_bridge.pool.errors import WorkerError
 from pyfunc_bridge.worker import start_worker
 
 _STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then SIGKILL
@@ -16,20 +15,14 @@ _WORKER_DIR = os.path.dirname(start_worker.__file__)
 
 
 class Deadlines:
-    """A pool's per-call timeout.
-
-    Each worker writes the call it starts and when (CLOCK_MONOTONIC, the
-    same clock in every process) in its control segment's running call
-    (shm_layout.h).  A watchdog thread sleeps until
-    the earliest deadline of a running call (at most `timeout`: a call that
-    starts meanwhile ends later).  A worker whose call is past its deadline
-    gets SIGUSR1, on which ``faulthandler`` writes its Python stack to the
-    worker's trace file and then lets the signal end it (``chain=True`` over
-    the default action); one that does not end within _STACK_GRACE_SECONDS
-    gets SIGKILL.  The worker's reader then finds the end of its stream
-    (_lost): the call it was told off for fails with CallTimeoutError and the
-    stack, and the dispatcher sends the calls it held but had not started
-    to another worker, since they never ran."""
+    """A pool's per-call timeout.  A watchdog thread reads the call each
+    worker runs and since when (its control segment's running call,
+    shm_layout.h: CLOCK_MONOTONIC, the same clock in every process).  A
+    worker past its deadline gets SIGUSR1, on which ``faulthandler`` writes
+    its Python stack to its trace file and lets the signal end it
+    (start_worker.py); SIGKILL follows after _STACK_GRACE_SECONDS.  Its death
+    (_lost) fails that call with CallTimeoutError and the stack; the
+    dispatcher resends the calls it had not started."""
 
     def __init__(self, pool, timeout):
         self.timeout_ns = int(timeout * 1e9)
@@ -92,17 +85,9 @@ class Deadlines:
                     wait = min(wait, start + self.timeout_ns - now)
         return max(wait, 0) / 1e9
 
-    def error(self, pool, worker, running, death):
-        """The exception of the call whose running call (shm_layout.h, its
-        id) is `running`, which `worker` had started when it ended (0: none
-        of its calls was told off)."""
-        if worker.timed_out is None:
-            return WorkerError(death)
-        if worker.timed_out != running:
-            return WorkerError(
-                f"pyfunc_bridge: worker process {worker.pid} of {pool.name} was ended "
-                f"because another call ran past the {self.timeout:g} s timeout; this call "
-                f"had just started in it. The pool starts a new worker, so later calls run.")
+    def error(self, pool, worker):
+        """The exception of the call `worker` was told off for (the one it
+        had started when it ended: the dispatcher resends the others)."""
         stack = self.stack(worker)
         pool._counters.add_one("timeouts")
         return CallTimeoutError(

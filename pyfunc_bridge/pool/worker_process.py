@@ -28,7 +28,6 @@ def shared_memory(size, name):
         raise
 
 
-
 class WorkerProcess:
     """The parent's side of one worker process."""
 
@@ -45,10 +44,10 @@ class WorkerProcess:
         self.kill_at = None    # when it gets SIGKILL if its stack has not ended it
         self.trace_fd = None
         self.proc = None
-        # The worker's control segment (src/pool/shm_layout.h: its request
-        # and reply rings; None without arenas) and its doorbell, an eventfd
-        # that this process owns and writes after posting requests when the
-        # worker sleeps (it polls it with its socket).  Kept until ended().
+        # The worker's control segment (src/pool/shm_layout.h: its running
+        # call and its rings) and its doorbell, an eventfd this process owns
+        # and writes after posting requests when the worker sleeps (it polls
+        # it with its socket).  Kept until ended().
         self.channel = self.doorbell = None
         self.generation = None  # its attachment to the pool's dispatcher (_attach)
         result_fd = control_fd = parent = child = None
@@ -61,8 +60,6 @@ class WorkerProcess:
             if pool._deadlines is not None:
                 self.trace_fd = pool._deadlines.prepare(hello)
                 extra_fds = [self.trace_fd]
-            # Every worker has one, arenas or not: the call it runs shows
-            # there (Deadlines reads it); its rings serve only with arenas.
             pw = pool_module()
             control_fd, control = shared_memory(pw.control_bytes(RING_SLOTS),
                                                  f"{pool.name}-control")

@@ -16,10 +16,9 @@ Nothing here imports the package's ``__init__`` (TensorFlow): a worker
 registers this package alone (start_worker) and imports its modules by the
 names they have in the parent.
 
-Calls come on the request ring of the worker's control segment
-(src/pool/shm_layout.h: LOAD, CALL, RESULTS_BACK, FORGET, STOP), served by
-RingServer one at a time and answered on the reply ring (DONE,
-INPUTS_BACK).  The socket, one length-prefixed pickle per frame, carries:
+Calls come on the rings of the worker's control segment (src/pool/shm_layout.h,
+which also says who owns each block when), served by RingServer one at a
+time.  The socket, one length-prefixed pickle per frame, carries:
 
 * parent -> worker, first: ``{"path": sys.path, "input_bytes": n,
   "result_bytes": n, "name": pool name, "ring": {"control_fd",
@@ -34,17 +33,7 @@ INPUTS_BACK).  The socket, one length-prefixed pickle per frame, carries:
 * the end of the stream: the pool closed (seen here) or the worker died
   (seen by the parent).
 
-The result arena is the compiled module's ``ResultArena``: while a function
-runs, NumPy allocates its arrays of 64 KiB or more there, so a fresh result
-that the arena judges exclusive (nothing else in the worker can reach it) is
-sent by its offset without a copy; any other result (one the worker could
-still change, a smaller one) is copied into a fresh block.  Either way its
-copy facts are computed first, from what the function returned.
-
-Who owns a block: shm_layout.h.  An input block is this worker's from its
-CALL (or LOAD) until it posts its offset in INPUTS_BACK: when the last array
-(or torch tensor) that views it goes, which is when the call returns unless
-the function kept its input (a cache, an accumulator).  A result block is
-the parent's from the DONE that carries it until it comes back in
-RESULTS_BACK.
+While a function runs, NumPy allocates its large arrays in the result arena
+(memory.py), so a fresh result that nothing else in the worker can reach is
+sent by its offset without a copy.
 """

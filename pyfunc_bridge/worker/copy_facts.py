@@ -58,21 +58,24 @@ class CopyFacts:
         self.np = np
         self.input_map = input_map  # the input arena: its blocks are input blocks
 
-    def copy_facts(self, value, outside, dlpack, read_only, ranges):
+    def one_facts(self, value, outside, writable, framework, ranges):
         """(writable_elsewhere, compact, aligned, lazy) of a result as the
         function returned it, or None when copy=False refuses nothing (an
         empty array, a fresh compact aligned one, a value converted anew).
-        `outside`: references to it the worker does not hold; `dlpack`: an
-        array_function call (DLPack producers judged by their adapter);
-        `read_only`: the call's input blocks are read-only (as TF's memory
-        is in-process); `ranges`: their addresses."""
+        `outside`: references to it the worker does not hold; `writable`:
+        copy=True; `framework`: array_function's (DLPack producers judged by
+        their adapter); `ranges`: the call's input blocks' addresses."""
         np = self.np
+        # The input blocks are read-only, as TF's memory is in-process,
+        # except under copy=True and for torch (which has no read-only tensors).
+        read_only = not writable and framework != "torch"
         if isinstance(value, np.ndarray):
             if not value.size:
                 return None
             facts = (self.writable_elsewhere(value, outside, read_only),
                      value.flags.c_contiguous, _aligned(np, value), False)
-        elif dlpack and hasattr(type(value), "__dlpack__") and not isinstance(value, np.generic):
+        elif (framework is not None and hasattr(type(value), "__dlpack__")
+              and not isinstance(value, np.generic)):
             facts = self.dlpack_facts(value, outside, ranges)
         elif isinstance(value, (np.generic, *CONVERTED_BY_THE_PARENT)) or value is None:
             return None  # converted to a fresh array
@@ -85,12 +88,6 @@ class CopyFacts:
                 return None
             facts = (True, arr.flags.c_contiguous, _aligned(np, arr), False)
         return None if facts is None or facts == _CLEAN else facts
-
-    def one_facts(self, value, outside, writable, framework, ranges):
-        """copy_facts of a call's result under its copy policy (`writable`:
-        copy=True) and framework."""
-        return self.copy_facts(value, outside, framework is not None,
-                               not writable and framework != "torch", ranges)
 
     def items_facts(self, values, result, outside, writable, framework, ranges):
         """one_facts of each of `values`, the items of the function's list or

@@ -5,8 +5,6 @@ import struct
 
 _HEADER = struct.Struct("<Q")
 PICKLE_PROTOCOL = 5
-
-
 _JOINED = 1 << 16  # a pickle up to this size is joined to its header (one write)
 
 

@@ -4,7 +4,7 @@ import weakref
 
 from .compiled import pool_module
 from .copy_facts import CopyFacts, address
-from .values import CONVERTED_BY_THE_PARENT, as_numpy, shares_by_memory
+from .values import CONVERTED_BY_THE_PARENT, as_numpy
 
 # NumPy allocations of at least this many bytes that a function makes go to
 # the result arena: copying a smaller result costs less than a wake-up, and
@@ -25,7 +25,8 @@ class WorkerMemory(CopyFacts):
         self.results = np.frombuffer(result_map, np.uint8)
         # The result arena's allocator and NumPy handler (src/pool/): a fresh
         # result of the function is already in shared memory.
-        self.arena = pool_module().ResultArena(result_map, _ARENA_MIN_BYTES)
+        self.pw = pool_module()
+        self.arena = self.pw.ResultArena(result_map, _ARENA_MIN_BYTES)
         # id(weak reference) -> (the reference, offset) of each input block
         # something here still views; the reference's callback moves the
         # block's offset to `inputs_freed`, which INPUTS_BACK carries.
@@ -49,9 +50,9 @@ class WorkerMemory(CopyFacts):
         self.inputs_freed.append(offset)  # INPUTS_BACK names a block by its offset
 
     def result(self, value, framework):
-        """(("s", offset, size, dtype, shape): a block of the result arena, or
-        ("v", value): a value the caller encodes otherwise; bytes written to
-        the result arena)."""
+        """(("s", offset, size, DLPack dtype, shape): a block of the result
+        arena, or ("v", value): a value the caller encodes otherwise; bytes
+        written to the result arena)."""
         np = self.np
         value = as_numpy(np, value, framework)
         if not isinstance(value, (np.ndarray, np.generic, *CONVERTED_BY_THE_PARENT,
@@ -65,15 +66,19 @@ class WorkerMemory(CopyFacts):
                 arr = None
             if arr is not None and arr.dtype.kind != "O":
                 value = arr
-        if (isinstance(value, np.ndarray) and value.size
-                and shares_by_memory(np, value.dtype)):
+        # Numbers only, in a dtype the records name (dl_dtype): the parent
+        # converts strings and checks every other dtype itself.
+        dl = None
+        if isinstance(value, np.ndarray) and value.size:
+            dl = self.pw.dl_dtype(value.dtype)
+        if dl is not None:
             block = self.arena.take(value)
             if block is not None:  # the function's own arena memory: no copy
-                return ("s", *block, value.dtype, value.shape), 0
+                return ("s", *block, dl, value.shape), 0
             block = self.arena.reserve(value.nbytes)
             if block is not None:
                 offset, size = block
                 out = self.results[offset:offset + value.nbytes].view(value.dtype)
                 np.copyto(out.reshape(value.shape), value, casting="no")
-                return ("s", offset, size, value.dtype, value.shape), value.nbytes
+                return ("s", offset, size, dl, value.shape), value.nbytes
         return ("v", value), 0

@@ -1,7 +1,10 @@
 """A worker's side of its rings: serving LOAD, CALL, RESULTS_BACK, FORGET and
 STOP one at a time, and answering with DONE and INPUTS_BACK."""
+import importlib
 import math
 import os
+import pickle
+import select
 import sys
 import time
 
@@ -28,7 +31,6 @@ class RingServer:
     worker's main thread."""
 
     def __init__(self, worker, pw, channel, doorbell, sock_fd, reader):
-        import select
         self.worker = worker
         self.reader = reader  # the socket's FrameReader, which pull() reads
         self.pw = pw
@@ -49,7 +51,6 @@ class RingServer:
         """Serves the ring until a STOP, or the end of the socket's stream
         (the pool closed, or the parent died), which the socket shows while
         the worker sleeps: the parent sends nothing else unasked."""
-        import pickle
         pw_requests = self.pw.REQUESTS
         while True:
             while self.serve():
@@ -129,8 +130,6 @@ class RingServer:
             self.channel.notify(pw.REPLIES)
 
     def load(self, message):
-        import importlib
-        import pickle
         worker = self.worker
         offset, size = message.block
         data = None
@@ -154,7 +153,6 @@ class RingServer:
         """What the parent keeps under `payload_id` (shm_layout.h,
         PFB_POOL_TENSOR_SOCKET: an input, or a packed CALL's inputs; a
         LOAD's function, by ("load", token)), asked for on the socket."""
-        import pickle
         send(self.worker.sock, pickle.dumps(("need", payload_id), protocol=PICKLE_PROTOCOL))
         while True:
             frames = self.reader.read(pickle.loads)
@@ -311,7 +309,6 @@ class RingServer:
         """An answer the result arena has no room for goes pickled on the
         socket, before its DONE (shm_layout.h, PFB_POOL_STATUS_SOCKET), with
         its results' copy facts."""
-        import pickle
         send(self.worker.sock, pickle.dumps(("ring", call_id, ok, data, facts),
                                             protocol=PICKLE_PROTOCOL))
         return self.pw.STATUS_SOCKET
@@ -326,26 +323,20 @@ class RingServer:
         fact_bits = pw.facts_flags(facts)
         item, moved = worker.result(value, framework)
         if item[0] == "s":
-            _, offset, size, dtype, shape = item
-            dl = pw.dl_dtype(dtype)
-            if dl is not None:
-                return (*dl, (0 if moved else pw.TENSOR_SHARED) | fact_bits, offset, size,
-                        tuple(shape))
-            worker.arena.hand_back(offset)  # a dtype the records cannot name
-            value = worker.results[offset:offset + size].view(dtype)[:math.prod(shape)] \
-                .reshape(shape).copy()
-        else:
-            value = item[1]
-            # A NumPy scalar (numpy_function's usual 0-d result) is memory
-            # too: its bytes in a block, so that the parent's kernel takes it
-            # without Python.  (A Python number stays a value: the parent's
-            # checks convert it, as in-process.)
-            dl = pw.dl_dtype(value.dtype) if isinstance(value, np.generic) else None
-            if dl is not None:
-                data = value.tobytes()
-                block = self.place(data)
-                if block is not None:
-                    return (*dl, fact_bits, block[0], len(data), ())
+            _, offset, size, dl, shape = item
+            return (*dl, (0 if moved else pw.TENSOR_SHARED) | fact_bits, offset, size,
+                    tuple(shape))
+        value = item[1]
+        # A NumPy scalar (numpy_function's usual 0-d result) is memory too:
+        # its bytes in a block, so that the parent's kernel takes it without
+        # Python.  (A Python number stays a value: the parent's checks
+        # convert it, as in-process.)
+        dl = pw.dl_dtype(value.dtype) if isinstance(value, np.generic) else None
+        if dl is not None:
+            data = value.tobytes()
+            block = self.place(data)
+            if block is not None:
+                return (*dl, fact_bits, block[0], len(data), ())
         try:
             data = _pickled(value)
         except Exception as exc:  # noqa: BLE001 - the call's error
@@ -374,7 +365,6 @@ class _NoRoom(Exception):
 
 
 def _pickled(value):
-    import pickle
     return pickle.dumps(value, protocol=PICKLE_PROTOCOL)
 
 
@@ -384,8 +374,7 @@ def _exception_payload(exc):
     cloudpickle, not pickle: a class that came by value (its module imports
     TensorFlow, so this worker has not imported it) goes back by value, where
     pickle would import its module here to look the class up by name."""
-    import pickle
-    import traceback
+    import traceback  # (only on an error: a worker starts without it)
 
     import cloudpickle
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -68,18 +68,9 @@ def _die_with_parent(parent_pid, signal):
         os._exit(0)
 
 
-def _watched(deadlines, signal):
-    """A pool with a timeout: on SIGUSR1 (the parent's watchdog, which read
-    the call's start in the control segment) this worker writes its Python
-    stack to its trace file, then lets the signal end it (chain=True calls
-    SIGUSR1's default action, which ends the process)."""
-    import faulthandler
-    faulthandler.register(signal.SIGUSR1, file=deadlines["trace_fd"], all_threads=True,
-                          chain=True)
-
-
 def main(argv):
     import mmap
+    import pickle
     import signal
     _die_with_parent(int(argv[1]), signal)
     # Ctrl-C reaches the whole process group: the parent decides when
@@ -87,7 +78,6 @@ def main(argv):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock_fd, input_fd, result_fd = (int(a) for a in argv[2:5])
     sock = socket.socket(fileno=sock_fd)
-    import pickle
     reader = FrameReader(sock)
     frames = reader.read(pickle.loads)  # the hello
     if not frames:
@@ -108,7 +98,11 @@ def main(argv):
     worker = WorkerMemory(sock, np, maps[0], maps[1])
     deadlines = hello.get("deadlines")
     if deadlines is not None:
-        _watched(deadlines, signal)
+        # A pool with a timeout: on its watchdog's SIGUSR1 this worker writes
+        # its Python stack to its trace file, then dies of the signal (chain).
+        import faulthandler
+        faulthandler.register(signal.SIGUSR1, file=deadlines["trace_fd"], all_threads=True,
+                              chain=True)
     rings = hello["ring"]
     pw = pool_module()
     control = mmap.mmap(rings["control_fd"], pw.control_bytes(rings["ring_slots"]))
@@ -118,9 +112,9 @@ def main(argv):
     try:
         send(sock, pickle.dumps(("ready", os.getpid()), protocol=PICKLE_PROTOCOL))
         ring.run()
-    except ConnectionError:
-        pass  # the pool closed (maybe before this worker was ready), or the parent is gone
-    except EOFError:  # the pool module's ChannelClosed: the parent closed the rings
+    except (ConnectionError, EOFError):
+        # The pool closed (maybe before this worker was ready: EOFError is the
+        # pool module's ChannelClosed), or the parent is gone.
         pass
     return 0
 

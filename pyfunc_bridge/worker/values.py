@@ -5,7 +5,7 @@ import os
 import struct
 
 _LENGTH = struct.Struct("<Q")  # a string's length in a strings block (shm_layout.h)
-_adapters = None                     # top-level module name -> framework adapter
+_adapters = None  # top-level module name -> framework adapter
 
 
 def adapter_named(name):
@@ -30,23 +30,13 @@ def _load_adapters():
     global _adapters
     if _adapters is None:
         import importlib.util
+        package = os.path.dirname(os.path.dirname(__file__))
         spec = importlib.util.spec_from_file_location(
-            "_pyfunc_bridge_frameworks", os.path.join(os.path.dirname(os.path.dirname(__file__)), "_frameworks.py"))
+            "_pyfunc_bridge_frameworks", os.path.join(package, "_frameworks.py"))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         _adapters = {name: adapter for adapter in module.ADAPTERS.values()
                      for name in adapter.modules}
-
-
-
-def shares_by_memory(np, dtype):
-    """Whether arrays of `dtype` travel through an arena (numbers only: the
-    parent converts strings and checks every other dtype itself)."""
-    kind = dtype.kind
-    if kind in "biufc":
-        return dtype.isnative or dtype.itemsize == 1
-    return (kind == "V" and dtype.names is None
-            and dtype.type.__module__.startswith("ml_dtypes"))  # bfloat16, ...
 
 
 def as_numpy(np, value, framework):
@@ -91,7 +81,6 @@ def wrap_input(np, arr, framework):
 # Results the parent converts itself (_export_output, outputs.pxi): by their
 # kind (scalars, lists: to the declared dtype; strings: to tf.string).
 CONVERTED_BY_THE_PARENT = (bool, int, float, complex, list, tuple, str, bytes)
-
 
 
 def strings_array(np, data, shape):
