@@ -51,12 +51,14 @@ class Supervision:
         self._routes = {}
         for worker in self._workers:
             worker.alive = False
-            worker.sock.detach()  # the socket object must not close the fd ...
+            # The socket object must not close the fd (-1 once closed: a dead
+            # worker's number may be another file's by now) ...
+            sock_fd = worker.sock.detach()
             # The rings are the parent's too: dropped here, never closed
             # (closing writes to the shared control segment).
             worker.channel = None
-            for fd in (worker.sock_fd, worker.trace_fd, worker.doorbell):
-                if fd is not None:
+            for fd in (sock_fd, worker.trace_fd, worker.doorbell):
+                if fd is not None and fd >= 0:
                     try:
                         os.close(fd)  # ... this process's copy, closed here
                     except OSError:

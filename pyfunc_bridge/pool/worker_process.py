@@ -82,7 +82,6 @@ class WorkerProcess:
             child.close()  # the worker's now
             child = None
             self.sock = parent
-            self.sock_fd = parent.fileno()
             self.pid = self.proc.pid
             send(parent, pickle.dumps(hello, protocol=PICKLE_PROTOCOL))  # the hello
             # (The pool weakly: a pool dropped without close() is collected.)

@@ -149,3 +149,50 @@ print("done")
 
 def test_a_forked_child_lets_go_of_the_pool_s_memory_and_keeps_its_results():
     run_script(_FORK_KEEPS_RESULT_SCRIPT)
+
+
+# A fork of a process whose pool holds a dead worker (a broken pool: its
+# workers exit as they start): the child closes only descriptors the pool
+# still owns.  The dead worker's socket was closed in the parent, and its
+# number may by then be another file's, which the child must keep.
+_FORK_BROKEN_SCRIPT = r"""
+import os, sys
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+from pyfunc_bridge.worker import start_worker
+
+def is_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+start_worker.pool_module()  # loaded by its real path, before the workers fail
+start_worker.__file__ = sys.argv[1]
+pool = pfb.ProcessPool(1, name="broken forked pool")
+try:
+    pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool)
+    raise AssertionError("a worker served")
+except tf.errors.UnknownError as error:
+    assert "cannot start worker processes" in error.message, error.message
+# Every free descriptor number below 256 now holds one end of this pipe.
+read_end, _ = os.pipe()
+held = [fd for fd in range(3, 256) if not is_open(fd)]
+for fd in held:
+    os.dup2(read_end, fd)
+child = os.fork()
+if child == 0:
+    os._exit(len([fd for fd in held if not is_open(fd)]))
+_, status = os.waitpid(child, 0)
+assert os.waitstatus_to_exitcode(status) == 0, (
+    f"the child closed {os.waitstatus_to_exitcode(status)} descriptors it did not own")
+pool.close()
+print("done")
+"""
+
+
+def test_a_forked_child_closes_only_descriptors_its_parent_s_pool_owns(tmp_path):
+    failing = tmp_path / "fails_at_start.py"
+    failing.write_text("import sys\nsys.exit(3)\n")
+    run_script(_FORK_BROKEN_SCRIPT, str(failing))
