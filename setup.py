@@ -3,7 +3,7 @@
 - pyfunc_bridge/_kernels*.so: the TF ops and kernels (C++, src/kernel/),
   built with tf.sysconfig's flags and loaded with tf.load_op_library.
 - pyfunc_bridge/_conversion*.so: the Cython conversion layer (src/conversion/).
-- pyfunc_bridge/_pool_worker*.so: a ProcessPool worker's own module (src/pool/:
+- pyfunc_bridge/_pool*.so: the pool's module, both sides' (src/pool/:
   the shared-memory layout, arena allocator, rings and NumPy data-memory
   handler), built with NumPy's headers only: workers import neither
   TensorFlow nor the op library.
@@ -113,8 +113,8 @@ conversion = Extension(
 POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/records.c",
                   "src/pool/dispatch.c"]
 pool_worker = Extension(
-    "pyfunc_bridge._pool_worker",
-    sources=["src/pool/_pool_worker.pyx"] + POOL_C_SOURCES,
+    "pyfunc_bridge._pool",
+    sources=["src/pool/_pool.pyx"] + POOL_C_SOURCES,
     depends=sorted(glob.glob("src/pool/*.h")),
     include_dirs=[np.get_include(), "src/pool"],
     # PyDataMem_SetHandler is NumPy 1.22 API.

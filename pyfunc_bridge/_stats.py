@@ -206,7 +206,7 @@ def enable_stats(flag=True):
     previous = _library.conversion().enable_stats(bool(flag))
     # Kernels' native pool calls count in the worker module (dispatch.h);
     # a pool's first route sets it too (pool/process_pool.py, ProcessPool.native_route).
-    pool_module = sys.modules.get("pyfunc_bridge._pool_worker")
+    pool_module = sys.modules.get("pyfunc_bridge._pool")
     if pool_module is not None:
         pool_module.set_counting(bool(flag))
     return previous

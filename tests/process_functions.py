@@ -256,7 +256,7 @@ def keeps_its_result(a):
 
 def worker_modules(_):
     """Whether this worker loaded TensorFlow, and its compiled module."""
-    return np.array(["tensorflow" in sys.modules, "pyfunc_bridge._pool_worker" in sys.modules])
+    return np.array(["tensorflow" in sys.modules, "pyfunc_bridge._pool" in sys.modules])
 
 
 class _NoArray:

@@ -1,5 +1,5 @@
 /* The shared memory of a ProcessPool, described once.  Both sides include
- * this header: the worker's own module (pyfunc_bridge/_pool_worker*.so, built
+ * this header: the pool's compiled module (pyfunc_bridge/_pool*.so, built
  * from src/pool/ without TensorFlow), which the parent loads too to lay out
  * and read the segments, and the kernel library for native dispatch.  Plain C
  * that also compiles as C++.

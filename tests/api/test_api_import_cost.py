@@ -24,7 +24,7 @@ _SUBPROCESS = textwrap.dedent("""
     # only new imports count.
     already = {m for m in ("torch", "jax", "jaxlib", "cloudpickle") if m in sys.modules}
     POOL = ("pyfunc_bridge.pool.process_pool", "pyfunc_bridge.worker.start_worker",
-            "pyfunc_bridge.pool.statistics", "pyfunc_bridge._pool_worker",
+            "pyfunc_bridge.pool.statistics", "pyfunc_bridge._pool",
             "pyfunc_bridge.pool.pickling", "cloudpickle")
 
     def state():
@@ -110,7 +110,7 @@ def test_a_pool_loads_its_modules_on_first_use(fresh_interpreter):
     assert fresh_interpreter["pool_value"] == -1.0
     # (cloudpickle counts where TensorFlow did not import it already.)
     assert {"pyfunc_bridge.pool.process_pool", "pyfunc_bridge.worker.start_worker",
-            "pyfunc_bridge.pool.statistics", "pyfunc_bridge._pool_worker",
+            "pyfunc_bridge.pool.statistics", "pyfunc_bridge._pool",
             "pyfunc_bridge.pool.pickling"} <= set(state["pool"])
 
 

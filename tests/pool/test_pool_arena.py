@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from pyfunc_bridge import _pool_worker as pw
+from pyfunc_bridge import _pool as pw
 
 ALIGN = pw.ALIGN
 

@@ -1,4 +1,4 @@
-"""The worker's NumPy data-memory handler (src/pool/_pool_worker.pyx,
+"""The worker's NumPy data-memory handler (src/pool/_pool.pyx,
 ResultArena): a function's fresh arrays land in the result arena while it
 runs; only a result nothing else in the worker can reach is handed over
 without a copy; blocks go back exactly once, when both sides let go."""
@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 import pytest
 
-from pyfunc_bridge import _pool_worker as pw
+from pyfunc_bridge import _pool as pw
 
 get_handler_name = np._core.multiarray.get_handler_name
 ARENA = 1 << 20

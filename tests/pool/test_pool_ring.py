@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pyfunc_bridge import _pool_worker as pw
+from pyfunc_bridge import _pool as pw
 
 PACKAGE = os.path.dirname(os.path.abspath(pw.__file__))
 R, Q = pw.REQUESTS, pw.REPLIES
