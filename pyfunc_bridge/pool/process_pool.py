@@ -28,6 +28,7 @@ from pyfunc_bridge.pool.answers import decode_answer, native_reply
 from pyfunc_bridge.pool.errors import (EXIT_TEXT, PoolClosedError, WorkerError,
                                        dispatch_error, raise_acyclic)
 from pyfunc_bridge.pool.pickling import Functions
+from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.pool.supervision import Supervision
 from pyfunc_bridge.pool.timeouts import Deadlines
 from pyfunc_bridge.pool.worker_process import shared_memory
@@ -315,8 +316,9 @@ class ProcessPool(Supervision):
         with self._attached:
             self._attached.notify_all()  # callers waiting for a worker see the close
             # A worker's start under way uses the pool's descriptors: it ends
-            # first (and stops its worker itself, the pool being closed).
-            while self._starting:
+            # first (and stops its worker itself, the pool being closed).  On
+            # the spawning thread (a finalizer run there), it is this thread's.
+            while self._starting and not spawner.on_thread():
                 self._attached.wait()
         self._stop(workers)
         if self._dispatch is not None:

@@ -27,7 +27,7 @@ class Spawner:
         """function(*args, **kwargs) on the spawning thread: its value, or its
         exception raised here.  A caller interrupted while it waits leaves
         the call running to its end (which must record what it made)."""
-        if threading.current_thread() is self._thread:
+        if self.on_thread():
             return function(*args, **kwargs)
         reply = queue.SimpleQueue()
         with self._lock:
@@ -42,6 +42,10 @@ class Spawner:
         if not ok:
             raise value
         return value
+
+    def on_thread(self):
+        """Whether this is the spawning thread."""
+        return threading.current_thread() is self._thread
 
     def popen(self, args, **kwargs):
         """subprocess.Popen(args, **kwargs), run by the spawning thread."""

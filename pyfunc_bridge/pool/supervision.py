@@ -274,7 +274,12 @@ class Supervision:
 
     def _revive(self):
         """A broken pool past its back-off starts the workers it lost (the
-        caller's call then goes to one of them)."""
+        caller's call then goes to one of them).  The spawning thread does it
+        all, as one start: an interrupted caller leaves the pool either
+        broken (the next call revives it) or with every worker started."""
+        spawner.run(self._revive_here)
+
+    def _revive_here(self):
         with self._lock:
             if self._closed or not self._broken or time.monotonic() < self._retry_at:
                 return
@@ -282,7 +287,7 @@ class Supervision:
             self._start_failures = 0
             dead = [w.index for w in self._workers if not w.alive]
         for index in dead:
-            self._start(index)
+            self._start_here(index, False)
 
     # --------------------------------------------------------------- close --
 

@@ -259,3 +259,69 @@ print("done")
 
 def test_ctrl_c_while_a_dropped_pool_closes_leaves_no_shared_memory():
     run_script(_INTERRUPTED_DROP_SCRIPT)
+
+
+# Ctrl-C in a call that revives a broken pool (past its back-off), while the
+# first of its workers starts: the revival goes on, and every worker starts.
+_INTERRUPTED_REVIVAL_SCRIPT = r"""
+import signal, subprocess, sys, threading, time
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+from pyfunc_bridge.pool import supervision
+from pyfunc_bridge.worker import start_worker
+supervision._RETRY_SECONDS = 0.2  # the back-off this script waits out
+main = threading.main_thread().ident
+real_file = start_worker.__file__
+start_worker.pool_module()  # loaded by its real path, before the workers fail
+start_worker.__file__ = sys.argv[1]
+pool = pfb.ProcessPool(2, name="revived pool")
+
+def call():
+    return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool))
+
+try:
+    call()
+    raise AssertionError("a worker served")
+except tf.errors.UnknownError as error:
+    assert "cannot start worker processes" in error.message, error.message
+start_worker.__file__ = real_file
+interrupted, starts = threading.Event(), []
+
+def on_sigint(*_):
+    interrupted.set()
+    raise KeyboardInterrupt
+
+real_popen = subprocess.Popen
+class InterruptedStart(real_popen):
+    def __init__(self, args, **kwargs):
+        if not starts:  # the revival's first start: Ctrl-C in the call that waits for it
+            starts.append(True)
+            signal.pthread_kill(main, signal.SIGINT)
+            interrupted.wait(60)
+        super().__init__(args, **kwargs)
+
+signal.signal(signal.SIGINT, on_sigint)
+subprocess.Popen = InterruptedStart
+while True:
+    try:
+        call()
+        raise AssertionError("served before it was revived")
+    except tf.errors.UnknownError:
+        time.sleep(0.05)  # still broken: the back-off runs
+    except KeyboardInterrupt:
+        break
+signal.signal(signal.SIGINT, signal.default_int_handler)
+deadline = time.monotonic() + 60
+while len(pool.pids()) < 2:  # the state: both workers started
+    assert time.monotonic() < deadline, f"the revival started {pool.pids()}"
+    time.sleep(0.01)
+assert call() in pool.pids()
+pool.close()
+print("done")
+"""
+
+
+def test_ctrl_c_while_a_broken_pool_revives_still_starts_every_worker(tmp_path):
+    failing = tmp_path / "fails_at_start.py"
+    failing.write_text("import sys\nsys.exit(3)\n")
+    run_script(_INTERRUPTED_REVIVAL_SCRIPT, str(failing))
