@@ -3,10 +3,16 @@ import contextlib
 import gc
 import os
 import re
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# A shell that runs the suite in the background (`pytest ... &`) ignores
+# SIGINT in it, and every script a test starts would inherit that: the
+# Ctrl-C tests need KeyboardInterrupt in their scripts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
