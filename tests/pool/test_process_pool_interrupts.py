@@ -325,3 +325,63 @@ def test_ctrl_c_while_a_broken_pool_revives_still_starts_every_worker(tmp_path):
     failing = tmp_path / "fails_at_start.py"
     failing.write_text("import sys\nsys.exit(3)\n")
     run_script(_INTERRUPTED_REVIVAL_SCRIPT, str(failing))
+
+
+# close() run on the spawning thread while it starts one of that pool's
+# workers (as a finalizer run there would): it cannot wait for that start,
+# which is its own thread's, and the start ends (fails) once the pool closed.
+_CLOSED_BY_ITS_SPAWNER_SCRIPT = r"""
+import os, subprocess, sys, threading, time
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+from pyfunc_bridge.pool import supervision
+from pyfunc_bridge.worker import start_worker
+supervision._RETRY_SECONDS = 0.2
+real_file = start_worker.__file__
+start_worker.pool_module()
+start_worker.__file__ = sys.argv[1]
+pool = pfb.ProcessPool(1, name="self-ending pool")
+
+def call():
+    return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool))
+
+try:
+    call()
+    raise AssertionError("a worker served")
+except tf.errors.UnknownError as error:
+    assert "cannot start worker processes" in error.message, error.message
+start_worker.__file__ = real_file
+real_popen = subprocess.Popen
+class ClosingStart(real_popen):
+    def __init__(self, args, **kwargs):
+        pool.close()  # on the spawning thread, in the middle of the revival's start
+        super().__init__(args, **kwargs)
+subprocess.Popen = ClosingStart
+outcome = []
+
+def calls():
+    while True:
+        try:
+            call()
+        except (tf.errors.UnknownError, ValueError) as error:  # (ValueError: closed before)
+            if "was closed" in str(error) or "is closed" in str(error):
+                outcome.append(str(error))
+                return
+            time.sleep(0.05)  # still broken: the back-off runs
+
+caller = threading.Thread(target=calls, daemon=True)
+caller.start()
+caller.join(60)
+if not outcome:  # (the spawning thread waits for itself: so would the exit)
+    sys.stderr.write("the call that revived the pool never returned\n")
+    sys.stderr.flush()
+    os._exit(1)
+assert pool.closed and pool.pids() == [], pool.pids()
+print("done")
+"""
+
+
+def test_close_on_the_spawning_thread_during_a_start_does_not_hang(tmp_path):
+    failing = tmp_path / "fails_at_start.py"
+    failing.write_text("import sys\nsys.exit(3)\n")
+    run_script(_CLOSED_BY_ITS_SPAWNER_SCRIPT, str(failing))
