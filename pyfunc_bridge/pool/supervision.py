@@ -277,11 +277,15 @@ class Supervision:
         caller's call then goes to one of them).  The spawning thread does it
         all, as one start: an interrupted caller leaves the pool either
         broken (the next call revives it) or with every worker started."""
-        spawner.run(self._revive_here)
+        if self._may_revive():  # (checked here first: a call in the back-off does not wait)
+            spawner.run(self._revive_here)
+
+    def _may_revive(self):
+        return not self._closed and self._broken and time.monotonic() >= self._retry_at
 
     def _revive_here(self):
         with self._lock:
-            if self._closed or not self._broken or time.monotonic() < self._retry_at:
+            if not self._may_revive():
                 return
             self._broken = None
             self._start_failures = 0
