@@ -83,6 +83,28 @@ class Interrupts:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def broken_pool(workers, name, failing_start):
+    """A ProcessPool whose workers all ended as they started (their script
+    was `failing_start`, one that exits): broken, its back-off under way.
+    Starts after this one run the real worker again."""
+    import tensorflow as tf
+    import process_functions as pf
+    from pyfunc_bridge.worker import start_worker
+    real = start_worker.__file__
+    start_worker.pool_module()  # loaded by its real path, before the workers fail
+    start_worker.__file__ = failing_start
+    try:
+        pool = pfb.ProcessPool(workers, name=name)
+        try:
+            pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool)
+            raise AssertionError("a worker served")
+        except tf.errors.UnknownError as error:
+            assert "cannot start worker processes" in error.message, error.message
+        return pool
+    finally:
+        start_worker.__file__ = real
+
+
 def worker_alive(pid):
     """Whether `pid` is still one of our worker processes (not a reused pid)."""
     try:

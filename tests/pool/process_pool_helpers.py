@@ -100,3 +100,11 @@ def open_sockets():
         except OSError:
             continue  # the descriptor listdir itself used
     return found
+
+
+@pytest.fixture
+def failing_start(tmp_path):
+    """A worker script that exits at once (pool_checks.broken_pool's)."""
+    failing = tmp_path / "fails_at_start.py"
+    failing.write_text("import sys\nsys.exit(3)\n")
+    return str(failing)

@@ -8,6 +8,7 @@ import sys
 from conftest import ROOT, TESTS, script_env
 from pool_checks import worker_alive
 from process_pool_helpers import run_script
+from process_pool_helpers import failing_start  # noqa: F401 (fixtures)
 
 
 # A fork of a process that has pools: the child gets a clear error for the
@@ -157,9 +158,7 @@ def test_a_forked_child_lets_go_of_the_pool_s_memory_and_keeps_its_results():
 # number may by then be another file's, which the child must keep.
 _FORK_BROKEN_SCRIPT = r"""
 import os, sys
-import tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
-from pyfunc_bridge.worker import start_worker
+from pool_checks import broken_pool
 
 def is_open(fd):
     try:
@@ -168,14 +167,7 @@ def is_open(fd):
     except OSError:
         return False
 
-start_worker.pool_module()  # loaded by its real path, before the workers fail
-start_worker.__file__ = sys.argv[1]
-pool = pfb.ProcessPool(1, name="broken forked pool")
-try:
-    pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool)
-    raise AssertionError("a worker served")
-except tf.errors.UnknownError as error:
-    assert "cannot start worker processes" in error.message, error.message
+pool = broken_pool(1, "broken forked pool", sys.argv[1])
 # Every free descriptor number below 256 now holds one end of this pipe.
 read_end, _ = os.pipe()
 held = [fd for fd in range(3, 256) if not is_open(fd)]
@@ -192,7 +184,5 @@ print("done")
 """
 
 
-def test_a_forked_child_closes_only_descriptors_its_parent_s_pool_owns(tmp_path):
-    failing = tmp_path / "fails_at_start.py"
-    failing.write_text("import sys\nsys.exit(3)\n")
-    run_script(_FORK_BROKEN_SCRIPT, str(failing))
+def test_a_forked_child_closes_only_descriptors_its_parent_s_pool_owns(failing_start):
+    run_script(_FORK_BROKEN_SCRIPT, failing_start)

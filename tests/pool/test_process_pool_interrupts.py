@@ -4,6 +4,7 @@ with timeouts)."""
 import pytest
 
 from process_pool_helpers import run_script
+from process_pool_helpers import failing_start  # noqa: F401 (fixtures)
 
 
 # Ctrl-C in the waiting caller, again and again, in a fresh interpreter (a
@@ -268,23 +269,14 @@ import signal, subprocess, sys, threading, time
 import tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
 from pyfunc_bridge.pool import supervision
-from pyfunc_bridge.worker import start_worker
+from pool_checks import broken_pool
 supervision._RETRY_SECONDS = 0.2  # the back-off this script waits out
 main = threading.main_thread().ident
-real_file = start_worker.__file__
-start_worker.pool_module()  # loaded by its real path, before the workers fail
-start_worker.__file__ = sys.argv[1]
-pool = pfb.ProcessPool(2, name="revived pool")
+pool = broken_pool(2, "revived pool", sys.argv[1])
 
 def call():
     return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool))
 
-try:
-    call()
-    raise AssertionError("a worker served")
-except tf.errors.UnknownError as error:
-    assert "cannot start worker processes" in error.message, error.message
-start_worker.__file__ = real_file
 interrupted, starts = threading.Event(), []
 
 def on_sigint(*_):
@@ -321,10 +313,8 @@ print("done")
 """
 
 
-def test_ctrl_c_while_a_broken_pool_revives_still_starts_every_worker(tmp_path):
-    failing = tmp_path / "fails_at_start.py"
-    failing.write_text("import sys\nsys.exit(3)\n")
-    run_script(_INTERRUPTED_REVIVAL_SCRIPT, str(failing))
+def test_ctrl_c_while_a_broken_pool_revives_still_starts_every_worker(failing_start):
+    run_script(_INTERRUPTED_REVIVAL_SCRIPT, failing_start)
 
 
 # close() run on the spawning thread while it starts one of that pool's
@@ -335,22 +325,13 @@ import os, subprocess, sys, threading, time
 import tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
 from pyfunc_bridge.pool import supervision
-from pyfunc_bridge.worker import start_worker
+from pool_checks import broken_pool
 supervision._RETRY_SECONDS = 0.2
-real_file = start_worker.__file__
-start_worker.pool_module()
-start_worker.__file__ = sys.argv[1]
-pool = pfb.ProcessPool(1, name="self-ending pool")
+pool = broken_pool(1, "self-ending pool", sys.argv[1])
 
 def call():
     return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool))
 
-try:
-    call()
-    raise AssertionError("a worker served")
-except tf.errors.UnknownError as error:
-    assert "cannot start worker processes" in error.message, error.message
-start_worker.__file__ = real_file
 real_popen = subprocess.Popen
 class ClosingStart(real_popen):
     def __init__(self, args, **kwargs):
@@ -381,7 +362,5 @@ print("done")
 """
 
 
-def test_close_on_the_spawning_thread_during_a_start_does_not_hang(tmp_path):
-    failing = tmp_path / "fails_at_start.py"
-    failing.write_text("import sys\nsys.exit(3)\n")
-    run_script(_CLOSED_BY_ITS_SPAWNER_SCRIPT, str(failing))
+def test_close_on_the_spawning_thread_during_a_start_does_not_hang(failing_start):
+    run_script(_CLOSED_BY_ITS_SPAWNER_SCRIPT, failing_start)
