@@ -19,7 +19,7 @@ framework and the process pool load on first use.
 from pyfunc_bridge import _library
 
 _library.check_tensorflow_version()
-_library.ops()  # registers the ops with TensorFlow
+_library.register()  # registers the ops with TensorFlow
 
 from pyfunc_bridge._numpy_function import numpy_function, py_func  # noqa: E402
 from pyfunc_bridge._py_function import py_function  # noqa: E402

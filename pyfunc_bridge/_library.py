@@ -2,8 +2,9 @@
 
 The op library loads at import (about 5 ms), so that graphs naming the ops
 can be loaded and run: SavedModels, imported GraphDefs, tf.data service
-workers.  The conversion module (and any framework) loads on first use, so
-that ``import pyfunc_bridge`` costs little beyond ``import tensorflow``.
+workers; its Python op wrappers are made when the first op is built.  The
+conversion module (and any framework) loads on first use, so that
+``import pyfunc_bridge`` costs little beyond ``import tensorflow``.
 """
 import atexit
 import importlib
@@ -31,7 +32,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 # Named per Python (it calls CPython's C API), as extension modules are.
 _KERNELS = os.path.join(_HERE, "_kernels" + importlib.machinery.EXTENSION_SUFFIXES[0])
 _lock = threading.Lock()
-_ops = None
+_registered = False
+_ops = None  # the generated op wrappers, once made
 _begin_shutdown = None  # the kernel's PyfuncBridge_BeginShutdown, once loaded
 # The TF exports the kernel's direct EagerTensor path lacks ("" for none), once loaded.
 _eager_api_missing = None
@@ -122,22 +124,35 @@ def check_tensorflow_version(installed=None):
             f"TensorFlow, from a checkout: pip install --no-build-isolation -e .")
 
 
-def ops():
-    """The loaded op library (its generated op wrappers), loading it once."""
-    global _ops
-    if _ops is None:
+def register():
+    """Loads the op library once, which registers its ops and kernels with
+    TensorFlow (about 5 ms): enough for graphs that name the ops."""
+    global _registered
+    if not _registered:
         with _lock:
-            if _ops is None:
+            if not _registered:
                 if not os.path.exists(_KERNELS):
                     raise ImportError(
                         f"pyfunc_bridge's op library is missing ({_KERNELS}); "
                         f"reinstall pyfunc_bridge")
                 # Not the conversion layer: that loads when the first op is
                 # built (or, in a graph from elsewhere, first run).
-                ops_module = tf.load_op_library(_KERNELS)
+                tf.load_library(_KERNELS)
                 _set_shutdown_hook()
                 _check_eager_api()
-                _ops = ops_module
+                _registered = True
+
+
+def ops():
+    """The op library's generated Python wrappers, made on first use: making
+    them takes 20-35 ms, four times the load itself."""
+    global _ops
+    if _ops is None:
+        register()
+        with _lock:
+            if _ops is None:
+                # TF hands back the library register() loaded (it keeps one per file).
+                _ops = tf.load_op_library(_KERNELS)
     return _ops
 
 
@@ -176,7 +191,7 @@ def eager_api_missing():
     """The names of the TF exports that the kernel's direct EagerTensor path
     (py_function's inputs and results without DLPack) did not find, as a
     tuple; empty when the path is taken."""
-    ops()
+    register()
     return tuple(_eager_api_missing.split(", ")) if _eager_api_missing else ()
 
 
@@ -199,7 +214,7 @@ def conversion():
         # By module name: `from pyfunc_bridge import _conversion` would ask the
         # package's __getattr__, which comes back here.
         module = importlib.import_module("pyfunc_bridge._conversion")
-        ops()
+        register()
         # TF's profiler, which the kernel library links (bridge_abi.h,
         # PfbTraceApi): every call records its events through it.
         module.set_trace_api(_kernel_function("PyfuncBridge_TraceApi", ctypes.c_void_p)())
