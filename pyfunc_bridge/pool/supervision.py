@@ -232,20 +232,22 @@ class Supervision:
                 return  # close() began: it stops the workers it knows
             self._starting = True
         try:
-            try:
-                fresh = WorkerProcess(self, index)
-            except BaseException as exc:
-                if first:
-                    raise
+            with spawner.descriptors:  # a fork waits until the pool has the worker
+                try:
+                    fresh = WorkerProcess(self, index)
+                except BaseException as exc:
+                    if first:
+                        raise
+                    with self._lock:
+                        self._break(f"a worker could not be started "
+                                    f"({type(exc).__name__}: {exc})")
+                    return
                 with self._lock:
-                    self._break(f"a worker could not be started ({type(exc).__name__}: {exc})")
-                return
-            with self._lock:
-                if first:
-                    self._workers.append(fresh)
-                else:
-                    self._workers[index] = fresh
-                closed = self._closed
+                    if first:
+                        self._workers.append(fresh)
+                    else:
+                        self._workers[index] = fresh
+                    closed = self._closed
             if not closed:
                 self._attach(fresh)
             if not first:

@@ -186,3 +186,47 @@ print("done")
 
 def test_a_forked_child_closes_only_descriptors_its_parent_s_pool_owns(failing_start):
     run_script(_FORK_BROKEN_SCRIPT, failing_start)
+
+
+# A fork while a worker starts (its start, on the spawning thread, is held
+# just before the worker's process runs, when its socket ends and doorbell
+# exist): the child holds none of them.  A fork waits for a start to give its
+# worker to the pool, so the start is held only until the fork returns, or
+# for a few seconds where the fork waits for it.
+_FORK_DURING_START_SCRIPT = r"""
+import os, sys, threading
+import pyfunc_bridge as pfb
+from pool_checks import sockets_and_eventfds
+
+in_start, forked = threading.Event(), threading.Event()
+
+def hold_the_start(event, args):
+    if (event == "subprocess.Popen" and "start_worker" in str(args[1])
+            and not in_start.is_set()):
+        in_start.set()
+        forked.wait(5)  # (the bound: a fork that waits for this start)
+
+before = set(sockets_and_eventfds())
+sys.addaudithook(hold_the_start)
+box = {}
+starting = threading.Thread(target=lambda: box.update(pool=pfb.ProcessPool(1, name="started")))
+starting.start()
+in_start.wait()
+read_end, write_end = os.pipe()
+child = os.fork()
+if child == 0:
+    os.write(write_end, repr(sorted(set(sockets_and_eventfds()) - before)).encode())
+    os._exit(0)
+forked.set()
+os.close(write_end)
+held = os.read(read_end, 1 << 16).decode()
+os.waitpid(child, 0)
+starting.join()
+box["pool"].close()
+assert held == "[]", f"the forked child held the starting worker's {held}"
+print("done")
+"""
+
+
+def test_a_fork_while_a_worker_starts_leaves_the_child_none_of_its_descriptors():
+    run_script(_FORK_DURING_START_SCRIPT)
