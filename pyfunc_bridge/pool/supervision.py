@@ -248,8 +248,16 @@ class Supervision:
                     else:
                         self._workers[index] = fresh
                     closed = self._closed
-            if not closed:
-                self._attach(fresh)
+            try:
+                if not closed:
+                    self._attach(fresh)
+            finally:
+                # Only now: a worker that died at once was attached before its
+                # death is handled (_lost), which detaches it.  (Its reader
+                # ran _lost before _attach, which then attached a dead worker
+                # that nothing detached: its calls hung, and the slot refused
+                # every later worker.)
+                fresh.reader.start()
             if not first:
                 self._counters.add_one("workers_replaced")
             if closed:
