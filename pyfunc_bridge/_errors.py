@@ -18,6 +18,19 @@ class NotCallableError(ValueError, TypeError):
     """
 
 
+class PoolClosedError(RuntimeError):
+    """A call on a closed ``ProcessPool`` (closed by ``close()``, before the
+    call or while it ran, or at interpreter exit).  Every such call fails
+    with it, whenever the pool closed; it maps to TensorFlow's
+    FAILED_PRECONDITION (src/conversion/errors.pxi), so that an eager call,
+    a graph and tf.data raise ``tf.errors.FailedPreconditionError`` with its
+    message, which names the pool and says how to go on.
+
+    >>> issubclass(PoolClosedError, RuntimeError)
+    True
+    """
+
+
 class CallTimeoutError(TimeoutError):
     """A call ran past its ``ProcessPool``'s ``timeout``; the worker that ran
     it was ended.  The one exception that maps to TensorFlow's

@@ -141,3 +141,17 @@ def sockets_and_memfds():
         if target.startswith(("socket:", "/memfd:")):
             found.append(target)
     return found
+
+
+def sockets_and_eventfds():
+    """This process's descriptors of sockets and eventfds (a worker's socket
+    and doorbell), as (number, what it names)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:") or target == "anon_inode:[eventfd]":
+            found.append((int(fd), target))
+    return found

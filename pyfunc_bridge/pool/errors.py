@@ -3,7 +3,7 @@ failure becomes one in this process."""
 import builtins
 import pickle
 
-from pyfunc_bridge._errors import CallTimeoutError
+from pyfunc_bridge._errors import CallTimeoutError, PoolClosedError  # noqa: F401 (the pool's)
 
 # The reason a pool closed at interpreter exit gives (_close_pools).
 EXIT_TEXT = "was closed at interpreter exit"
@@ -12,10 +12,6 @@ EXIT_TEXT = "was closed at interpreter exit"
 class WorkerError(RuntimeError):
     """A worker process ended while it held the call (killed, crashed,
     ``os._exit``).  The pool replaces it; later calls run."""
-
-
-class PoolClosedError(RuntimeError):
-    """The call's pool was closed (by ``close()``, or at interpreter exit)."""
 
 
 class WorkerTraceback(Exception):

@@ -113,7 +113,7 @@ class ProcessPool(Supervision):
         self._closed = False    # no new calls: close() has begun
         self._closing = False   # close() began and has not finished (an interrupted close)
         self._close_lock = threading.Lock()  # one close() at a time, to its end
-        self._closed_at_exit = False  # closed by _close_pools (_why_closed says so)
+        self._closed_at_exit = False  # closed by _close_pools (_closed_error says so)
         self._pid = os.getpid()      # the process whose pool this is (see _forked)
         self._forked_into = None     # this process's pid, in a fork of that process
         self._broken = None        # why no worker can start, once that is clear
@@ -176,16 +176,24 @@ class ProcessPool(Supervision):
     def closed(self):
         return self._closed
 
-    def _why_closed(self):
+    def _closed_error(self, worker=None):
+        """The error of every call on this pool once it is closed, whenever it
+        closed (`worker`: the one that held the call then)."""
+        held = (f" while worker process {worker.pid} held the call (queued there, or "
+                f"running)" if worker is not None else "")
         if self._closed_at_exit:
             # (A daemon thread's call that fails so ends silently: _close_pools.)
-            return EXIT_TEXT
-        if self._forked_into is None:
-            return "is closed"
-        return (f"belongs to process {self._pid}, and this process ({self._forked_into}) "
-                f"is a fork of it: a pool's workers serve only the process that started "
-                f"them. Start a ProcessPool in this process (executor=\"process\" starts "
-                f"a fresh default pool in a forked process)")
+            why = f"{EXIT_TEXT}{held}"
+        elif self._forked_into is None:
+            why = (f"{'was' if held else 'is'} closed{held}: a closed pool runs no more "
+                   f"calls. Pass an open ProcessPool as executor= (start a new one), or "
+                   f"close this one only once its calls are done")
+        else:
+            why = (f"belongs to process {self._pid}, and this process ({self._forked_into}) "
+                   f"is a fork of it: a pool's workers serve only the process that started "
+                   f"them. Start a ProcessPool in this process (executor=\"process\" starts "
+                   f"a fresh default pool in a forked process)")
+        return PoolClosedError(f"pyfunc_bridge: ProcessPool {self.name!r} {why}")
 
     def pids(self):
         """The process ids of the current workers."""
@@ -209,7 +217,7 @@ class ProcessPool(Supervision):
         bytes the worker wrote to shared memory, copy facts per result))."""
         route = self.native_route(func, framework, writable, scalars, facts)
         if route is None:
-            raise PoolClosedError(f"pyfunc_bridge: {self.name} {self._why_closed()}")
+            raise self._closed_error()
         pw = pool_module()
         from pyfunc_bridge import _library
         conversion = _library.conversion()
@@ -229,8 +237,7 @@ class ProcessPool(Supervision):
                         self._attached.wait(0.05)
                     continue
                 if declined.errno == errno.EPIPE or self._closed:
-                    raise PoolClosedError(
-                        f"pyfunc_bridge: {self.name} {self._why_closed()}") from None
+                    raise self._closed_error() from None
                 raise
             except pw.DispatchFailed as failed:
                 code, text = failed.args
@@ -312,7 +319,6 @@ class ProcessPool(Supervision):
 
     def _finish_close(self, workers):
         """close()'s work, each step safe to run again after an interruption."""
-        when = EXIT_TEXT if _exiting else "was closed"
         with self._attached:
             self._attached.notify_all()  # callers waiting for a worker see the close
             # A worker's start under way uses the pool's descriptors: it ends
@@ -323,9 +329,7 @@ class ProcessPool(Supervision):
         self._stop(workers)
         if self._dispatch is not None:
             for w in workers:
-                self._detach(w, PoolClosedError(
-                    f"pyfunc_bridge: {self.name} {when} while worker process {w.pid} held "
-                    f"the call (queued there, or running)"))
+                self._detach(w, self._closed_error(w))
             # Its reply threads have ended; it held the input mapping.
             self._dispatch = None
         if self._deadlines is not None:
@@ -410,10 +414,7 @@ def executor(value, api):
     if value is None or value is DEFAULT:
         return value
     if isinstance(value, ProcessPool):
-        if value.closed:
-            fix = "; pass an open ProcessPool" if value._forked_into is None else ""
-            raise ValueError(f"{api}: executor {value!r} {value._why_closed()}{fix}")
-        return value
+        return value  # (a closed one fails each call as one that closes meanwhile: ring_call)
     if isinstance(value, str) and value == "process":
         return DEFAULT
     raise ValueError(

@@ -22,6 +22,12 @@ class Spawner:
         self._lock = threading.Lock()
         self._requests = None
         self._thread = None
+        # Held by a start from its worker's first descriptor until the pool
+        # has the worker, and by a fork until it returns (the hooks below): a
+        # forked child closes the descriptors of the workers its parent's
+        # pools have (Supervision._forked), and no other.  Reentrant: a fork
+        # on this thread meanwhile does not wait for itself.
+        self.descriptors = threading.RLock()
 
     def run(self, function, *args, **kwargs):
         """function(*args, **kwargs) on the spawning thread: its value, or its
@@ -67,4 +73,7 @@ class Spawner:
 
 
 spawner = Spawner()
-os.register_at_fork(after_in_child=spawner.after_fork_in_child)
+# (Lambdas: the child's spawner has a lock of its own.)
+os.register_at_fork(before=lambda: spawner.descriptors.acquire(),
+                    after_in_parent=lambda: spawner.descriptors.release(),
+                    after_in_child=spawner.after_fork_in_child)

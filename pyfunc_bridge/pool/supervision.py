@@ -12,7 +12,7 @@ import time
 
 from pyfunc_bridge._errors import CallTimeoutError
 from pyfunc_bridge.pool.answers import ring_answers
-from pyfunc_bridge.pool.errors import EXIT_TEXT, PoolClosedError, WorkerError
+from pyfunc_bridge.pool.errors import PoolClosedError, WorkerError
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.pool.worker_process import WorkerProcess
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL, FrameReader, send
@@ -154,8 +154,10 @@ class Supervision:
         text = f"{type(error).__module__}.{type(error).__qualname__}: {error}"
         # (A worker that died, or was ended for a timeout: the ring calls it
         # never started are sent anew.)
-        dispatch.lost(worker.index, 2 if not isinstance(error, CallTimeoutError) else 4, text,
-                      isinstance(error, (WorkerError, CallTimeoutError)))
+        # (TF's codes, as src/conversion/errors.pxi maps these errors.)
+        code = 4 if isinstance(error, CallTimeoutError) else (
+            9 if isinstance(error, PoolClosedError) else 2)
+        dispatch.lost(worker.index, code, text, isinstance(error, (WorkerError, CallTimeoutError)))
         worker.generation = None
 
     def _lost(self, worker, unreadable=None):
@@ -167,10 +169,7 @@ class Supervision:
             worker.alive = False
             closing = self._closed
         if closing:
-            how = EXIT_TEXT if self._closed_at_exit else "was closed"
-            error = PoolClosedError(f"pyfunc_bridge: {self.name} {how} while worker "
-                                    f"process {worker.pid} held the call (queued there, "
-                                    f"or running)")
+            error = self._closed_error(worker)
         else:  # (_death reaps it first: a timed-out worker's stack is then written)
             death = self._death(worker, unreadable)
             error = (WorkerError(death) if worker.timed_out is None
@@ -232,22 +231,32 @@ class Supervision:
                 return  # close() began: it stops the workers it knows
             self._starting = True
         try:
-            try:
-                fresh = WorkerProcess(self, index)
-            except BaseException as exc:
-                if first:
-                    raise
+            with spawner.descriptors:  # a fork waits until the pool has the worker
+                try:
+                    fresh = WorkerProcess(self, index)
+                except BaseException as exc:
+                    if first:
+                        raise
+                    with self._lock:
+                        self._break(f"a worker could not be started "
+                                    f"({type(exc).__name__}: {exc})")
+                    return
                 with self._lock:
-                    self._break(f"a worker could not be started ({type(exc).__name__}: {exc})")
-                return
-            with self._lock:
-                if first:
-                    self._workers.append(fresh)
-                else:
-                    self._workers[index] = fresh
-                closed = self._closed
-            if not closed:
-                self._attach(fresh)
+                    if first:
+                        self._workers.append(fresh)
+                    else:
+                        self._workers[index] = fresh
+                    closed = self._closed
+            try:
+                if not closed:
+                    self._attach(fresh)
+            finally:
+                # Only now: a worker that died at once was attached before its
+                # death is handled (_lost), which detaches it.  (Its reader
+                # ran _lost before _attach, which then attached a dead worker
+                # that nothing detached: its calls hung, and the slot refused
+                # every later worker.)
+                fresh.reader.start()
             if not first:
                 self._counters.add_one("workers_replaced")
             if closed:

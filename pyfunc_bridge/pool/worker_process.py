@@ -85,10 +85,10 @@ class WorkerProcess:
             self.pid = self.proc.pid
             send(parent, pickle.dumps(hello, protocol=PICKLE_PROTOCOL))  # the hello
             # (The pool weakly: a pool dropped without close() is collected.)
+            # Started by the pool once the worker is attached (_start_here).
             self.reader = threading.Thread(target=pool._read,
                                            args=(weakref.ref(pool), self), daemon=True,
                                            name=f"{pool.name} reader {index}")
-            self.reader.start()
         except BaseException:
             # No reader will see this worker end (the hello failed, or its
             # start): it is ended here, and what it held closed.

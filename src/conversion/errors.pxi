@@ -4,12 +4,13 @@
 # for the eager paths, status code -> TF's exception (_tf_error).  Codes are
 # TensorFlow's (tensorflow/core/protobuf/error_codes.proto).
 
-from pyfunc_bridge._errors import CallTimeoutError
+from pyfunc_bridge._errors import CallTimeoutError, PoolClosedError
 
 cdef enum:
     TF_UNKNOWN = 2
     TF_INVALID_ARGUMENT = 3
     TF_DEADLINE_EXCEEDED = 4
+    TF_FAILED_PRECONDITION = 9
     TF_RESOURCE_EXHAUSTED = 8
     TF_OUT_OF_RANGE = 11
     TF_UNIMPLEMENTED = 12
@@ -19,6 +20,7 @@ cdef enum:
 ERROR_CODES = (
     (_UnsupportedOutput, TF_INTERNAL),  # as TF's numpy_function reports them
     (CallTimeoutError, TF_DEADLINE_EXCEEDED),  # a ProcessPool's timeout, never the function's
+    (PoolClosedError, TF_FAILED_PRECONDITION),  # a call on a closed ProcessPool, whenever it closed
     ((ValueError, TypeError), TF_INVALID_ARGUMENT),
     (StopIteration, TF_OUT_OF_RANGE),
     (MemoryError, TF_RESOURCE_EXHAUSTED),

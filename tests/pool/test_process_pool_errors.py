@@ -2,6 +2,7 @@
 replies, exceptions with the worker's traceback, autograph-converted
 functions) and of the arguments (executor, pool, closed pools)."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -9,8 +10,8 @@ import tensorflow as tf
 
 import process_functions as pf
 import pyfunc_bridge as pfb
-from process_pool_helpers import run_script
-from process_pool_helpers import pool  # noqa: F401 (fixtures)
+from process_pool_helpers import call_in_thread, marked_pid, run_script
+from process_pool_helpers import marks, pool  # noqa: F401 (fixtures)
 
 
 @pytest.mark.parametrize("func, index", [(pf.returns_a_lambda, 0),
@@ -120,15 +121,6 @@ def test_executor_arguments_are_checked(executor):
         pfb.numpy_function(pf.identity, [tf.constant(1)], tf.int32, executor=executor)
 
 
-def test_a_closed_pool_is_refused():
-    closed = pfb.ProcessPool(1, name="closed pool")
-    closed.close()
-    closed.close()  # idempotent
-    with pytest.raises(ValueError, match="'closed pool'.*is closed"):
-        pfb.array_function(pf.identity, [tf.constant(1)], tf.int32, framework="numpy",
-                           executor=closed)
-
-
 @pytest.mark.parametrize("kwargs, message", [
     ({"workers": 0}, "workers must be a positive int"),
     ({"workers": "2"}, "workers must be a positive int"),
@@ -139,11 +131,44 @@ def test_pool_arguments_are_checked(kwargs, message):
         pfb.ProcessPool(**kwargs)
 
 
-def test_a_graph_op_whose_pool_closed_fails_clearly():
+def closed_text(name, how="is closed"):
+    """The words of every call on the closed pool `name`: the pool, that it
+    is closed, and what to do."""
+    return (f"pyfunc_bridge: ProcessPool '{name}' {how}.*: a closed pool runs no more calls. "
+            f"Pass an open ProcessPool as executor=")
+
+
+def test_every_call_on_a_closed_pool_fails_the_same_way():
+    closed = pfb.ProcessPool(1, name="closed pool")
+    before = tf.function(lambda x: pfb.numpy_function(pf.identity, [x], tf.int32,
+                                                      executor=closed))
+    assert int(before(tf.constant(4))) == 4  # a graph (and its kernel's route) made while open
+    closed.close()
+    closed.close()  # idempotent
+    calls = {
+        "eager": lambda: pfb.numpy_function(pf.identity, [tf.constant(1)], tf.int32,
+                                            executor=closed),
+        "array_function": lambda: pfb.array_function(pf.identity, [tf.constant(1)], tf.int32,
+                                                     framework="numpy", executor=closed),
+        "a graph made before": lambda: before(tf.constant(4)),
+        "a graph made after": lambda: tf.function(lambda x: pfb.numpy_function(
+            pf.identity, [x], tf.int32, executor=closed))(tf.constant(1)),
+        "tf.data": lambda: list(tf.data.Dataset.range(2).map(lambda i: pfb.numpy_function(
+            pf.identity, [i], tf.int64, executor=closed))),
+    }
+    for how, call in calls.items():
+        with pytest.raises(tf.errors.FailedPreconditionError) as info:
+            call()
+        assert re.search(closed_text("closed pool"), info.value.message), (how, info.value)
+
+
+def test_a_call_that_a_close_meets_fails_as_one_on_a_closed_pool(marks):
     closing = pfb.ProcessPool(1, name="closing pool")
-    run = tf.function(lambda x: pfb.numpy_function(pf.identity, [x], tf.int32,
-                                                   executor=closing))
-    assert int(run(tf.constant(4))) == 4
-    closing.close()
-    with pytest.raises(tf.errors.UnknownError, match="'closing pool' is closed|closing pool is"):
-        run(tf.constant(4))
+    thread, box = call_in_thread(pf.hang, 30.0, closing)
+    held_by = marked_pid(marks)  # the call runs in the worker
+    closing.close()  # (which ends the worker after its grace)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert isinstance(box.get("error"), tf.errors.FailedPreconditionError), box
+    how = f"was closed while worker process {held_by} held the call"
+    assert re.search(closed_text("closing pool", how), box["error"].message), box["error"]

@@ -19,8 +19,8 @@ import pyfunc_bridge as pfb
 from pyfunc_bridge.pool import process_pool as _process, supervision, worker_process
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.worker import start_worker
-from process_pool_helpers import call_in_thread, marked_pid, open_sockets
-from process_pool_helpers import marks  # noqa: F401 (fixtures)
+from process_pool_helpers import call_in_thread, marked_pid, open_sockets, run_script
+from process_pool_helpers import failing_start, marks  # noqa: F401 (fixtures)
 
 
 _worker_file = start_worker.__file__
@@ -66,7 +66,7 @@ def test_quick_calls_never_wait_behind_a_stuck_worker(marks):
         assert not quick.is_alive()
         assert box["pids"] == [free_pid] * 64
     hung.join(timeout=30)
-    assert isinstance(hung_box["error"], tf.errors.UnknownError)
+    assert isinstance(hung_box["error"], tf.errors.FailedPreconditionError)
     # (The words fit a call still queued on that worker's ring too.)
     assert "stuck pool" in str(hung_box["error"]) and "closed" in str(hung_box["error"])
     assert f"worker process {stuck_pid} held the call" in str(hung_box["error"])
@@ -177,3 +177,68 @@ def test_a_call_that_fails_in_the_pool_leaves_no_reference_cycle():
             gc.garbage.clear()
             gc.enable()
         assert found == []
+
+
+# A replacement worker that dies at once, whose death is handled while its
+# start is still under way: between the pool's two steps of that death (the
+# dispatcher's, then the worker's descriptors), the start attaches the worker
+# to the dispatcher.  The threads are held there by tracing (the one way to
+# order them); the next worker then serves the pool's calls.
+_DIES_AT_ONCE_SCRIPT = r"""
+import os, signal, sys, threading
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+from pyfunc_bridge.worker import start_worker
+
+failing, real = sys.argv[1], start_worker.__file__
+detached, attached, seen = threading.Event(), threading.Event(), set()
+
+def victim(worker):
+    return worker is not None and failing in worker.proc.args
+
+def tracer(frame, event, arg):
+    name, where = frame.f_code.co_name, frame.f_locals
+    if name == "_attach" and victim(where.get("worker")):
+        seen.add("attach")
+        if where["worker"].reader.ident is not None:  # its death may be handled first
+            assert detached.wait(60), "the reader never handled the worker's death"
+        return lambda frame, event, arg: attached.set() if event == "return" else None
+    if name == "ended" and victim(where.get("self")) and not attached.is_set():
+        seen.add("ended")
+        detached.set()  # its death is in the dispatcher; its descriptors are still open
+        assert attached.wait(60), "the start never attached the worker"
+    return None
+
+def on_start(event, args):
+    if event == "subprocess.Popen" and failing in str(args[1]):
+        start_worker.__file__ = real  # the next start serves
+        sys.settrace(tracer)  # the spawning thread's
+
+pool = pfb.ProcessPool(1, name="dies at once")
+first = pool.pids()[0]
+threading.settrace(tracer)  # the reader threads started from now on
+sys.addaudithook(on_start)
+start_worker.__file__ = failing
+os.kill(first, signal.SIGKILL)
+box = {}
+def call():
+    try:
+        box["pid"] = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
+                                            executor=pool))
+    except Exception as exc:  # noqa: BLE001 - reported
+        box["error"] = f"{type(exc).__name__}: {exc}"
+caller = threading.Thread(target=call, daemon=True)
+caller.start()
+caller.join(120)
+replaced = pfb.stats().pools["dies at once"].workers_replaced
+if caller.is_alive() or "error" in box or box["pid"] not in pool.pids():
+    print(f"the call: {box or 'still waits'}; workers {pool.pids()}", file=sys.stderr, flush=True)
+    os._exit(1)  # (close() would wait for the worker the dispatcher holds)
+assert "attach" in seen and replaced == 2, (seen, replaced)
+pool.close()
+print("done")
+"""
+
+
+def test_a_replacement_that_dies_as_it_starts_leaves_a_pool_that_serves(failing_start):
+    run_script(_DIES_AT_ONCE_SCRIPT, failing_start)

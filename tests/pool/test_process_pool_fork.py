@@ -73,7 +73,8 @@ def test_a_forked_child_gets_a_clear_error_and_the_parent_pool_is_unaffected():
     for how, error in (("api", child["api"]), ("run", child["run"])):
         assert "'forked pool'" in error or "forked pool " in error, (how, error)
         assert "is a fork of it" in error and "Start a ProcessPool in this process" in error
-    assert child["api"].startswith("ValueError") and child["run"].startswith("PoolClosedError")
+    assert child["api"].startswith("FailedPreconditionError")
+    assert child["run"].startswith("PoolClosedError")
     # The child's default pool is its own; the parent's workers are the same ones.
     assert child["default"] in child["default_pids"]
     assert not set(child["default_pids"]) & set(parent["before"]["default"])
@@ -123,7 +124,7 @@ with pfb.ProcessPool(1, name=NAME) as pool:
         report["fds"], report["maps"] = shared()
         try:
             pfb.numpy_function(pf.quarter_mib_of, [x], tf.float32, executor=pool)
-        except ValueError as exc:
+        except tf.errors.FailedPreconditionError as exc:
             report["error"] = str(exc)
         os.write(seen_w, json.dumps(report).encode())
         os._exit(0)  # (TensorFlow's own exit hangs in a fork of a process that ran ops)
@@ -186,3 +187,47 @@ print("done")
 
 def test_a_forked_child_closes_only_descriptors_its_parent_s_pool_owns(failing_start):
     run_script(_FORK_BROKEN_SCRIPT, failing_start)
+
+
+# A fork while a worker starts (its start, on the spawning thread, is held
+# just before the worker's process runs, when its socket ends and doorbell
+# exist): the child holds none of them.  A fork waits for a start to give its
+# worker to the pool, so the start is held only until the fork returns, or
+# for a few seconds where the fork waits for it.
+_FORK_DURING_START_SCRIPT = r"""
+import os, sys, threading
+import pyfunc_bridge as pfb
+from pool_checks import sockets_and_eventfds
+
+in_start, forked = threading.Event(), threading.Event()
+
+def hold_the_start(event, args):
+    if (event == "subprocess.Popen" and "start_worker" in str(args[1])
+            and not in_start.is_set()):
+        in_start.set()
+        forked.wait(5)  # (the bound: a fork that waits for this start)
+
+before = set(sockets_and_eventfds())
+sys.addaudithook(hold_the_start)
+box = {}
+starting = threading.Thread(target=lambda: box.update(pool=pfb.ProcessPool(1, name="started")))
+starting.start()
+in_start.wait()
+read_end, write_end = os.pipe()
+child = os.fork()
+if child == 0:
+    os.write(write_end, repr(sorted(set(sockets_and_eventfds()) - before)).encode())
+    os._exit(0)
+forked.set()
+os.close(write_end)
+held = os.read(read_end, 1 << 16).decode()
+os.waitpid(child, 0)
+starting.join()
+box["pool"].close()
+assert held == "[]", f"the forked child held the starting worker's {held}"
+print("done")
+"""
+
+
+def test_a_fork_while_a_worker_starts_leaves_the_child_none_of_its_descriptors():
+    run_script(_FORK_DURING_START_SCRIPT)

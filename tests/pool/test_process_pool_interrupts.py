@@ -344,7 +344,7 @@ def calls():
     while True:
         try:
             call()
-        except (tf.errors.UnknownError, ValueError) as error:  # (ValueError: closed before)
+        except (tf.errors.UnknownError, tf.errors.FailedPreconditionError) as error:
             if "was closed" in str(error) or "is closed" in str(error):
                 outcome.append(str(error))
                 return
