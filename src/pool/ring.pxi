@@ -332,16 +332,19 @@ cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
 
+cdef int64_t _clock_ns(int clock) noexcept nogil:
+    cdef timespec t
+    clock_gettime(clock, &t)
+    return <int64_t>t.tv_sec * 1000000000 + t.tv_nsec
+
+
 cdef bint _spin(PfbRing* r, int64_t ns) noexcept nogil:
     """Channel.spin.  sched_yield, not a pause loop: on a loaded 2-core VM
     the producer may be waiting for this very core (a 50 µs pause loop
     caught no more calls than none, docs/pool.md)."""
-    cdef timespec t
-    clock_gettime(CLOCK_MONOTONIC, &t)
-    cdef int64_t end = <int64_t>t.tv_sec * 1000000000 + t.tv_nsec + ns
+    cdef int64_t end = _clock_ns(CLOCK_MONOTONIC) + ns
     while not pfb_ring_available(r):
-        clock_gettime(CLOCK_MONOTONIC, &t)
-        if <int64_t>t.tv_sec * 1000000000 + t.tv_nsec >= end:
+        if _clock_ns(CLOCK_MONOTONIC) >= end:
             return pfb_ring_available(r) != 0
         sched_yield()
     return True
