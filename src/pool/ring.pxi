@@ -50,13 +50,19 @@ cdef class Channel:
         if <uintptr_t>self._view.buf % PFB_POOL_SLOT_BYTES:
             raise ValueError("pyfunc_bridge: a control segment must start on a cache line")
         self._control = <PfbPoolControl*>self._view.buf
+        if not create:
+            ring_slots = self._control.ring_slots
+            if (self._control.magic != PFB_POOL_MAGIC
+                    or self._control.version != PFB_POOL_LAYOUT_VERSION):
+                raise ValueError("pyfunc_bridge: not a pool control segment of this "
+                                 "version (magic or layout version differs)")
+        if ring_slots < 2 or ring_slots & (ring_slots - 1) or ring_slots > (1 << 20):
+            raise ValueError(f"pyfunc_bridge: ring_slots must be a power of two in "
+                             f"[2, 2**20], got {ring_slots}")
+        if <uint64_t>self._view.len < pfb_pool_control_bytes(ring_slots):
+            raise ValueError(f"pyfunc_bridge: {self._view.len} bytes cannot hold a "
+                             f"control segment of {ring_slots} slots per ring")
         if create:
-            if ring_slots < 2 or ring_slots & (ring_slots - 1) or ring_slots > (1 << 20):
-                raise ValueError(f"ring_slots must be a power of two in [2, 2**20], "
-                                 f"got {ring_slots}")
-            if <uint64_t>self._view.len < pfb_pool_control_bytes(ring_slots):
-                raise ValueError(f"pyfunc_bridge: {self._view.len} bytes cannot hold a "
-                                 f"control segment of {ring_slots} slots per ring")
             memset(self._control, 0, sizeof(PfbPoolControl))
             self._control.version = PFB_POOL_LAYOUT_VERSION
             self._control.ring_slots = ring_slots
@@ -64,16 +70,6 @@ cdef class Channel:
             self._control.result_arena_bytes = result_bytes
             self._control.parent_pid = os.getpid()
             self._control.worker_index = worker_index
-        else:
-            ring_slots = self._control.ring_slots
-            if (self._control.magic != PFB_POOL_MAGIC
-                    or self._control.version != PFB_POOL_LAYOUT_VERSION):
-                raise ValueError("pyfunc_bridge: not a pool control segment of this "
-                                 "version (magic or layout version differs)")
-            if (ring_slots < 2 or ring_slots & (ring_slots - 1)
-                    or <uint64_t>self._view.len < pfb_pool_control_bytes(ring_slots)):
-                raise ValueError(f"pyfunc_bridge: a control segment of {self._view.len} "
-                                 f"bytes claims {ring_slots} slots per ring")
         self._slots = ring_slots
         pfb_ring_attach(&self._rings[0], &self._control.requests,
                         pfb_pool_request_slots(self._control), ring_slots)
@@ -179,30 +175,35 @@ cdef class Channel:
         pfb_ring_close(&self._rings[0])
         pfb_ring_close(&self._rings[1])
 
-    cdef int _wait_room(self, PfbRing* ring, uint32_t slots, int64_t timeout_ns) except -1:
-        """0 when there is room; 1 after the timeout."""
+    cdef bint _wait(self, PfbRing* r, uint32_t room, int64_t left, uint32_t checks=0,
+                    bint sliced=True) except -1:
+        """Sleeps until `r` has room for `room` slots (0: until it has a
+        message, after `checks` quick looks): True; False after `left` ns
+        (-1: no limit).  `sliced`: in 50 ms slices that handle signals."""
         cdef int rc
         cdef int64_t part
         while True:
-            part = _SLICE_NS if timeout_ns < 0 or timeout_ns > _SLICE_NS else timeout_ns
+            part = _SLICE_NS if sliced and (left < 0 or left > _SLICE_NS) else left
             with nogil:
-                rc = pfb_ring_wait_room(ring, slots, part)
+                rc = (pfb_ring_wait_room(r, room, part) if room
+                      else pfb_ring_wait_items(r, part, checks))
             if rc == 0:
-                return 0
+                return True
             if rc == EPIPE:
                 raise ChannelClosed("pyfunc_bridge: the ring is closed")
             if rc == EMSGSIZE:
-                raise ValueError(f"pyfunc_bridge: a message of {slots} slots cannot fit "
-                                 f"a ring of {ring.capacity}")
+                raise ValueError(f"pyfunc_bridge: a message of {room} slots cannot fit "
+                                 f"a ring of {r.capacity}")
             PyErr_CheckSignals()
-            if timeout_ns >= 0:
-                timeout_ns -= part
-                if timeout_ns <= 0:
-                    return 1
+            if left >= 0:
+                left -= part
+                if left <= 0:
+                    return False
+            checks = 0
 
     cdef bint _write(self, int ring, object timeout) except -1:
         cdef PfbRing* r = self._ring(ring)
-        if self._wait_room(r, self._scratch[0].message.slots, _timeout_ns(timeout)):
+        if not self._wait(r, self._scratch[0].message.slots, _timeout_ns(timeout)):
             return False
         cdef int rc = pfb_ring_write(r, self._scratch)
         if rc == EPIPE:
@@ -281,24 +282,7 @@ cdef class Channel:
         side closed it and it is drained.  `interruptible`: wakes every 50 ms
         to handle signals (Ctrl-C); False sleeps in one piece, so that the
         sleeper flag stays set for the whole wait."""
-        cdef PfbRing* r = self._ring(ring)
-        cdef int64_t left = _timeout_ns(timeout)
-        cdef int64_t part
-        cdef int rc
-        while True:
-            part = _SLICE_NS if interruptible and (left < 0 or left > _SLICE_NS) else left
-            with nogil:
-                rc = pfb_ring_wait_items(r, part, checks)
-            if rc == 0:
-                return True
-            if rc == EPIPE:
-                raise ChannelClosed("pyfunc_bridge: the ring was closed")
-            PyErr_CheckSignals()
-            if left >= 0:
-                left -= part
-                if left <= 0:
-                    return False
-            checks = 0
+        return self._wait(self._ring(ring), 0, _timeout_ns(timeout), checks, interruptible)
 
     def spin(self, int ring, int64_t ns):
         """Looks at `ring` for up to `ns` ns, yielding the core between
