@@ -288,7 +288,7 @@ class RingServer:
         # Not notified apart: the DONE's notify (serve) wakes the parent once
         # for both, so a caller that reads its own DONE wakes once.
         self.inputs_back(notify=False)
-        self.channel.post_tensors(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
+        self.channel.post(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
                                   flags=shape_kind, status=status, block=block,
                                   stamp=started, ended=time.time_ns())
 

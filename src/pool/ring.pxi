@@ -39,7 +39,7 @@ cdef class Channel:
     cdef PfbPoolControl* _control
     cdef PfbRing _rings[2]
     cdef uint32_t _slots
-    cdef PfbPoolSlot* _scratch  # the message being built (post, post_tensors)
+    cdef PfbPoolSlot* _scratch  # the message being built (post)
     cdef PfbPoolSlot* _inbox    # the message being read (receive)
 
     def __cinit__(self, buffer, *, bint create=False, uint32_t ring_slots=0,
@@ -212,11 +212,18 @@ cdef class Channel:
             raise OSError(rc, f"pyfunc_bridge: writing a message failed ({rc})")
         return True
 
-    cdef void _header(self, int kind, uint64_t call_id, uint64_t token, uint32_t flags,
-                      uint32_t status, uint64_t stamp, object block,
-                      uint64_t ended=0) except *:
-        pfb_msg_init(self._scratch, <unsigned short>kind)
+    def post(self, int ring, int kind, items=(), *, uint64_t call_id=0, uint64_t token=0,
+             uint32_t flags=0, uint32_t status=0, uint64_t stamp=0, block=(0, 0),
+             timeout=None, uint64_t ended=0):
+        """Publishes one message on `ring`, its `items` as a Message's (a
+        CALL's or DONE's tensors, each (code, bits, lanes, flags, offset,
+        size, shape); any other's words), waiting up to `timeout` seconds
+        (None: no limit) for room; does not wake the consumer (``notify``
+        once per batch).  True once posted, False after the timeout."""
         cdef PfbPoolMessage* m = &self._scratch[0].message
+        cdef PfbPoolTensor record
+        cdef int64_t dims[PFB_POOL_MAX_NDIM]
+        pfb_msg_init(self._scratch, <unsigned short>kind)
         m.call_id = call_id
         m.token = token
         m.flags = flags
@@ -225,49 +232,27 @@ cdef class Channel:
         m.ended = ended
         m.block_offset = block[0]
         m.block_size = block[1]
-
-    def post(self, int ring, int kind, words=(), *, uint64_t call_id=0, uint64_t token=0,
-             uint32_t flags=0, uint32_t status=0, uint64_t stamp=0, block=(0, 0),
-             timeout=None):
-        """Publishes one message of `words` (offsets, tokens) on `ring`,
-        waiting up to `timeout` seconds (None: no limit) for room; does not
-        wake the consumer (``notify`` once per batch).  True once posted,
-        False after the timeout."""
-        self._header(kind, call_id, token, flags, status, stamp, block)
-        for word in words:
-            if pfb_msg_add_word(self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS, word):
-                raise ValueError(f"pyfunc_bridge: {len(words)} words do not fit one message")
-        return self._write(ring, timeout)
-
-    def post_tensors(self, int ring, int kind, tensors, *, uint64_t call_id=0,
-                     uint64_t token=0, uint32_t flags=0, uint32_t status=0,
-                     uint64_t stamp=0, block=(0, 0), timeout=None, uint64_t ended=0):
-        """Publishes a CALL or DONE: `tensors`, each (code, bits, lanes,
-        flags, offset, size, shape); as ``post`` otherwise."""
-        cdef PfbPoolTensor record
-        cdef int64_t dims[PFB_POOL_MAX_NDIM]
-        cdef int rc
-        self._header(kind, call_id, token, flags, status, stamp, block, ended)
-        for code, bits, lanes, tflags, offset, size, shape in tensors:
-            memset(&record, 0, sizeof(record))
-            record.code = code
-            record.bits = bits
-            record.lanes = lanes
-            record.flags = tflags
-            record.offset = offset
-            record.size = size
-            if len(shape) > PFB_POOL_MAX_NDIM:
-                raise ValueError(f"pyfunc_bridge: a tensor of {len(shape)} dimensions; "
-                                 f"at most {PFB_POOL_MAX_NDIM} are supported")
-            record.ndim = len(shape)
-            for d, n in enumerate(shape):
-                if n < 0:
-                    raise ValueError(f"pyfunc_bridge: a negative dimension in {shape}")
-                dims[d] = n
-            rc = pfb_msg_add_tensor(self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS, &record, dims)
-            if rc:
-                raise ValueError(f"pyfunc_bridge: {len(tensors)} tensors do not fit one "
-                                 f"message")
+        if kind not in _TENSOR_KINDS:
+            for word in items:
+                if pfb_msg_add_word(self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS, word):
+                    raise ValueError(f"pyfunc_bridge: {len(items)} words do not fit one "
+                                     f"message")
+        else:
+            for code, bits, lanes, tflags, offset, size, shape in items:
+                if len(shape) > PFB_POOL_MAX_NDIM:
+                    raise ValueError(f"pyfunc_bridge: a tensor of {len(shape)} dimensions; "
+                                     f"at most {PFB_POOL_MAX_NDIM} are supported")
+                memset(&record, 0, sizeof(record))
+                record.code, record.bits, record.lanes = code, bits, lanes
+                record.flags, record.offset, record.size = tflags, offset, size
+                record.ndim = len(shape)
+                for d, n in enumerate(shape):
+                    if n < 0:
+                        raise ValueError(f"pyfunc_bridge: a negative dimension in {shape}")
+                    dims[d] = n
+                if pfb_msg_add_tensor(self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS, &record, dims):
+                    raise ValueError(f"pyfunc_bridge: {len(items)} tensors do not fit one "
+                                     f"message")
         return self._write(ring, timeout)
 
     def notify(self, int ring):
