@@ -1,19 +1,5 @@
 # ------------------------------------------------------------- Dispatcher --
 
-cdef class _Held:
-    """A writable buffer's view, kept (the mapping cannot close meanwhile)."""
-    cdef Py_buffer view
-    cdef bint has_view
-
-    def __cinit__(self, buffer):
-        PyObject_GetBuffer(buffer, &self.view, PyBUF_WRITABLE)
-        self.has_view = True
-
-    def __dealloc__(self):
-        if self.has_view:
-            PyBuffer_Release(&self.view)
-
-
 def set_counting(bint on):
     """Whether routes count their calls (pfb.enable_stats)."""
     pfb_dispatch_set_counting(on)

@@ -18,6 +18,20 @@ cdef int64_t _timeout_ns(object timeout) except? -2:
     return <int64_t>(timeout * 1e9)
 
 
+cdef class _Held:
+    """A writable buffer's view, kept (the mapping cannot close meanwhile)."""
+    cdef Py_buffer view
+    cdef bint has_view
+
+    def __cinit__(self, buffer):
+        PyObject_GetBuffer(buffer, &self.view, PyBUF_WRITABLE)
+        self.has_view = True
+
+    def __dealloc__(self):
+        if self.has_view:
+            PyBuffer_Release(&self.view)
+
+
 class ChannelClosed(EOFError):
     """The other side closed the ring (and it is drained)."""
 
@@ -34,8 +48,7 @@ cdef class Channel:
     thread of this process reads the other ring must not find its message
     overwritten by the one read.
     """
-    cdef Py_buffer _view
-    cdef bint _has_view
+    cdef _Held _held  # the control segment's buffer
     cdef PfbPoolControl* _control
     cdef PfbRing _rings[2]
     cdef uint32_t _slots
@@ -45,11 +58,10 @@ cdef class Channel:
     def __cinit__(self, buffer, *, bint create=False, uint32_t ring_slots=0,
                   uint64_t input_bytes=0, uint64_t result_bytes=0, uint32_t worker_index=0,
                   int doorbell=-1):
-        PyObject_GetBuffer(buffer, &self._view, PyBUF_WRITABLE)
-        self._has_view = True
-        if <uintptr_t>self._view.buf % PFB_POOL_SLOT_BYTES:
+        self._held = _Held(buffer)
+        if <uintptr_t>self._held.view.buf % PFB_POOL_SLOT_BYTES:
             raise ValueError("pyfunc_bridge: a control segment must start on a cache line")
-        self._control = <PfbPoolControl*>self._view.buf
+        self._control = <PfbPoolControl*>self._held.view.buf
         if not create:
             ring_slots = self._control.ring_slots
             if (self._control.magic != PFB_POOL_MAGIC
@@ -59,8 +71,8 @@ cdef class Channel:
         if ring_slots < 2 or ring_slots & (ring_slots - 1) or ring_slots > (1 << 20):
             raise ValueError(f"pyfunc_bridge: ring_slots must be a power of two in "
                              f"[2, 2**20], got {ring_slots}")
-        if <uint64_t>self._view.len < pfb_pool_control_bytes(ring_slots):
-            raise ValueError(f"pyfunc_bridge: {self._view.len} bytes cannot hold a "
+        if <uint64_t>self._held.view.len < pfb_pool_control_bytes(ring_slots):
+            raise ValueError(f"pyfunc_bridge: {self._held.view.len} bytes cannot hold a "
                              f"control segment of {ring_slots} slots per ring")
         if create:
             memset(self._control, 0, sizeof(PfbPoolControl))
@@ -91,8 +103,6 @@ cdef class Channel:
     def __dealloc__(self):
         free(self._scratch)
         free(self._inbox)
-        if self._has_view:
-            PyBuffer_Release(&self._view)
 
     cdef PfbRing* _ring(self, int ring) except NULL:
         if ring != REQUESTS and ring != REPLIES:
