@@ -321,12 +321,9 @@ class RingServer:
         pw, worker = self.pw, self.worker
         np = worker.np
         fact_bits = pw.facts_flags(facts)
-        item, moved = worker.result(value, framework)
-        if item[0] == "s":
-            _, offset, size, dl, shape = item
-            return (*dl, (0 if moved else pw.TENSOR_SHARED) | fact_bits, offset, size,
-                    tuple(shape))
-        value = item[1]
+        record, value = worker.result(value, framework, fact_bits)
+        if record is not None:
+            return record
         # A NumPy scalar (numpy_function's usual 0-d result) is memory too:
         # its bytes in a block, so that the parent's kernel takes it without
         # Python.  (A Python number stays a value: the parent's checks
