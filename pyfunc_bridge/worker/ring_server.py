@@ -67,27 +67,21 @@ class RingServer:
     def wait(self):
         """Sleeps until the socket or the doorbell has something; whether
         the socket has (the ring is read anyway, next)."""
-        pw = self.pw
-        if self.channel.sleeping(pw.REQUESTS, True):
-            # Requests came while the flag was up: a parent that saw it may
-            # have rung already.  Reset the doorbell so that the next sleep
-            # does not wake at once for a ring already served (a ring that
-            # comes after this read wakes one sleep early: harmless).
-            self.channel.sleeping(pw.REQUESTS, False)
-            self._reset_doorbell()
-            return False
+        requests = self.pw.REQUESTS
         try:
-            events = self.poller.poll()
+            # Requests that came while the flag went up are read instead of
+            # sleeping: a parent that saw the flag may have rung already.
+            events = [] if self.channel.sleeping(requests, True) else self.poller.poll()
         finally:
-            self.channel.sleeping(pw.REQUESTS, False)
-        self._reset_doorbell()  # rung: reset for the next sleep
-        return any(fd == self.sock_fd for fd, _ in events)
-
-    def _reset_doorbell(self):
+            self.channel.sleeping(requests, False)
         try:
+            # Reset, so that the next sleep does not wake at once for a ring
+            # already served (a ring after this read wakes one sleep early:
+            # harmless).
             os.eventfd_read(self.doorbell)
         except BlockingIOError:
             pass  # not rung
+        return any(fd == self.sock_fd for fd, _ in events)
 
     def serve(self):
         """Runs every request on the ring now; whether there was any."""
