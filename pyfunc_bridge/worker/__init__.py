@@ -1,16 +1,7 @@
 """The worker side of a ProcessPool (pyfunc_bridge/pool/): the process a
 worker runs, and the frames on its socket, which both sides use.
 
-Its modules, each on one concept:
-
-* ``start_worker``: the script a worker runs (process setup, the hello);
-* ``ring_server``: serving the rings (``RingServer``);
-* ``memory``: the worker's shared memory (``WorkerMemory``: input blocks,
-  the result arena);
-* ``copy_facts``: what copy=False needs to know of a result (``CopyFacts``);
-* ``values``: framework arrays and strings blocks as NumPy values;
-* ``frames``: the frames on the socket (both sides);
-* ``compiled``: the compiled module, loaded by path (both sides).
+Its modules, one concept each, are listed in docs/design.md's layer table.
 
 Nothing here imports the package's ``__init__`` (TensorFlow): a worker
 registers this package alone (start_worker) and imports its modules by the

@@ -49,10 +49,10 @@ class WorkerMemory(CopyFacts):
         _, offset = self.input_blocks.pop(id(ref))
         self.inputs_freed.append(offset)  # INPUTS_BACK names a block by its offset
 
-    def result(self, value, framework):
-        """(("s", offset, size, DLPack dtype, shape): a block of the result
-        arena, or ("v", value): a value the caller encodes otherwise; bytes
-        written to the result arena)."""
+    def result(self, value, framework, flags):
+        """(the tensor record of `value` in a block of the result arena, with
+        `flags`, or None; `value` as NumPy's, which the caller encodes
+        otherwise when there is no record)."""
         np = self.np
         value = as_numpy(np, value, framework)
         if not isinstance(value, (np.ndarray, np.generic, *CONVERTED_BY_THE_PARENT,
@@ -71,14 +71,15 @@ class WorkerMemory(CopyFacts):
         dl = None
         if isinstance(value, np.ndarray) and value.size:
             dl = self.pw.dl_dtype(value.dtype)
-        if dl is not None:
-            block = self.arena.take(value)
-            if block is not None:  # the function's own arena memory: no copy
-                return ("s", *block, dl, value.shape), 0
+        if dl is None:
+            return None, value
+        block = self.arena.take(value)
+        if block is not None:  # the function's own arena memory: no copy
+            flags |= self.pw.TENSOR_SHARED
+        else:
             block = self.arena.reserve(value.nbytes)
-            if block is not None:
-                offset, size = block
-                out = self.results[offset:offset + value.nbytes].view(value.dtype)
-                np.copyto(out.reshape(value.shape), value, casting="no")
-                return ("s", offset, size, dl, value.shape), value.nbytes
-        return ("v", value), 0
+            if block is None:
+                return None, value
+            out = self.results[block[0]:block[0] + value.nbytes].view(value.dtype)
+            np.copyto(out.reshape(value.shape), value, casting="no")
+        return (*dl, flags, *block, value.shape), value

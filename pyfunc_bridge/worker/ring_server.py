@@ -67,27 +67,21 @@ class RingServer:
     def wait(self):
         """Sleeps until the socket or the doorbell has something; whether
         the socket has (the ring is read anyway, next)."""
-        pw = self.pw
-        if self.channel.sleeping(pw.REQUESTS, True):
-            # Requests came while the flag was up: a parent that saw it may
-            # have rung already.  Reset the doorbell so that the next sleep
-            # does not wake at once for a ring already served (a ring that
-            # comes after this read wakes one sleep early: harmless).
-            self.channel.sleeping(pw.REQUESTS, False)
-            self._reset_doorbell()
-            return False
+        requests = self.pw.REQUESTS
         try:
-            events = self.poller.poll()
+            # Requests that came while the flag went up are read instead of
+            # sleeping: a parent that saw the flag may have rung already.
+            events = [] if self.channel.sleeping(requests, True) else self.poller.poll()
         finally:
-            self.channel.sleeping(pw.REQUESTS, False)
-        self._reset_doorbell()  # rung: reset for the next sleep
-        return any(fd == self.sock_fd for fd, _ in events)
-
-    def _reset_doorbell(self):
+            self.channel.sleeping(requests, False)
         try:
+            # Reset, so that the next sleep does not wake at once for a ring
+            # already served (a ring after this read wakes one sleep early:
+            # harmless).
             os.eventfd_read(self.doorbell)
         except BlockingIOError:
             pass  # not rung
+        return any(fd == self.sock_fd for fd, _ in events)
 
     def serve(self):
         """Runs every request on the ring now; whether there was any."""
@@ -288,7 +282,7 @@ class RingServer:
         # Not notified apart: the DONE's notify (serve) wakes the parent once
         # for both, so a caller that reads its own DONE wakes once.
         self.inputs_back(notify=False)
-        self.channel.post_tensors(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
+        self.channel.post(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
                                   flags=shape_kind, status=status, block=block,
                                   stamp=started, ended=time.time_ns())
 
@@ -321,12 +315,9 @@ class RingServer:
         pw, worker = self.pw, self.worker
         np = worker.np
         fact_bits = pw.facts_flags(facts)
-        item, moved = worker.result(value, framework)
-        if item[0] == "s":
-            _, offset, size, dl, shape = item
-            return (*dl, (0 if moved else pw.TENSOR_SHARED) | fact_bits, offset, size,
-                    tuple(shape))
-        value = item[1]
+        record, value = worker.result(value, framework, fact_bits)
+        if record is not None:
+            return record
         # A NumPy scalar (numpy_function's usual 0-d result) is memory too:
         # its bytes in a block, so that the parent's kernel takes it without
         # Python.  (A Python number stays a value: the parent's checks

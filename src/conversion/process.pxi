@@ -17,7 +17,6 @@ cdef class _ResultBlock:
     # (closed, or the worker died).
     cdef object results
     cdef Py_ssize_t offset
-    cdef Py_ssize_t size
 
     def __dealloc__(self):
         if self.arena is not None:
@@ -55,7 +54,6 @@ def worker_result(object native_arena, cnp.ndarray results, Py_ssize_t offset, P
     block.arena = native_arena
     block.results = results
     block.offset = offset
-    block.size = size
     cdef DLDataType u8
     u8.code = kDLUInt
     u8.bits = 8

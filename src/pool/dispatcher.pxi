@@ -1,20 +1,5 @@
 # ------------------------------------------------------------- Dispatcher --
 
-cdef class _Held:
-    """A writable buffer's view, kept (the mapping cannot close meanwhile)."""
-    cdef Py_buffer view
-    cdef bint has_view
-
-    def __cinit__(self, buffer):
-        PyObject_GetBuffer(buffer, &self.view, PyBUF_WRITABLE)
-        self.has_view = True
-
-    def __dealloc__(self):
-        if self.has_view:
-            PyBuffer_Release(&self.view)
-
-
-
 def set_counting(bint on):
     """Whether routes count their calls (pfb.enable_stats)."""
     pfb_dispatch_set_counting(on)
@@ -111,89 +96,31 @@ cdef class Dispatcher:
     def knows(self, uint64_t token):
         return bool(pfb_dispatch_knows(self._d, token))
 
-    cdef PfbDispatchInput* _inputs_of(self, arrays, int64_t* dims, list keep) except NULL:
-        """The records of `arrays` as Route.call makes them (_ring_input)."""
-        cdef Py_ssize_t n = len(arrays), i
-        cdef uint64_t data_bytes = 0
-        cdef PfbDispatchInput* inputs = <PfbDispatchInput*>calloc(max(n, 1),
-                                                                  sizeof(PfbDispatchInput))
-        if inputs == NULL:
-            raise MemoryError()
-        for i in range(n):
-            if _ring_input(arrays[i], &inputs[i], &dims[i * PFB_POOL_MAX_NDIM], keep,
-                           &data_bytes):
-                free(inputs)
-                raise ValueError(f"pyfunc_bridge: dispatch takes arrays of numbers or bytes, "
-                                 f"got {arrays[i]!r}")
-        return inputs
-
-    def call(self, uint64_t token, arrays, uint32_t flags=0, timeout=None, wait=None):
-        """Submits (waiting up to `timeout` seconds for room) and waits up to
-        `wait` seconds (None: no limit) for the DONE; a call not done by
-        then is abandoned (pfb_dispatch_finish) and TimeoutError raised."""
-        cdef Py_ssize_t n = len(arrays)
-        cdef int64_t* dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
-        cdef PfbDispatchInput* inputs = NULL
-        cdef PfbDispatchCall call
-        cdef int rc
-        cdef int64_t limit = _timeout_ns(timeout)
-        cdef int64_t waiting = _timeout_ns(wait)
-        cdef bint abandoned = False
-        keep = []
-        if dims == NULL:
-            raise MemoryError()
-        try:
-            inputs = self._inputs_of(arrays, dims, keep)
-            with nogil:
-                while True:
-                    rc = pfb_dispatch_submit(self._d, token, flags, inputs, <uint32_t>n,
-                                             limit, &call)
-                    if rc:
-                        break
-                    if pfb_dispatch_wait(&call, waiting) == ETIMEDOUT:
-                        pfb_dispatch_finish(self._d, &call)
-                        abandoned = True
-                        break
-                    if call.state != PFB_DISPATCH_RESEND:
-                        break
-                    pfb_dispatch_finish(self._d, &call)  # never started: sent anew
-            if rc:
-                raise OSError(rc, f"pyfunc_bridge: dispatching the call failed ({rc})")
-            if abandoned:
-                raise TimeoutError(f"pyfunc_bridge: the call was not done within {wait} s "
-                                   "(abandoned)")
-            try:
-                if call.state == PFB_DISPATCH_FAILED:
-                    raise DispatchFailed(call.error_code, call.error.decode("utf-8", "replace"))
-                return _decode_message(call.reply), _native_arena(call.arena)
-            finally:
-                pfb_dispatch_finish(self._d, &call)
-        finally:
-            free(inputs)
-            free(dims)
+    def call(self, uint64_t token, arrays, uint32_t flags=0, wait=None):
+        """Route.call on a route of its own (so its errors), for tests: the
+        DONE as (Message, NativeArena), its result blocks the caller's to
+        hand back; `wait` as Route.call's."""
+        reply, _, _ = self.route(token, flags).call(arrays, wait=wait)
+        (<Reply>reply)._held.clear()  # the caller's now: it hands them back
+        return reply.message, reply.arena
 
     def call_many(self, uint64_t token, arrays, Py_ssize_t times, uint32_t flags=0):
         """Runs the call `times` times, one after another, entirely in C
         without the GIL (each DONE's result blocks handed back at once): the
         (worker start, worker end) CLOCK_REALTIME ns of each, or None for a
         call that failed.  For tests and measurements of the native path."""
-        cdef Py_ssize_t n = len(arrays), k
-        cdef int64_t* dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
+        cdef uint32_t n = len(arrays)
+        cdef Py_ssize_t k
+        cdef _Inputs inputs = _Inputs(arrays, None, None)
         cdef uint64_t* stamps = <uint64_t*>calloc(max(times, 1) * 2, sizeof(uint64_t))
-        cdef PfbDispatchInput* inputs = NULL
         cdef PfbDispatchCall call
         cdef int rc = 0
-        keep = []
-        if dims == NULL or stamps == NULL:
-            free(dims)
-            free(stamps)
+        if stamps == NULL:
             raise MemoryError()
         try:
-            inputs = self._inputs_of(arrays, dims, keep)
             with nogil:
                 for k in range(times):
-                    rc = pfb_dispatch_submit(self._d, token, flags, inputs, <uint32_t>n, -1,
-                                             &call)
+                    rc = pfb_dispatch_submit(self._d, token, flags, inputs.items, n, -1, &call)
                     if rc:
                         break
                     pfb_dispatch_wait(&call, -1)
@@ -207,8 +134,6 @@ cdef class Dispatcher:
             return [(stamps[2 * k], stamps[2 * k + 1]) if stamps[2 * k + 1] else None
                     for k in range(times)]
         finally:
-            free(inputs)
-            free(dims)
             free(stamps)
 
     def alloc(self, uint64_t nbytes):

@@ -98,18 +98,16 @@ def np_dtype(int code, int bits):
     """The NumPy dtype of a record's (code, bits): dl_dtype's inverse."""
     made = _NP_DTYPES.get((code, bits))
     if made is None:
-        made = _NP_DTYPES[(code, bits)] = _np_dtype(code, bits)
+        kind = _DL_KINDS.get(code)
+        if code == _DL_BFLOAT and bits == 16:
+            import ml_dtypes
+            made = np.dtype(ml_dtypes.bfloat16)
+        elif kind is None or bits % 8:
+            raise ValueError(f"pyfunc_bridge: a tensor of DLPack dtype ({code}, {bits}) "
+                             f"cannot cross the ring")
+        else:
+            made = np.dtype(f"{kind}{bits // 8}")
+        _NP_DTYPES[(code, bits)] = made
     return made
-
-
-cdef object _np_dtype(int code, int bits):
-    if code == _DL_BFLOAT and bits == 16:
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    kind = _DL_KINDS.get(code)
-    if kind is None or bits % 8:
-        raise ValueError(f"pyfunc_bridge: a tensor of DLPack dtype ({code}, {bits}) "
-                         f"cannot cross the ring")
-    return np.dtype(f"{kind}{bits // 8}")
 
 

@@ -29,15 +29,6 @@ cdef class NativeArena:
         return arr
 
 
-cdef NativeArena _native_arena(PfbDispatchArena* a):
-    """A NativeArena holding a reference of its own on `a`."""
-    cdef NativeArena made = NativeArena.__new__(NativeArena)
-    pfb_dispatch_arena_keep(a)
-    made._a = a
-    return made
-
-
-
 cdef class Reply:
     """A DONE taken off its call (Route.call, native_reply): its Message, and
     its result blocks (in `arena`, a NativeArena), each this object's until
@@ -57,7 +48,9 @@ cdef class Reply:
 
     def read(self, uint64_t offset, uint64_t size):
         """The bytes of the block at `offset` (`size` used); it goes back."""
-        self._claim(offset)
+        if offset not in self._held:
+            raise ValueError(f"pyfunc_bridge: no unclaimed result block at offset {offset}")
+        self._held.discard(offset)
         try:
             return bytes(self._array()[offset:offset + size])
         finally:
@@ -70,11 +63,6 @@ cdef class Reply:
         self._held.discard(offset)
         return made
 
-    cdef _claim(self, uint64_t offset):
-        if offset not in self._held:
-            raise ValueError(f"pyfunc_bridge: no unclaimed result block at offset {offset}")
-        self._held.discard(offset)
-
     cdef object _array(self):
         """The uint8 array over the result arena, one per Reply."""
         if self._results is None:
@@ -85,18 +73,19 @@ cdef class Reply:
 cdef Reply _reply(PfbDispatchCall* call):
     """The Reply of a DONE `call`: its blocks are the Reply's from now on."""
     cdef Reply made = Reply.__new__(Reply)
+    cdef NativeArena arena
     made.message = _decode_message(call.reply)
-    made.arena = _native_arena(call.arena) if call.arena != NULL else None
     made._held = set()
-    if made.arena is not None:
+    if call.arena != NULL:
+        arena = made.arena = NativeArena.__new__(NativeArena)
+        pfb_dispatch_arena_keep(call.arena)  # the NativeArena's own reference
+        arena._a = call.arena
         for item in made.message.items:
             if item[5]:  # (its size: an empty result has no block)
                 made._held.add(item[4])
         if made.message.status == PFB_POOL_STATUS_ERROR and made.message.block[1]:
             made._held.add(made.message.block[0])
     return made
-
-
 
 
 def native_reply(uintptr_t address):

@@ -42,19 +42,20 @@ cdef void* _arena_malloc(_Handler* h, size_t size) noexcept nogil:
     return h.base + offset
 
 
-cdef void _arena_release(_Handler* h, void* p) noexcept nogil:
-    """A NumPy array's arena block is free of the array: back to the arena
-    unless the parent holds it (then its hand-back frees it)."""
-    cdef uint64_t offset = <char*>p - h.base
+cdef bint _let_go(_Handler* h, uint64_t offset, uint64_t holder) noexcept nogil:
+    """`holder` (_ARRAY: its NumPy array went; _SENT: the parent handed it
+    back) no longer holds the block at `offset`, which goes back to the arena
+    once neither holds it.  False for a block `holder` does not hold: left
+    alone rather than corrupting the bookkeeping."""
     pthread_mutex_lock(&h.lock)
     cdef PfbArenaBlock* block = pfb_arena_find(h.arena, offset)
-    # Anything else is not an array's block (NumPy frees only what it
-    # allocated): left alone rather than corrupting the bookkeeping.
-    if block != NULL and block.offset == offset and block.user & _ARRAY:
-        block.user &= ~(<uint64_t>_ARRAY)
-        if not block.user & _SENT:
+    cdef bint ok = block != NULL and block.offset == offset and block.user & holder
+    if ok:
+        block.user &= ~holder
+        if not block.user & (_ARRAY | _SENT):
             pfb_arena_free(h.arena, offset)
     pthread_mutex_unlock(&h.lock)
+    return ok
 
 
 cdef void* _handler_malloc(void* ctx, size_t size) noexcept nogil:
@@ -93,14 +94,14 @@ cdef void* _handler_realloc(void* ctx, void* p, size_t size) noexcept nogil:
     if moved == NULL:
         return NULL  # realloc's contract: `p` stays valid
     memcpy(moved, p, held)
-    _arena_release(h, p)
+    _let_go(h, <char*>p - h.base, _ARRAY)
     return moved
 
 
 cdef void _handler_free(void* ctx, void* p, size_t size) noexcept nogil:
     cdef _Handler* h = <_Handler*>ctx
     if p != NULL and _in_arena(h, p):
-        _arena_release(h, p)
+        _let_go(h, <char*>p - h.base, _ARRAY)
     else:
         free(p)
 
@@ -331,19 +332,7 @@ cdef class ResultArena:
         """The parent no longer holds the block at `offset`: it is freed (now,
         or when this worker's own array over it goes).  ValueError for a
         block the parent does not hold (handed back twice, or never sent)."""
-        cdef _Handler* h = self._h
-        cdef PfbArenaBlock* block
-        cdef bint ok
-        pthread_mutex_lock(&h.lock)
-        block = pfb_arena_find(h.arena, offset)
-        ok = block != NULL and block.offset == offset and block.user & _SENT
-        if ok:
-            block.user &= ~(<uint64_t>_SENT)
-            if not block.user & _ARRAY:
-                pfb_arena_free(h.arena, offset)
-        pthread_mutex_unlock(&h.lock)
-        if not ok:
+        if not _let_go(self._h, offset, _SENT):
             raise ValueError(f"pyfunc_bridge: result block {offset} was handed back, but "
                              f"the parent does not hold it (handed back twice, or never "
                              f"sent)")
-

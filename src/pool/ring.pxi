@@ -18,6 +18,20 @@ cdef int64_t _timeout_ns(object timeout) except? -2:
     return <int64_t>(timeout * 1e9)
 
 
+cdef class _Held:
+    """A writable buffer's view, kept (the mapping cannot close meanwhile)."""
+    cdef Py_buffer view
+    cdef bint has_view
+
+    def __cinit__(self, buffer):
+        PyObject_GetBuffer(buffer, &self.view, PyBUF_WRITABLE)
+        self.has_view = True
+
+    def __dealloc__(self):
+        if self.has_view:
+            PyBuffer_Release(&self.view)
+
+
 class ChannelClosed(EOFError):
     """The other side closed the ring (and it is drained)."""
 
@@ -34,29 +48,33 @@ cdef class Channel:
     thread of this process reads the other ring must not find its message
     overwritten by the one read.
     """
-    cdef Py_buffer _view
-    cdef bint _has_view
+    cdef _Held _held  # the control segment's buffer
     cdef PfbPoolControl* _control
     cdef PfbRing _rings[2]
     cdef uint32_t _slots
-    cdef PfbPoolSlot* _scratch  # the message being built (post, post_tensors)
+    cdef PfbPoolSlot* _scratch  # the message being built (post)
     cdef PfbPoolSlot* _inbox    # the message being read (receive)
 
     def __cinit__(self, buffer, *, bint create=False, uint32_t ring_slots=0,
                   uint64_t input_bytes=0, uint64_t result_bytes=0, uint32_t worker_index=0,
                   int doorbell=-1):
-        PyObject_GetBuffer(buffer, &self._view, PyBUF_WRITABLE)
-        self._has_view = True
-        if <uintptr_t>self._view.buf % PFB_POOL_SLOT_BYTES:
+        self._held = _Held(buffer)
+        if <uintptr_t>self._held.view.buf % PFB_POOL_SLOT_BYTES:
             raise ValueError("pyfunc_bridge: a control segment must start on a cache line")
-        self._control = <PfbPoolControl*>self._view.buf
+        self._control = <PfbPoolControl*>self._held.view.buf
+        if not create:
+            ring_slots = self._control.ring_slots
+            if (self._control.magic != PFB_POOL_MAGIC
+                    or self._control.version != PFB_POOL_LAYOUT_VERSION):
+                raise ValueError("pyfunc_bridge: not a pool control segment of this "
+                                 "version (magic or layout version differs)")
+        if ring_slots < 2 or ring_slots & (ring_slots - 1) or ring_slots > (1 << 20):
+            raise ValueError(f"pyfunc_bridge: ring_slots must be a power of two in "
+                             f"[2, 2**20], got {ring_slots}")
+        if <uint64_t>self._held.view.len < pfb_pool_control_bytes(ring_slots):
+            raise ValueError(f"pyfunc_bridge: {self._held.view.len} bytes cannot hold a "
+                             f"control segment of {ring_slots} slots per ring")
         if create:
-            if ring_slots < 2 or ring_slots & (ring_slots - 1) or ring_slots > (1 << 20):
-                raise ValueError(f"ring_slots must be a power of two in [2, 2**20], "
-                                 f"got {ring_slots}")
-            if <uint64_t>self._view.len < pfb_pool_control_bytes(ring_slots):
-                raise ValueError(f"pyfunc_bridge: {self._view.len} bytes cannot hold a "
-                                 f"control segment of {ring_slots} slots per ring")
             memset(self._control, 0, sizeof(PfbPoolControl))
             self._control.version = PFB_POOL_LAYOUT_VERSION
             self._control.ring_slots = ring_slots
@@ -64,16 +82,6 @@ cdef class Channel:
             self._control.result_arena_bytes = result_bytes
             self._control.parent_pid = os.getpid()
             self._control.worker_index = worker_index
-        else:
-            ring_slots = self._control.ring_slots
-            if (self._control.magic != PFB_POOL_MAGIC
-                    or self._control.version != PFB_POOL_LAYOUT_VERSION):
-                raise ValueError("pyfunc_bridge: not a pool control segment of this "
-                                 "version (magic or layout version differs)")
-            if (ring_slots < 2 or ring_slots & (ring_slots - 1)
-                    or <uint64_t>self._view.len < pfb_pool_control_bytes(ring_slots)):
-                raise ValueError(f"pyfunc_bridge: a control segment of {self._view.len} "
-                                 f"bytes claims {ring_slots} slots per ring")
         self._slots = ring_slots
         pfb_ring_attach(&self._rings[0], &self._control.requests,
                         pfb_pool_request_slots(self._control), ring_slots)
@@ -95,8 +103,6 @@ cdef class Channel:
     def __dealloc__(self):
         free(self._scratch)
         free(self._inbox)
-        if self._has_view:
-            PyBuffer_Release(&self._view)
 
     cdef PfbRing* _ring(self, int ring) except NULL:
         if ring != REQUESTS and ring != REPLIES:
@@ -179,30 +185,35 @@ cdef class Channel:
         pfb_ring_close(&self._rings[0])
         pfb_ring_close(&self._rings[1])
 
-    cdef int _wait_room(self, PfbRing* ring, uint32_t slots, int64_t timeout_ns) except -1:
-        """0 when there is room; 1 after the timeout."""
+    cdef bint _wait(self, PfbRing* r, uint32_t room, int64_t left, uint32_t checks=0,
+                    bint sliced=True) except -1:
+        """Sleeps until `r` has room for `room` slots (0: until it has a
+        message, after `checks` quick looks): True; False after `left` ns
+        (-1: no limit).  `sliced`: in 50 ms slices that handle signals."""
         cdef int rc
         cdef int64_t part
         while True:
-            part = _SLICE_NS if timeout_ns < 0 or timeout_ns > _SLICE_NS else timeout_ns
+            part = _SLICE_NS if sliced and (left < 0 or left > _SLICE_NS) else left
             with nogil:
-                rc = pfb_ring_wait_room(ring, slots, part)
+                rc = (pfb_ring_wait_room(r, room, part) if room
+                      else pfb_ring_wait_items(r, part, checks))
             if rc == 0:
-                return 0
+                return True
             if rc == EPIPE:
                 raise ChannelClosed("pyfunc_bridge: the ring is closed")
             if rc == EMSGSIZE:
-                raise ValueError(f"pyfunc_bridge: a message of {slots} slots cannot fit "
-                                 f"a ring of {ring.capacity}")
+                raise ValueError(f"pyfunc_bridge: a message of {room} slots cannot fit "
+                                 f"a ring of {r.capacity}")
             PyErr_CheckSignals()
-            if timeout_ns >= 0:
-                timeout_ns -= part
-                if timeout_ns <= 0:
-                    return 1
+            if left >= 0:
+                left -= part
+                if left <= 0:
+                    return False
+            checks = 0
 
     cdef bint _write(self, int ring, object timeout) except -1:
         cdef PfbRing* r = self._ring(ring)
-        if self._wait_room(r, self._scratch[0].message.slots, _timeout_ns(timeout)):
+        if not self._wait(r, self._scratch[0].message.slots, _timeout_ns(timeout)):
             return False
         cdef int rc = pfb_ring_write(r, self._scratch)
         if rc == EPIPE:
@@ -211,11 +222,18 @@ cdef class Channel:
             raise OSError(rc, f"pyfunc_bridge: writing a message failed ({rc})")
         return True
 
-    cdef void _header(self, int kind, uint64_t call_id, uint64_t token, uint32_t flags,
-                      uint32_t status, uint64_t stamp, object block,
-                      uint64_t ended=0) except *:
-        pfb_msg_init(self._scratch, <unsigned short>kind)
+    def post(self, int ring, int kind, items=(), *, uint64_t call_id=0, uint64_t token=0,
+             uint32_t flags=0, uint32_t status=0, uint64_t stamp=0, block=(0, 0),
+             timeout=None, uint64_t ended=0):
+        """Publishes one message on `ring`, its `items` as a Message's (a
+        CALL's or DONE's tensors, each (code, bits, lanes, flags, offset,
+        size, shape); any other's words), waiting up to `timeout` seconds
+        (None: no limit) for room; does not wake the consumer (``notify``
+        once per batch).  True once posted, False after the timeout."""
         cdef PfbPoolMessage* m = &self._scratch[0].message
+        cdef PfbPoolTensor record
+        cdef int64_t dims[PFB_POOL_MAX_NDIM]
+        pfb_msg_init(self._scratch, <unsigned short>kind)
         m.call_id = call_id
         m.token = token
         m.flags = flags
@@ -224,49 +242,27 @@ cdef class Channel:
         m.ended = ended
         m.block_offset = block[0]
         m.block_size = block[1]
-
-    def post(self, int ring, int kind, words=(), *, uint64_t call_id=0, uint64_t token=0,
-             uint32_t flags=0, uint32_t status=0, uint64_t stamp=0, block=(0, 0),
-             timeout=None):
-        """Publishes one message of `words` (offsets, tokens) on `ring`,
-        waiting up to `timeout` seconds (None: no limit) for room; does not
-        wake the consumer (``notify`` once per batch).  True once posted,
-        False after the timeout."""
-        self._header(kind, call_id, token, flags, status, stamp, block)
-        for word in words:
-            if pfb_msg_add_word(self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS, word):
-                raise ValueError(f"pyfunc_bridge: {len(words)} words do not fit one message")
-        return self._write(ring, timeout)
-
-    def post_tensors(self, int ring, int kind, tensors, *, uint64_t call_id=0,
-                     uint64_t token=0, uint32_t flags=0, uint32_t status=0,
-                     uint64_t stamp=0, block=(0, 0), timeout=None, uint64_t ended=0):
-        """Publishes a CALL or DONE: `tensors`, each (code, bits, lanes,
-        flags, offset, size, shape); as ``post`` otherwise."""
-        cdef PfbPoolTensor record
-        cdef int64_t dims[PFB_POOL_MAX_NDIM]
-        cdef int rc
-        self._header(kind, call_id, token, flags, status, stamp, block, ended)
-        for code, bits, lanes, tflags, offset, size, shape in tensors:
-            memset(&record, 0, sizeof(record))
-            record.code = code
-            record.bits = bits
-            record.lanes = lanes
-            record.flags = tflags
-            record.offset = offset
-            record.size = size
-            if len(shape) > PFB_POOL_MAX_NDIM:
-                raise ValueError(f"pyfunc_bridge: a tensor of {len(shape)} dimensions; "
-                                 f"at most {PFB_POOL_MAX_NDIM} are supported")
-            record.ndim = len(shape)
-            for d, n in enumerate(shape):
-                if n < 0:
-                    raise ValueError(f"pyfunc_bridge: a negative dimension in {shape}")
-                dims[d] = n
-            rc = pfb_msg_add_tensor(self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS, &record, dims)
-            if rc:
-                raise ValueError(f"pyfunc_bridge: {len(tensors)} tensors do not fit one "
-                                 f"message")
+        if kind not in _TENSOR_KINDS:
+            for word in items:
+                if pfb_msg_add_word(self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS, word):
+                    raise ValueError(f"pyfunc_bridge: {len(items)} words do not fit one "
+                                     f"message")
+        else:
+            for code, bits, lanes, tflags, offset, size, shape in items:
+                if len(shape) > PFB_POOL_MAX_NDIM:
+                    raise ValueError(f"pyfunc_bridge: a tensor of {len(shape)} dimensions; "
+                                     f"at most {PFB_POOL_MAX_NDIM} are supported")
+                memset(&record, 0, sizeof(record))
+                record.code, record.bits, record.lanes = code, bits, lanes
+                record.flags, record.offset, record.size = tflags, offset, size
+                record.ndim = len(shape)
+                for d, n in enumerate(shape):
+                    if n < 0:
+                        raise ValueError(f"pyfunc_bridge: a negative dimension in {shape}")
+                    dims[d] = n
+                if pfb_msg_add_tensor(self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS, &record, dims):
+                    raise ValueError(f"pyfunc_bridge: {len(items)} tensors do not fit one "
+                                     f"message")
         return self._write(ring, timeout)
 
     def notify(self, int ring):
@@ -281,24 +277,7 @@ cdef class Channel:
         side closed it and it is drained.  `interruptible`: wakes every 50 ms
         to handle signals (Ctrl-C); False sleeps in one piece, so that the
         sleeper flag stays set for the whole wait."""
-        cdef PfbRing* r = self._ring(ring)
-        cdef int64_t left = _timeout_ns(timeout)
-        cdef int64_t part
-        cdef int rc
-        while True:
-            part = _SLICE_NS if interruptible and (left < 0 or left > _SLICE_NS) else left
-            with nogil:
-                rc = pfb_ring_wait_items(r, part, checks)
-            if rc == 0:
-                return True
-            if rc == EPIPE:
-                raise ChannelClosed("pyfunc_bridge: the ring was closed")
-            PyErr_CheckSignals()
-            if left >= 0:
-                left -= part
-                if left <= 0:
-                    return False
-            checks = 0
+        return self._wait(self._ring(ring), 0, _timeout_ns(timeout), checks, interruptible)
 
     def spin(self, int ring, int64_t ns):
         """Looks at `ring` for up to `ns` ns, yielding the core between
@@ -332,16 +311,19 @@ cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
 
+cdef int64_t _clock_ns(int clock) noexcept nogil:
+    cdef timespec t
+    clock_gettime(clock, &t)
+    return <int64_t>t.tv_sec * 1000000000 + t.tv_nsec
+
+
 cdef bint _spin(PfbRing* r, int64_t ns) noexcept nogil:
     """Channel.spin.  sched_yield, not a pause loop: on a loaded 2-core VM
     the producer may be waiting for this very core (a 50 µs pause loop
     caught no more calls than none, docs/pool.md)."""
-    cdef timespec t
-    clock_gettime(CLOCK_MONOTONIC, &t)
-    cdef int64_t end = <int64_t>t.tv_sec * 1000000000 + t.tv_nsec + ns
+    cdef int64_t end = _clock_ns(CLOCK_MONOTONIC) + ns
     while not pfb_ring_available(r):
-        clock_gettime(CLOCK_MONOTONIC, &t)
-        if <int64_t>t.tv_sec * 1000000000 + t.tv_nsec >= end:
+        if _clock_ns(CLOCK_MONOTONIC) >= end:
             return pfb_ring_available(r) != 0
         sched_yield()
     return True

@@ -3,8 +3,6 @@
 # it with Route.call: eager calls and a kernel's first call, which so take the
 # same rings, scheduler and statistics as the kernel's native calls.
 
-from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
-
 import itertools
 import pickle
 
@@ -33,10 +31,8 @@ class Declined(OSError):
     are pulled over the socket)."""
 
 
-
 class DispatchFailed(RuntimeError):
     """A dispatched call failed without a reply: (TF error code, message)."""
-
 
 
 # Payload ids of inputs pulled over the socket (PFB_POOL_TENSOR_SOCKET):
@@ -136,12 +132,6 @@ cdef bint _move_to_socket(object values, PfbDispatchInput* inputs, Py_ssize_t n,
     return moved
 
 
-cdef int64_t _clock_ns(int clock) noexcept:
-    cdef timespec t
-    clock_gettime(clock, &t)
-    return <int64_t>t.tv_sec * 1000000000 + t.tv_nsec
-
-
 cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list keep,
                      uint64_t* data_bytes) except -1:
     """Fills `item` (and `dims`) for one input as the dispatcher takes it,
@@ -192,6 +182,35 @@ cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list k
     return 0
 
 
+cdef class _Inputs:
+    """A call's input records and their dims (PfbDispatchInput), made by
+    _ring_input; an input it cannot describe goes by the socket (into
+    `payloads`, its id in `ids`), or without `payloads` raises Declined."""
+    cdef PfbDispatchInput* items
+    cdef int64_t* dims
+    cdef list keep            # what the records point to
+    cdef uint64_t data_bytes  # _ring_input's count, for the route's bytes_in
+
+    def __cinit__(self, values, dict payloads, list ids):
+        cdef Py_ssize_t n = len(values), i
+        self.items = <PfbDispatchInput*>calloc(max(n, 1), sizeof(PfbDispatchInput))
+        self.dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
+        self.keep = []
+        if self.items == NULL or self.dims == NULL:
+            raise MemoryError()
+        for i in range(n):
+            rc = _ring_input(values[i], &self.items[i], &self.dims[i * PFB_POOL_MAX_NDIM],
+                             self.keep, &self.data_bytes)
+            if rc and payloads is not None:
+                _put_payload(_pulled(values[i]), &self.items[i], payloads, ids)
+            elif rc:
+                raise Declined(rc, f"pyfunc_bridge: input {i} ({type(values[i]).__name__}) "
+                                   f"is neither numbers nor bytes")
+
+    def __dealloc__(self):
+        free(self.items)
+        free(self.dims)
+
 
 cdef class Route:
     """A native way to one function of a pool (PfbDispatchRoute): ``share()``
@@ -203,15 +222,11 @@ cdef class Route:
     def __dealloc__(self):
         pfb_dispatch_route_drop(self._r)
 
-    @property
-    def token(self):
-        return self._r.token
-
     def share(self):
         pfb_dispatch_route_keep(self._r)
         return <uintptr_t>self._r
 
-    def call(self, values, dict payloads=None):
+    def call(self, values, dict payloads=None, wait=None):
         """Runs the function on `values` (arrays of numbers or of bytes, NumPy
         scalars, bytes) in a worker: (the Reply of its DONE, which holds its
         result blocks; the worker's slot; when it was posted: ns,
@@ -226,39 +241,29 @@ cdef class Route:
         Each stays there until this returns or raises.
 
         Waits without the GIL, in slices, and handles signals between them:
-        an exception there (Ctrl-C) abandons the call as a kernel that stops
-        waiting does (its blocks stay its worker's until it is done with
-        them).  A call whose worker died before starting it is submitted
-        again.  Raises Declined, or DispatchFailed (its worker died with it,
-        or the pool closed).  The route counts the pool's figures of the
-        call (a call answered, its bytes in, its time queued and in the
-        worker); the caller counts the function's, as for any call it makes."""
+        an exception there (Ctrl-C), or `wait` seconds gone (TimeoutError;
+        None: no limit), abandons the call as a kernel that stops waiting
+        does (its blocks stay its worker's until it is done with them).  A
+        call whose worker died before starting it is submitted again.
+        Raises Declined, or DispatchFailed (its worker died with it, or the
+        pool closed).  The route counts the pool's figures of the call (a
+        call answered, its bytes in, its time queued and in the worker); the
+        caller counts the function's, as for any call it makes."""
         cdef PfbDispatchRoute* r = self._r
-        cdef Py_ssize_t n = len(values), i
-        cdef int64_t* dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
-        cdef PfbDispatchInput* inputs = <PfbDispatchInput*>calloc(max(n, 1),
-                                                                  sizeof(PfbDispatchInput))
+        cdef Py_ssize_t n = len(values)
+        cdef _Inputs records
+        cdef PfbDispatchInput* inputs
         cdef PfbDispatchCall call
-        cdef uint64_t data_bytes = 0
-        cdef int64_t posted = 0
+        cdef int64_t posted = 0, left, part
         cdef int rc = 0
         cdef bint submitted = False
         cdef int moves = 0  # times inputs were moved to the socket for room
         cdef uint32_t flags = r.flags
         cdef uint32_t count = <uint32_t>n  # the CALL's records (1 once packed)
-        keep = []
         ids = []  # payload ids of this call's inputs in `payloads`
         try:
-            if dims == NULL or inputs == NULL:
-                raise MemoryError()
-            for i in range(n):
-                rc = _ring_input(values[i], &inputs[i], &dims[i * PFB_POOL_MAX_NDIM], keep,
-                                 &data_bytes)
-                if rc and payloads is not None:
-                    _put_payload(_pulled(values[i]), &inputs[i], payloads, ids)
-                elif rc:
-                    raise Declined(rc, f"pyfunc_bridge: input {i} ({type(values[i]).__name__}) "
-                                       f"is neither numbers nor bytes")
+            records = _Inputs(values, payloads, ids)
+            inputs = records.items
             if payloads is not None and _too_long(inputs, n, pfb_dispatch_ring_slots(r.d)):
                 _pack(values, inputs, payloads, ids)
                 flags |= PFB_POOL_CALL_PACKED
@@ -289,11 +294,18 @@ cdef class Route:
                     raise Declined(rc, f"pyfunc_bridge: the dispatcher declined the call "
                                        f"({os.strerror(rc)})")
                 submitted = True
+                left = _timeout_ns(wait)
                 while True:
+                    part = _SLICE_NS if left < 0 or left > _SLICE_NS else left
                     with nogil:
-                        rc = pfb_dispatch_wait(&call, _SLICE_NS)
+                        rc = pfb_dispatch_wait(&call, part)
                     if rc == 0:
                         break
+                    if left >= 0:
+                        left -= part
+                        if left <= 0:
+                            raise TimeoutError(f"pyfunc_bridge: the call was not done "
+                                               f"within {wait} s (abandoned)")
                     PyErr_CheckSignals()
                 if call.state != PFB_DISPATCH_RESEND:
                     break
@@ -314,7 +326,7 @@ cdef class Route:
             if pfb_route_counting(r.counting):
                 pfb_route_add(&r.counts.calls, 1)
                 pfb_route_add(&r.counts.replied, 1)
-                pfb_route_add(&r.counts.bytes_in, data_bytes)
+                pfb_route_add(&r.counts.bytes_in, records.data_bytes)
                 if message.stamp >= <uint64_t>posted:
                     pfb_route_add(&r.counts.queued_ns, message.stamp - posted)
                 if message.ended >= message.stamp:
@@ -325,8 +337,6 @@ cdef class Route:
                 pfb_dispatch_finish(r.d, &call)
             for payload_id in ids:  # a worker that asks later gets None: the call fails
                 payloads.pop(payload_id, None)
-            free(inputs)
-            free(dims)
 
     def counts(self):
         """What the route's calls added up (dispatch.h, PfbDispatchRouteCounts)."""

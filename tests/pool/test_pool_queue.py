@@ -187,7 +187,7 @@ def test_closing_the_dispatcher_fails_its_queued_calls(gates):
             assert failed.args == (1, "pyfunc_bridge: the pool was closed")
         assert len(waiting.errors) == 3 and len(stuck.errors) == 1
         assert dispatch.counts()["queued"] == 0
-        with pytest.raises(OSError, match="dispatching the call failed"):
+        with pytest.raises(pw.Declined, match="declined the call"):
             dispatch.call(TOKEN, [np.ones(1)])
 
 

@@ -79,7 +79,7 @@ def test_tensor_records_of_every_shape(channel):
         (2, 16, 1, pw.TENSOR_PICKLED | pw.TENSOR_SHARED, 8, 64, ()),
     ]
     for chunk in (tensors[:3], tensors[3:5], tensors[5:]):
-        assert channel.post_tensors(Q, pw.MSG_DONE, chunk, call_id=5, flags=1, status=0,
+        assert channel.post(Q, pw.MSG_DONE, chunk, call_id=5, flags=1, status=0,
                                     block=(64, 17))
         [message] = channel.receive(Q)
         assert message.items == chunk and message.block == (64, 17) and message.flags == 1
@@ -87,9 +87,9 @@ def test_tensor_records_of_every_shape(channel):
 
 def test_a_shape_beyond_the_limit_is_refused(channel):
     with pytest.raises(ValueError, match="65 dimensions"):
-        channel.post_tensors(R, pw.MSG_CALL, [(2, 32, 1, 0, 0, 64, (1,) * 65)])
+        channel.post(R, pw.MSG_CALL, [(2, 32, 1, 0, 0, 64, (1,) * 65)])
     with pytest.raises(ValueError, match="negative dimension"):
-        channel.post_tensors(R, pw.MSG_CALL, [(2, 32, 1, 0, 0, 64, (2, -1))])
+        channel.post(R, pw.MSG_CALL, [(2, 32, 1, 0, 0, 64, (2, -1))])
     with pytest.raises(ValueError, match="ring must be"):
         channel.receive(2)
     assert channel.available(R) == 0

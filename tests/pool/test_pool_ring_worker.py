@@ -77,7 +77,7 @@ class Client:
         call_id = next(self.ids)
         records = [self.tensor(a) for a in args]
         self.last_inputs = [r[4] for r in records if r[5]]
-        assert self.channel.post_tensors(R, pw.MSG_CALL, records,
+        assert self.channel.post(R, pw.MSG_CALL, records,
                                          call_id=call_id, token=token, flags=flags,
                                          stamp=time.time_ns(), timeout=30)
         return call_id
