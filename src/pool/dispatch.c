@@ -304,7 +304,6 @@ static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots,
   }
   memcpy(copy, message, slots * sizeof(PfbPoolSlot));
   call->reply = copy;
-  call->reply_slots = slots;
   pfb_dispatch_arena_keep(w->arena);
   call->arena = w->arena;
   complete_by(call, PFB_DISPATCH_DONE, own);
@@ -469,7 +468,6 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
   arena->d = d;
   pfb_dispatch_retain(d);
   arena->index = index;
-  arena->generation = generation;
   arena->base = (char*)mapped;
   arena->bytes = result_bytes;
   /* A descriptor of its own, closed by lost(): Python may close its own
@@ -483,7 +481,7 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
   w->doorbell = bell;
   pfb_ring_attach(&w->requests, &control->requests, pfb_pool_request_slots(control),
                   control->ring_slots);
-  pfb_ring_set_doorbell(&w->requests, bell);
+  w->requests.doorbell = bell;
   pfb_ring_attach(&w->replies, &control->replies, pfb_pool_reply_slots(control),
                   control->ring_slots);
   w->arena = arena;
@@ -718,13 +716,6 @@ void pfb_dispatch_forget(PfbDispatch* d, uint64_t token) {
     if (words_remove(&w->known, token)) words_push(&w->forget, token);
     pthread_mutex_unlock(&w->post);
   }
-}
-
-int pfb_dispatch_knows(PfbDispatch* d, uint64_t token) {
-  pthread_mutex_lock(&d->tokens_lock);
-  int found = find_token(d, token) != NULL;
-  pthread_mutex_unlock(&d->tokens_lock);
-  return found;
 }
 
 /* -------------------------------------------------------------- submit -- */
@@ -1411,21 +1402,6 @@ void pfb_dispatch_arena_hand_back(PfbDispatchArena* arena, uint64_t offset) {
   pthread_mutex_unlock(&w->back_lock);
 }
 
-int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size) {
-  pthread_mutex_lock(&d->arena_lock);
-  int rc = pfb_arena_alloc(d->arena, nbytes, offset, size);
-  pthread_mutex_unlock(&d->arena_lock);
-  return rc;
-}
-
-int pfb_dispatch_free(PfbDispatch* d, uint64_t offset) {
-  pthread_mutex_lock(&d->arena_lock);
-  int rc = pfb_arena_free(d->arena, offset);
-  pthread_cond_broadcast(&d->room);
-  pthread_mutex_unlock(&d->arena_lock);
-  return rc;
-}
-
 uint64_t pfb_dispatch_free_bytes(PfbDispatch* d) {
   pthread_mutex_lock(&d->arena_lock);
   uint64_t n = pfb_arena_free_bytes(d->arena);
@@ -1439,11 +1415,18 @@ uint32_t pfb_dispatch_ring_slots(PfbDispatch* d) {
 
 /* -------------------------------------------------------------- routes -- */
 
+/* Every route's (dispatch.h, PfbDispatchApi). */
+static const PfbDispatchApi api = {
+    pfb_dispatch_submit,     pfb_dispatch_wait,       pfb_dispatch_finish,
+    pfb_msg_read_tensor,     pfb_dispatch_arena_keep, pfb_dispatch_arena_drop,
+    pfb_dispatch_arena_hand_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop,
+    pfb_dispatch_reply_hand_back};
+
 PfbDispatchRoute* pfb_dispatch_route_new(PfbDispatch* d, uint64_t token, uint32_t flags) {
   PfbDispatchRoute* route = (PfbDispatchRoute*)calloc(1, sizeof(PfbDispatchRoute));
   if (route == NULL) return NULL;
   route->refs = 1;
-  route->api = pfb_dispatch_api();
+  route->api = &api;
   route->d = d;
   pfb_dispatch_retain(d);
   route->token = token;
@@ -1463,14 +1446,6 @@ void pfb_dispatch_route_drop(PfbDispatchRoute* route) {
 }
 
 void pfb_dispatch_set_counting(int on) { __atomic_store_n(&counting_on, on ? 1 : 0, SC); }
-
-static const PfbDispatchApi api = {
-    pfb_dispatch_submit,     pfb_dispatch_wait,       pfb_dispatch_finish,
-    pfb_msg_read_tensor,     pfb_dispatch_arena_keep, pfb_dispatch_arena_drop,
-    pfb_dispatch_arena_hand_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop,
-    pfb_dispatch_reply_hand_back};
-
-const PfbDispatchApi* pfb_dispatch_api(void) { return &api; }
 
 void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out) {
   out->calls = __atomic_load_n(&d->counts.calls, SC);

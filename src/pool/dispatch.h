@@ -68,8 +68,7 @@ typedef struct PfbDispatch PfbDispatch;
 typedef struct PfbDispatchArena {
   uint32_t refs;
   PfbDispatch* d;        /* a reference on the dispatcher */
-  int index;             /* the worker slot ... */
-  uint64_t generation;   /* ... and its attachment whose arena this is */
+  int index;             /* the worker slot whose arena this is */
   char* base;            /* the mapping, owned (PROT_READ) */
   uint64_t bytes;
 } PfbDispatchArena;
@@ -123,7 +122,6 @@ typedef struct PfbDispatchCall {
    * blocks are in, dropped by pfb_dispatch_finish.  The blocks themselves
    * are the caller's: each goes back by pfb_dispatch_arena_hand_back. */
   PfbPoolSlot* reply;
-  uint32_t reply_slots;
   PfbDispatchArena* arena;
   /* FAILED: the message, malloc'd, freed by pfb_dispatch_finish. */
   char* error;
@@ -173,8 +171,6 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
 /* The function of `token`: the LOAD payload (shm_layout.h: the pickle of
  * (sys.path or None, the function's cloudpickle)), copied.  0, or ENOMEM. */
 int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, uint64_t size);
-/* Whether `token` is registered. */
-int pfb_dispatch_knows(PfbDispatch* d, uint64_t token);
 /* The function of `token` was dropped: unregistered (calls of it: ENOENT),
  * and each worker that loaded it over the ring gets a FORGET with its next
  * request. */
@@ -214,12 +210,7 @@ void pfb_dispatch_arena_hand_back(PfbDispatchArena* arena, uint64_t offset);
  * records', or its error's). */
 void pfb_dispatch_reply_hand_back(PfbDispatchCall* call);
 
-/* The input arena's allocator, for tests that play the parent's side of a
- * worker's rings: a block of at least `nbytes` now (0, its offset and size)
- * or ENOMEM; and its free (0, or EINVAL for no live block there), which
- * wakes the callers waiting for room.  Its free bytes now. */
-int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size);
-int pfb_dispatch_free(PfbDispatch* d, uint64_t offset);
+/* The input arena's free bytes now. */
 uint64_t pfb_dispatch_free_bytes(PfbDispatch* d);
 
 /* The slots of a worker's request ring (0 until a worker was attached): a
@@ -300,9 +291,8 @@ void pfb_dispatch_route_drop(PfbDispatchRoute* route);
 /* Whether routes count (pfb.enable_stats): one switch for the process. */
 void pfb_dispatch_set_counting(int on);
 
-/* The functions a kernel calls, for a library that does not link the worker
- * module (the kernel library): every route points to this table, which
- * lives as long as the process. */
+/* The functions a kernel calls, for a library that does not link the pool
+ * module (the kernel library): every route points to one static table. */
 typedef struct PfbDispatchApi {
   int (*submit)(PfbDispatch* d, uint64_t token, uint32_t flags, const PfbDispatchInput* inputs,
                 uint32_t count, int64_t timeout_ns, PfbDispatchCall* call);
@@ -317,8 +307,6 @@ typedef struct PfbDispatchApi {
   void (*route_drop)(PfbDispatchRoute* route);
   void (*reply_hand_back)(PfbDispatchCall* call);
 } PfbDispatchApi;
-
-const PfbDispatchApi* pfb_dispatch_api(void);
 
 #ifdef __cplusplus
 }

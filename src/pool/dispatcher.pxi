@@ -108,9 +108,6 @@ cdef class Dispatcher:
                                  payload.shape[0]):
             raise MemoryError()
 
-    def knows(self, uint64_t token):
-        return bool(pfb_dispatch_knows(self._d, token))
-
     cdef PfbDispatchInput* _inputs_of(self, arrays, int64_t* dims, list keep) except NULL:
         """The records of `arrays` as Route.call makes them (_ring_input)."""
         cdef Py_ssize_t n = len(arrays), i
@@ -210,20 +207,6 @@ cdef class Dispatcher:
             free(inputs)
             free(dims)
             free(stamps)
-
-    def alloc(self, uint64_t nbytes):
-        """(offset, size) of an input-arena block, or None: for tests that
-        play the parent's side of a worker's rings (the arena is shared
-        with the dispatcher's calls)."""
-        cdef uint64_t offset, size
-        if pfb_dispatch_alloc(self._d, nbytes, &offset, &size):
-            return None
-        return offset, size
-
-    def free(self, uint64_t offset):
-        """Frees a block that alloc gave."""
-        if pfb_dispatch_free(self._d, offset):
-            raise ValueError(f"pyfunc_bridge: no live input block starts at offset {offset}")
 
     def free_bytes(self):
         return pfb_dispatch_free_bytes(self._d)

@@ -33,8 +33,6 @@ void pfb_ring_attach(PfbRing* ring, PfbPoolRingWords* words, PfbPoolSlot* slots,
   ring->doorbell = -1;
 }
 
-void pfb_ring_set_doorbell(PfbRing* ring, int fd) { ring->doorbell = fd; }
-
 void pfb_ring_set_consumer_sleeping(PfbRing* ring, int sleeping) {
   if (sleeping)
     __atomic_fetch_or(&ring->words->consumer_sleeping, PFB_POOL_SLEEPER_READER, SC);

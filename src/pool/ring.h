@@ -66,9 +66,6 @@ int pfb_ring_write(PfbRing* ring, const PfbPoolSlot* message);
  * 1 when a FUTEX_WAKE (or a doorbell write) was made, 0 when the consumer
  * was awake. */
 int pfb_ring_notify(PfbRing* ring);
-/* Wakes the consumer by writing to the eventfd `fd` instead of the futex
- * (-1: the futex again). */
-void pfb_ring_set_doorbell(PfbRing* ring, int fd);
 
 /* ---- the consumer ---- */
 
