@@ -263,7 +263,7 @@ class ProcessPool(Supervision):
         with self._lock:
             route = self._routes.get((token, flags))
             if route is None:
-                if not dispatch.knows(token):
+                if ("load", token) not in self._payloads:  # not registered yet
                     load = pickle.dumps((list(sys.path), data), protocol=PICKLE_PROTOCOL)
                     dispatch.register(token, load)
                     self._payloads[("load", token)] = load  # a LOAD the arena has no room for

@@ -3,13 +3,13 @@
 
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "bridge.h"
+#include "pool/futex.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -29,12 +29,6 @@ namespace {
 // dispatch.h, ENOSPC), then leaves the call to the Python path (which knows
 // which of its calls hold blocks).
 constexpr int64_t kRoomWaitNs = 1000000000;
-
-int64_t ClockNs(clockid_t clock) {
-  timespec t;
-  clock_gettime(clock, &t);
-  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
-}
 
 void Add(uint64_t* counter, uint64_t value) {
   __atomic_add_fetch(counter, value, __ATOMIC_RELAXED);
@@ -230,13 +224,13 @@ NativeCall::~NativeCall() {
 NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int first_input,
                         const std::vector<PfbOutputSpec>& specs, int32_t copy_mode,
                         NativeCall* native) {
-  const int64_t began = ClockNs(CLOCK_MONOTONIC);
+  const int64_t began = pfb_clock_ns(CLOCK_MONOTONIC);
   Inputs in;
   if (!MakeInputs(ctx, first_input, (route->flags & PFB_POOL_CALL_SCALARS) != 0, &in)) {
     return NativeOutcome::kDeclined;
   }
   const PfbDispatchApi* api = route->api;
-  const int64_t posted = ClockNs(CLOCK_REALTIME);
+  const int64_t posted = pfb_clock_ns(CLOCK_REALTIME);
   PfbDispatchCall& call = native->call_;
   for (;;) {
     const int rc = api->submit(route->d, route->token, route->flags, in.items.data(),
@@ -266,7 +260,7 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
       Add(&counts->errors, 1);
       Add(&counts->strings_in, in.string_bytes);
       Add(&counts->worker_in, in.to_worker);
-      Add(&counts->total_ns, ClockNs(CLOCK_MONOTONIC) - began);
+      Add(&counts->total_ns, pfb_clock_ns(CLOCK_MONOTONIC) - began);
     }
     ctx->SetStatus(absl::Status(static_cast<absl::StatusCode>(call.error_code),
                                 call.error != nullptr ? call.error : "pyfunc_bridge: the "
@@ -358,7 +352,7 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
     Add(&counts->copied_out, copied);
     Add(&counts->copies_saved, saved);
     Add(&counts->worker_copied, worker_copied);
-    Add(&counts->total_ns, ClockNs(CLOCK_MONOTONIC) - began);
+    Add(&counts->total_ns, pfb_clock_ns(CLOCK_MONOTONIC) - began);
   }
   return NativeOutcome::kDone;
 }

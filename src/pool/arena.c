@@ -60,21 +60,14 @@ void pfb_arena_delete(PfbArena* arena) {
   free(arena);
 }
 
-/* The index of the first live block at or after `offset`. */
-static size_t live_lower_bound(const PfbArena* arena, uint64_t offset) {
-  size_t lo = 0, hi = arena->nlive;
+/* The index of the first of `n` items (`stride` bytes each, an offset
+ * first: PfbRange, PfbArenaBlock) at or after `offset`. */
+static size_t lower_bound(const void* items, size_t n, size_t stride, uint64_t offset) {
+  size_t lo = 0, hi = n;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    if (arena->live[mid].offset < offset) lo = mid + 1; else hi = mid;
-  }
-  return lo;
-}
-
-static size_t free_lower_bound(const PfbArena* arena, uint64_t offset) {
-  size_t lo = 0, hi = arena->nfree;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (arena->free[mid].offset < offset) lo = mid + 1; else hi = mid;
+    const uint64_t* at = (const uint64_t*)((const char*)items + mid * stride);
+    if (*at < offset) lo = mid + 1; else hi = mid;
   }
   return lo;
 }
@@ -100,7 +93,7 @@ int pfb_arena_alloc(PfbArena* arena, uint64_t nbytes, uint64_t* offset, uint64_t
     range->size -= need;
   }
   arena->free_bytes -= need;
-  size_t j = live_lower_bound(arena, at);
+  size_t j = lower_bound(arena->live, arena->nlive, sizeof(PfbArenaBlock), at);
   memmove(&arena->live[j + 1], &arena->live[j], (arena->nlive - j) * sizeof(PfbArenaBlock));
   arena->live[j].offset = at;
   arena->live[j].size = need;
@@ -112,10 +105,10 @@ int pfb_arena_alloc(PfbArena* arena, uint64_t nbytes, uint64_t* offset, uint64_t
 }
 
 int pfb_arena_free(PfbArena* arena, uint64_t offset) {
-  size_t j = live_lower_bound(arena, offset);
+  size_t j = lower_bound(arena->live, arena->nlive, sizeof(PfbArenaBlock), offset);
   if (j == arena->nlive || arena->live[j].offset != offset) return EINVAL;
   uint64_t size = arena->live[j].size;
-  size_t i = free_lower_bound(arena, offset);
+  size_t i = lower_bound(arena->free, arena->nfree, sizeof(PfbRange), offset);
   int joins_previous = i > 0 && arena->free[i - 1].offset + arena->free[i - 1].size == offset;
   int joins_next = i < arena->nfree && offset + size == arena->free[i].offset;
   /* A block between two used neighbours adds a range: room first. */
@@ -145,7 +138,7 @@ int pfb_arena_free(PfbArena* arena, uint64_t offset) {
 
 PfbArenaBlock* pfb_arena_find(PfbArena* arena, uint64_t offset) {
   /* The last block that starts at or before `offset`. */
-  size_t j = live_lower_bound(arena, offset + 1);
+  size_t j = lower_bound(arena->live, arena->nlive, sizeof(PfbArenaBlock), offset + 1);
   if (j == 0) return NULL;
   PfbArenaBlock* block = &arena->live[j - 1];
   return offset - block->offset < block->size ? block : NULL;

@@ -18,6 +18,10 @@
 
 #define SC __ATOMIC_SEQ_CST
 
+/* What a closed pool's calls end with (TensorFlow's CANCELLED). */
+#define CANCELLED 1
+#define CLOSED_TEXT "pyfunc_bridge: the pool was closed"
+
 /* A registered function.  References (`refs`, atomic): the registry's
  * (until forget or destroy) and each submit that may LOAD it. */
 typedef struct Token {
@@ -46,20 +50,17 @@ static int words_push(Words* w, uint64_t value) {
   return 0;
 }
 
-static int words_remove(Words* w, uint64_t value) {
-  for (size_t i = 0; i < w->count; ++i) {
-    if (w->items[i] == value) {
-      w->items[i] = w->items[--w->count];
-      return 1;
-    }
-  }
-  return 0;
+/* The index of `value` in `w`, or -1. */
+static long words_find(const Words* w, uint64_t value) {
+  for (size_t i = 0; i < w->count; ++i)
+    if (w->items[i] == value) return (long)i;
+  return -1;
 }
 
-static int words_has(const Words* w, uint64_t value) {
-  for (size_t i = 0; i < w->count; ++i)
-    if (w->items[i] == value) return 1;
-  return 0;
+static int words_remove(Words* w, uint64_t value) {
+  long i = words_find(w, value);
+  if (i >= 0) w->items[i] = w->items[--w->count];
+  return i >= 0;
 }
 
 static void token_drop(Token* t) {
@@ -178,60 +179,68 @@ static void pump_async(Worker* w);
 static void post_unlock(Worker* w);
 static int queue_waits(Worker* w);
 static Queued* queue_take(PfbDispatch* d);
-static void end_queued(PfbDispatch* d, Queued* list, int32_t code, const char* message);
+static void end_queued(PfbDispatch* d, Queued* list);
 
 /* ------------------------------------------------------------- helpers -- */
-
-static uint64_t wall_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_REALTIME, &t);
-  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
 
 static void bump(uint64_t* field, int64_t delta) { __atomic_add_fetch(field, delta, SC); }
 
 static int counting_on = 1;  /* pfb_dispatch_set_counting */
 static uint64_t next_call_id;  /* atomic: every dispatcher's calls */
 
-static void complete(PfbDispatchCall* call, uint32_t state) {
+/* Publishes the call's end and wakes its caller (in this process: a
+ * private futex), unless that caller is the reader itself (`own`).  (A
+ * caller asleep on a reply ring instead is woken by that ring: read_for.) */
+static void complete(PfbDispatchCall* call, uint32_t state, const PfbDispatchCall* own) {
   __atomic_store_n(&call->state, state, SC);
-  /* The caller is in this process: a private futex.  (A caller asleep on
-   * a reply ring instead is woken by that ring: see read_for.) */
-  pfb_futex_wake(&call->state, INT_MAX, FUTEX_WAKE_PRIVATE);
+  if (call != own) pfb_futex_wake(&call->state, INT_MAX, FUTEX_WAKE_PRIVATE);
 }
 
-/* As complete(), for the reader: its own call (`own`) needs no wake-up. */
-static void complete_by(PfbDispatchCall* call, uint32_t state, const PfbDispatchCall* own) {
-  if (call == own) __atomic_store_n(&call->state, state, SC);
-  else complete(call, state);
+/* Ends a call no DONE answers: RESEND (its function never ran: its caller
+ * submits it again), or FAILED with (`code`, `message`). */
+static void end_call(PfbDispatch* d, PfbDispatchCall* call, int resend, int32_t code,
+                     const char* message, const PfbDispatchCall* own) {
+  if (resend) {
+    bump(&d->counts.resent, 1);
+    complete(call, PFB_DISPATCH_RESEND, own);
+    return;
+  }
+  call->error = strdup(message);
+  call->error_code = code;
+  complete(call, PFB_DISPATCH_FAILED, own);
 }
 
-/* Frees input blocks the worker handed back (or held when it was lost). */
-static void free_inputs(PfbDispatch* d, Worker* w, const uint64_t* offsets, size_t n,
-                        int all) {
+/* Frees input blocks and wakes the callers waiting for room: those of
+ * `offsets` whose `sizes` are not 0 (NULL: all); with `held` (a worker's
+ * hand-back), only those it holds, taken out of it: a bogus hand-back
+ * changes nothing. */
+static void free_blocks(PfbDispatch* d, Words* held, const uint64_t* sizes,
+                        const uint64_t* offsets, size_t n) {
   pthread_mutex_lock(&d->arena_lock);
-  if (all) {
-    for (size_t i = 0; i < w->inputs.count; ++i) pfb_arena_free(d->arena, w->inputs.items[i]);
-    bump(&d->counts.input_blocks, -(int64_t)w->inputs.count);
-    w->inputs.count = 0;
-  } else {
-    for (size_t i = 0; i < n; ++i) {
-      /* Only a block this worker holds: a bogus hand-back changes nothing. */
-      if (words_remove(&w->inputs, offsets[i]) && pfb_arena_free(d->arena, offsets[i]) == 0)
-        bump(&d->counts.input_blocks, -1);
-    }
+  for (size_t i = 0; i < n; ++i) {
+    if ((sizes == NULL || sizes[i]) && (held == NULL || words_remove(held, offsets[i])) &&
+        pfb_arena_free(d->arena, offsets[i]) == 0)
+      bump(&d->counts.input_blocks, -1);
   }
   pthread_cond_broadcast(&d->room);
   pthread_mutex_unlock(&d->arena_lock);
 }
 
-/* Calls `back(context, offset)` for each result block of a DONE (its
+/* Hands the blocks (sizes not 0) to worker `w`: its own until INPUTS_BACK. */
+static void hand_blocks(PfbDispatch* d, Worker* w, const uint64_t* sizes,
+                        const uint64_t* offsets, uint32_t count) {
+  pthread_mutex_lock(&d->arena_lock);
+  for (uint32_t i = 0; i < count; ++i)
+    if (sizes[i]) words_push(&w->inputs, offsets[i]);
+  pthread_mutex_unlock(&d->arena_lock);
+}
+
+/* Hands back each result block of a DONE in `arena` that nobody takes (its
  * records' blocks, or its error's). */
-static void each_result_block(const PfbPoolSlot* message, void (*back)(void*, uint64_t),
-                              void* context) {
+static void hand_back_results(PfbDispatchArena* arena, const PfbPoolSlot* message) {
   const PfbPoolMessage* m = &message[0].message;
   if (m->status != PFB_POOL_STATUS_OK) {
-    if (m->block_size) back(context, m->block_offset);
+    if (m->block_size) pfb_dispatch_arena_hand_back(arena, m->block_offset);
     return;
   }
   uint32_t cursor = 1;
@@ -239,45 +248,36 @@ static void each_result_block(const PfbPoolSlot* message, void (*back)(void*, ui
   int64_t dims[PFB_POOL_MAX_NDIM];
   for (uint32_t i = 0; i < m->count; ++i) {
     if (pfb_msg_read_tensor(message, &cursor, &record, dims) != 0) break;
-    if (record.size) back(context, record.offset);
+    if (record.size) pfb_dispatch_arena_hand_back(arena, record.offset);
   }
 }
 
-static void push_back(void* worker, uint64_t offset) {
-  words_push(&((Worker*)worker)->back, offset);
-}
-
-/* Notes the result blocks of a DONE nobody takes, to hand them back. */
-static void hand_back_results(Worker* w, const PfbPoolSlot* message) {
-  pthread_mutex_lock(&w->back_lock);
-  each_result_block(message, push_back, w);
-  pthread_mutex_unlock(&w->back_lock);
-}
-
-static void arena_hand_back(void* arena, uint64_t offset) {
-  pfb_dispatch_arena_hand_back((PfbDispatchArena*)arena, offset);
-}
-
 void pfb_dispatch_reply_hand_back(PfbDispatchCall* call) {
-  if (call->reply != NULL && call->arena != NULL)
-    each_result_block(call->reply, arena_hand_back, call->arena);
+  if (call->reply != NULL && call->arena != NULL) hand_back_results(call->arena, call->reply);
 }
 
 /* ------------------------------------------------------- reply threads -- */
 
-static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots,
-                    const PfbDispatchCall* own) {
-  uint64_t id = message[0].message.call_id;
-  PfbDispatchCall* call = NULL;
+/* Takes a call off w's list of calls in flight: `call` itself (never read:
+ * it may be gone), or the one of `id` (ids start at 1); NULL when it is not
+ * there (its caller finished it first: abandoned). */
+static PfbDispatchCall* unlist(Worker* w, const PfbDispatchCall* call, uint64_t id) {
+  PfbDispatchCall* found = NULL;
   pthread_mutex_lock(&w->calls);
   for (PfbDispatchCall** link = &w->pending; *link != NULL; link = &(*link)->next) {
-    if ((*link)->id == id) {
-      call = *link;
-      *link = call->next;
+    if (*link == call || (*link)->id == id) {
+      found = *link;
+      *link = found->next;
       break;
     }
   }
   pthread_mutex_unlock(&w->calls);
+  return found;
+}
+
+static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots,
+                    const PfbDispatchCall* own) {
+  PfbDispatchCall* call = unlist(w, NULL, message[0].message.call_id);
   /* A credit back (abandoned or not, the worker is done with it): the
    * queue's next call goes to this worker before its caller wakes, so that
    * the worker works meanwhile. */
@@ -294,20 +294,17 @@ static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots,
   }
   PfbPoolSlot* copy = call ? (PfbPoolSlot*)malloc(slots * sizeof(PfbPoolSlot)) : NULL;
   if (copy == NULL) {  /* abandoned (or no memory): its blocks go back */
-    hand_back_results(w, message);
-    if (call != NULL) {
-      call->error = strdup("pyfunc_bridge: no memory for a pool call's reply");
-      call->error_code = 8; /* RESOURCE_EXHAUSTED */
-      complete_by(call, PFB_DISPATCH_FAILED, own);
-    }
+    hand_back_results(w->arena, message);
+    if (call != NULL)
+      end_call(w->d, call, 0, 8 /* RESOURCE_EXHAUSTED */,
+               "pyfunc_bridge: no memory for a pool call's reply", own);
     return;
   }
   memcpy(copy, message, slots * sizeof(PfbPoolSlot));
   call->reply = copy;
-  call->reply_slots = slots;
   pfb_dispatch_arena_keep(w->arena);
   call->arena = w->arena;
-  complete_by(call, PFB_DISPATCH_DONE, own);
+  complete(call, PFB_DISPATCH_DONE, own);
 }
 
 /* Reads every message on w's reply ring; the role held.  DONEs complete
@@ -328,11 +325,11 @@ static int drain(Worker* w, const PfbDispatchCall* own) {
       for (uint32_t i = 0; i < m->count; ++i) {
         if (pfb_msg_read_word(buffer, i, &offsets[k]) != 0) break;  /* malformed: the rest */
         if (++k == 64) {
-          free_inputs(w->d, w, offsets, k, 0);
+          free_blocks(w->d, &w->inputs, NULL, offsets, k);
           k = 0;
         }
       }
-      if (k) free_inputs(w->d, w, offsets, k, 0);
+      if (k) free_blocks(w->d, &w->inputs, NULL, offsets, k);
     }
   }
   return n < 0 ? -1 : 0;
@@ -436,54 +433,50 @@ PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int worker
   return d;
 }
 
-int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int doorbell,
-                        const char* result_base, uint64_t result_bytes, uint64_t generation) {
-  if (index < 0 || index >= d->workers_count) return EINVAL;
-  if (__atomic_load_n(&d->closed, SC)) return EPIPE;
-  Worker* w = &d->workers[index];
-  pthread_mutex_lock(&w->post);
-  if (w->attached || w->has_thread) {
-    pthread_mutex_unlock(&w->post);
-    return EBUSY;  /* lost() first */
+/* A second mapping of a worker's result arena (old size 0 on a shared
+ * mapping: the same pages), with the attachment's reference; NULL (errno). */
+static PfbDispatchArena* arena_new(PfbDispatch* d, int index, const char* base,
+                                   uint64_t bytes) {
+  PfbDispatchArena* arena = (PfbDispatchArena*)calloc(1, sizeof(PfbDispatchArena));
+  void* mapped = arena && bytes ? mremap((void*)base, 0, bytes, MREMAP_MAYMOVE) : NULL;
+  if (arena == NULL || mapped == MAP_FAILED) {
+    int err = errno;
+    free(arena);
+    errno = err;
+    return NULL;
   }
+  arena->refs = 1;
+  arena->d = d;
+  pfb_dispatch_retain(d);
+  arena->index = index;
+  arena->base = (char*)mapped;
+  arena->bytes = bytes;
+  return arena;
+}
+
+/* pfb_dispatch_attach, `post` held. */
+static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* result_base,
+                  uint64_t result_bytes, uint64_t generation) {
+  if (w->attached || w->has_thread) return EBUSY;  /* lost() first */
   if (w->scratch == NULL)
     w->scratch = (PfbPoolSlot*)malloc(PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
   if (w->reading == NULL)
     w->reading = (PfbPoolSlot*)malloc(PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
-  if (w->scratch == NULL || w->reading == NULL) {
-    pthread_mutex_unlock(&w->post);
-    return ENOMEM;
-  }
-  PfbDispatchArena* arena = (PfbDispatchArena*)calloc(1, sizeof(PfbDispatchArena));
-  /* Old size 0 on a shared mapping: a second mapping of the same pages. */
-  void* mapped = arena && result_bytes
-                     ? mremap((void*)result_base, 0, result_bytes, MREMAP_MAYMOVE)
-                     : NULL;
-  if (arena == NULL || (result_bytes && mapped == MAP_FAILED)) {
-    int err = arena == NULL ? ENOMEM : errno;
-    free(arena);
-    pthread_mutex_unlock(&w->post);
-    return err;
-  }
-  arena->refs = 1;  /* the attachment's */
-  arena->d = d;
-  pfb_dispatch_retain(d);
-  arena->index = index;
-  arena->generation = generation;
-  arena->base = (char*)mapped;
-  arena->bytes = result_bytes;
+  if (w->scratch == NULL || w->reading == NULL) return ENOMEM;
   /* A descriptor of its own, closed by lost(): Python may close its own
    * while a submit still rings this one. */
   int bell = dup(doorbell);
-  if (bell < 0) {
+  PfbDispatchArena* arena =
+      bell < 0 ? NULL : arena_new(w->d, w->index, result_base, result_bytes);
+  if (arena == NULL) {
     int err = errno;
-    pthread_mutex_unlock(&w->post);
+    if (bell >= 0) close(bell);
     return err;
   }
   w->doorbell = bell;
   pfb_ring_attach(&w->requests, &control->requests, pfb_pool_request_slots(control),
                   control->ring_slots);
-  pfb_ring_set_doorbell(&w->requests, bell);
+  w->requests.doorbell = bell;
   pfb_ring_attach(&w->replies, &control->replies, pfb_pool_reply_slots(control),
                   control->ring_slots);
   w->arena = arena;
@@ -495,17 +488,17 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
   pthread_mutex_lock(&w->back_lock);
   w->back.count = 0;
   pthread_mutex_unlock(&w->back_lock);
-  __atomic_store_n(&d->ring_slots, w->requests.capacity, SC);
+  __atomic_store_n(&w->d->ring_slots, w->requests.capacity, SC);
   __atomic_store_n(&w->role, ROLE_FREE, SC);  /* the rings are bound: readable */
   int rc = pthread_create(&w->thread, NULL, reply_thread, w);
   if (rc == 0) {
     w->has_thread = 1;
     __atomic_store_n(&w->attached, 1, SC);
-    pthread_mutex_lock(&d->queue_lock);
+    pthread_mutex_lock(&w->d->queue_lock);
     __atomic_store_n(&w->outstanding, 0, SC);
-    if (!w->counted) ++d->attached_count;
+    if (!w->counted) ++w->d->attached_count;
     w->counted = 1;
-    pthread_mutex_unlock(&d->queue_lock);
+    pthread_mutex_unlock(&w->d->queue_lock);
   } else {
     __atomic_store_n(&w->role, ROLE_RETIRED, SC);  /* no call was posted: nobody reads */
     w->arena = NULL;
@@ -513,6 +506,16 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
     close(w->doorbell);
     w->doorbell = -1;
   }
+  return rc;
+}
+
+int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int doorbell,
+                        const char* result_base, uint64_t result_bytes, uint64_t generation) {
+  if (index < 0 || index >= d->workers_count) return EINVAL;
+  if (__atomic_load_n(&d->closed, SC)) return EPIPE;
+  Worker* w = &d->workers[index];
+  pthread_mutex_lock(&w->post);
+  int rc = attach(w, control, doorbell, result_base, result_bytes, generation);
   /* (Its reply thread's first look posts the calls queued meanwhile; a
    * look that met this lock is run here.) */
   post_unlock(w);
@@ -560,24 +563,22 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   if (w->counted && --d->attached_count == 0) orphans = queue_take(d);
   w->counted = 0;
   pthread_mutex_unlock(&d->queue_lock);
-  end_queued(d, orphans, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed");
+  end_queued(d, orphans);
   pthread_mutex_lock(&w->calls);
   PfbDispatchCall* failed = w->pending;
   w->pending = NULL;
   pthread_mutex_unlock(&w->calls);
   while (failed != NULL) {
     PfbDispatchCall* next = failed->next;
-    if (failed->sequence > started) {
-      bump(&d->counts.resent, 1);
-      complete(failed, PFB_DISPATCH_RESEND);  /* its blocks go below: it is sent anew */
-    } else {
-      failed->error = strdup(message ? message : "pyfunc_bridge: the worker ended");
-      failed->error_code = code;
-      complete(failed, PFB_DISPATCH_FAILED);
-    }
+    /* (A resent call's blocks go below with the rest: it is sent anew.) */
+    end_call(d, failed, failed->sequence > started, code,
+             message ? message : "pyfunc_bridge: the worker ended", NULL);
     failed = next;
   }
-  free_inputs(d, w, NULL, 0, 1);  /* it holds nothing any more */
+  /* It holds nothing any more (and nobody hands it blocks: no reader, no
+   * producer is left). */
+  free_blocks(d, NULL, NULL, w->inputs.items, w->inputs.count);
+  w->inputs.count = 0;
   pthread_mutex_lock(&w->back_lock);
   w->back.count = 0;  /* its arena goes with it */
   PfbDispatchArena* arena = w->arena;
@@ -592,14 +593,10 @@ void pfb_dispatch_delete(PfbDispatch* d) {
   pthread_mutex_lock(&d->arena_lock);
   pthread_cond_broadcast(&d->room);  /* submits waiting for room: closed */
   pthread_mutex_unlock(&d->arena_lock);
-  /* The queue fails first (`closed` set: no call joins it or leaves it
-   * for a worker from now on). */
-  pthread_mutex_lock(&d->queue_lock);
-  Queued* queued = queue_take(d);
-  pthread_mutex_unlock(&d->queue_lock);
-  end_queued(d, queued, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed");
+  /* (`closed` set: no call joins the queue or leaves it for a worker from
+   * now on; the last attached worker's lost() fails it.) */
   for (int i = 0; i < d->workers_count; ++i)
-    pfb_dispatch_lost(d, i, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed", 0);
+    pfb_dispatch_lost(d, i, CANCELLED, CLOSED_TEXT, 0);
   /* What only calls use goes now, not with the last reference (a route a
    * kernel or the statistics keep): the input mapping, once no submit
    * copies into it (each sees `closed`, or its ring closed, at once), and
@@ -633,8 +630,8 @@ void pfb_dispatch_disown(PfbDispatch* d) {
 
 void pfb_dispatch_retain(PfbDispatch* d) { __atomic_add_fetch(&d->refs, 1, SC); }
 
-/* The last reference: every worker was lost (delete), no route or arena
- * refers to it any more. */
+/* The last reference: delete lost every worker, unmapped the inputs and
+ * dropped the functions; no route or arena refers to it any more. */
 static void destroy(PfbDispatch* d) {
   for (int i = 0; i < d->workers_count; ++i) {
     Worker* w = &d->workers[i];
@@ -648,13 +645,7 @@ static void destroy(PfbDispatch* d) {
     pthread_mutex_destroy(&w->calls);
     pthread_mutex_destroy(&w->back_lock);
   }
-  for (Token* t = d->tokens; t != NULL;) {
-    Token* next = t->next;
-    token_drop(t);
-    t = next;
-  }
   pfb_arena_delete(d->arena);
-  if (d->input_base != NULL) munmap(d->input_base, d->input_bytes);
   pthread_mutex_destroy(&d->queue_lock);
   pthread_cond_destroy(&d->room);
   pthread_mutex_destroy(&d->arena_lock);
@@ -689,15 +680,13 @@ int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, u
   t->payload = copy;
   t->size = size;
   pthread_mutex_lock(&d->tokens_lock);
-  if (find_token(d, token) != NULL) {  /* registered already: the first stays */
-    pthread_mutex_unlock(&d->tokens_lock);
-    free(copy);
-    free(t);
-    return 0;
+  int known = find_token(d, token) != NULL;  /* registered already: the first stays */
+  if (!known) {
+    t->next = d->tokens;
+    d->tokens = t;
   }
-  t->next = d->tokens;
-  d->tokens = t;
   pthread_mutex_unlock(&d->tokens_lock);
+  if (known) token_drop(t);
   return 0;
 }
 
@@ -718,13 +707,6 @@ void pfb_dispatch_forget(PfbDispatch* d, uint64_t token) {
     if (words_remove(&w->known, token)) words_push(&w->forget, token);
     pthread_mutex_unlock(&w->post);
   }
-}
-
-int pfb_dispatch_knows(PfbDispatch* d, uint64_t token) {
-  pthread_mutex_lock(&d->tokens_lock);
-  int found = find_token(d, token) != NULL;
-  pthread_mutex_unlock(&d->tokens_lock);
-  return found;
 }
 
 /* -------------------------------------------------------------- submit -- */
@@ -786,43 +768,21 @@ static int alloc_blocks(PfbDispatch* d, const uint64_t* sizes, uint32_t count,
       pthread_mutex_unlock(&d->arena_lock);
       return rc;
     }
-    if (deadline >= 0) {
-      int64_t at = deadline;
-      struct timespec limit = {(time_t)(at / 1000000000), (long)(at % 1000000000)};
-      pthread_cond_timedwait(&d->room, &d->arena_lock, &limit);
-    } else {
+    struct timespec limit;
+    if (deadline >= 0)
+      pthread_cond_timedwait(&d->room, &d->arena_lock, pfb_timespec(deadline, &limit));
+    else
       pthread_cond_wait(&d->room, &d->arena_lock);
-    }
     __atomic_sub_fetch(&d->room_waiters, 1, SC);
   }
 }
 
-static void release_blocks(PfbDispatch* d, const uint64_t* sizes, const uint64_t* offsets,
-                           uint32_t count) {
-  pthread_mutex_lock(&d->arena_lock);
-  for (uint32_t i = 0; i < count; ++i) {
-    if (sizes[i] && pfb_arena_free(d->arena, offsets[i]) == 0)
-      bump(&d->counts.input_blocks, -1);
-  }
-  pthread_cond_broadcast(&d->room);
-  pthread_mutex_unlock(&d->arena_lock);
-}
-
-/* Hands the blocks to worker `w` (they are its own until INPUTS_BACK). */
-static void hand_blocks(PfbDispatch* d, Worker* w, const uint64_t* sizes,
-                        const uint64_t* offsets, uint32_t count) {
-  pthread_mutex_lock(&d->arena_lock);
-  for (uint32_t i = 0; i < count; ++i)
-    if (sizes[i]) words_push(&w->inputs, offsets[i]);
-  pthread_mutex_unlock(&d->arena_lock);
-}
 
 /* Posts one built message on w's request ring, waiting for room until
  * `deadline` (NOW: not at all); `post` held. */
 static int post_message(Worker* w, const PfbPoolSlot* message, int64_t deadline) {
   uint32_t slots = message[0].message.slots;
-  int64_t left = deadline < 0 ? -1 : deadline - pfb_now_ns();
-  if (deadline >= 0 && left < 0) left = 0;
+  int64_t left = pfb_left_ns(deadline);
   uint64_t rung = w->requests.wakes;
   /* (A wait for room rings a sleeping worker first: the hand-backs that
    * post_back left there may fill its ring.) */
@@ -938,16 +898,6 @@ static void queue_push(PfbDispatch* d, Queued* q, int front) {
   bump(&d->counts.queued, 1);
 }
 
-static Queued* queue_pop(PfbDispatch* d) {
-  Queued* q = d->queue_head;
-  if (q == NULL) return NULL;
-  d->queue_head = q->next;
-  if (d->queue_head == NULL) d->queue_tail = NULL;
-  q->next = NULL;
-  bump(&d->counts.queued, -1);
-  return q;
-}
-
 /* Takes the node of `call` out of the queue (NULL: not there). */
 static Queued* queue_remove(PfbDispatch* d, PfbDispatchCall* call) {
   Queued* before = NULL;
@@ -973,10 +923,11 @@ static Queued* queue_take(PfbDispatch* d) {
   return all;
 }
 
-/* A queued call with its CALL built: `offsets`/`sizes` are its blocks
- * (copied), `fn` gains a reference.  NULL: no memory. */
-static Queued* queued_new(Token* fn, uint32_t flags, const PfbDispatchInput* inputs,
-                          uint32_t count, const uint64_t* sizes, const uint64_t* offsets,
+/* A node for a call of `inputs`, taking the caller's reference on `fn`:
+ * its `sizes` set (an input pulled over the socket has no block,
+ * shm_layout.h), its `offsets` for the caller to allocate, its CALL for
+ * queued_build.  NULL: no memory. */
+static Queued* queued_new(Token* fn, const PfbDispatchInput* inputs, uint32_t count,
                           uint32_t slots, PfbDispatchCall* call) {
   size_t head = (sizeof(Queued) + 63) & ~(size_t)63;
   size_t words = ((2 * (size_t)count * sizeof(uint64_t)) + 63) & ~(size_t)63;
@@ -986,19 +937,24 @@ static Queued* queued_new(Token* fn, uint32_t flags, const PfbDispatchInput* inp
   q->next = NULL;
   q->call = call;
   q->fn = fn;
-  __atomic_add_fetch(&fn->refs, 1, SC);
   q->count = count;
   q->sizes = (uint64_t*)(memory + head);
   q->offsets = q->sizes + count;
   q->message = (PfbPoolSlot*)(memory + head + words);
-  memcpy(q->sizes, sizes, count * sizeof(uint64_t));
-  memcpy(q->offsets, offsets, count * sizeof(uint64_t));
+  for (uint32_t i = 0; i < count; ++i)
+    q->sizes[i] = inputs[i].flags & PFB_POOL_TENSOR_SOCKET ? 0 : inputs[i].nbytes;
+  return q;
+}
+
+/* Builds q's CALL (`slots` long) over its blocks. */
+static void queued_build(Queued* q, uint32_t flags, const PfbDispatchInput* inputs,
+                         uint32_t slots) {
   pfb_msg_init(q->message, PFB_POOL_MSG_CALL);
   PfbPoolMessage* m = &q->message[0].message;
-  m->call_id = call->id;
-  m->token = fn->token;
+  m->call_id = q->call->id;
+  m->token = q->fn->token;
   m->flags = flags;
-  for (uint32_t i = 0; i < count; ++i) {
+  for (uint32_t i = 0; i < q->count; ++i) {
     PfbPoolTensor record;
     memset(&record, 0, sizeof(record));
     record.code = inputs[i].code;
@@ -1007,58 +963,35 @@ static Queued* queued_new(Token* fn, uint32_t flags, const PfbDispatchInput* inp
     record.flags = inputs[i].flags;
     record.ndim = inputs[i].ndim;
     /* A pulled input has no block: its record names the payload (shm_layout.h). */
-    record.offset = inputs[i].flags & PFB_POOL_TENSOR_SOCKET ? inputs[i].nbytes : offsets[i];
-    record.size = sizes[i];
+    record.offset = inputs[i].flags & PFB_POOL_TENSOR_SOCKET ? inputs[i].nbytes : q->offsets[i];
+    record.size = q->sizes[i];
     pfb_msg_add_tensor(q->message, slots, &record, inputs[i].dims);  /* sized to fit */
   }
-  return q;
 }
 
 /* Frees a node; with `release`, its blocks go back to the arena (a call
  * no worker got). */
 static void queued_free(PfbDispatch* d, Queued* q, int release) {
-  if (release) release_blocks(d, q->sizes, q->offsets, q->count);
+  if (release) free_blocks(d, NULL, q->sizes, q->offsets, q->count);
   token_drop(q->fn);
   free(q);
 }
 
-/* Ends the calls of `list`, which no worker got: FAILED with (`code`,
- * `message`) once the dispatcher is closed, otherwise RESEND (no worker is
- * attached: the caller submits again, gets EAGAIN, and the pool waits for
- * the replacement, ProcessPool.ring_call). */
-static void end_queued(PfbDispatch* d, Queued* list, int32_t code, const char* message) {
+/* Ends the calls of `list`, which no worker got: FAILED once the
+ * dispatcher is closed, otherwise RESEND (no worker is attached: the caller
+ * submits again, gets EAGAIN, and the pool waits for the replacement,
+ * ProcessPool.ring_call). */
+static void end_queued(PfbDispatch* d, Queued* list) {
   int closed = __atomic_load_n(&d->closed, SC);
   while (list != NULL) {
     Queued* next = list->next;
     PfbDispatchCall* call = list->call;
     queued_free(d, list, 1);
-    if (closed) {
-      call->error = strdup(message);
-      call->error_code = code;
-      complete(call, PFB_DISPATCH_FAILED);
-    } else {
-      bump(&d->counts.resent, 1);
-      complete(call, PFB_DISPATCH_RESEND);
-    }
+    end_call(d, call, !closed, CANCELLED, CLOSED_TEXT, NULL);
     list = next;
   }
 }
 
-/* Takes `call` off w's list of calls in flight: 1, or 0 when its caller
- * finished it first (abandoned). */
-static int unlist(Worker* w, PfbDispatchCall* call) {
-  int found = 0;
-  pthread_mutex_lock(&w->calls);
-  for (PfbDispatchCall** link = &w->pending; *link != NULL; link = &(*link)->next) {
-    if (*link == call) {
-      *link = call->next;
-      found = 1;
-      break;
-    }
-  }
-  pthread_mutex_unlock(&w->calls);
-  return found;
-}
 
 /* Posts q's LOAD (when w lacks its function) and its CALL, waiting for
  * room until `deadline` (NOW: no wait, and nothing posted unless both fit
@@ -1066,7 +999,7 @@ static int unlist(Worker* w, PfbDispatchCall* call) {
 static int post_call(PfbDispatch* d, Worker* w, Queued* q, int64_t deadline) {
   uint32_t slots = q->message[0].message.slots;
   if (slots > w->requests.capacity) return E2BIG;
-  int load = !words_has(&w->known, q->fn->token);
+  int load = words_find(&w->known, q->fn->token) < 0;
   post_back(w, slots + (uint32_t)load);
   if (deadline == NOW && pfb_ring_room(&w->requests) < slots + (uint32_t)load) return EAGAIN;
   if (load) {
@@ -1087,14 +1020,14 @@ static int post_call(PfbDispatch* d, Worker* w, Queued* q, int64_t deadline) {
     w->scratch[0].message.block_size = load_size;
     rc = post_message(w, w->scratch, deadline);
     if (rc != 0) {
-      release_blocks(d, &load_size, &load_offset, 1);
+      free_blocks(d, NULL, &load_size, &load_offset, 1);
       return rc;
     }
     hand_blocks(d, w, &load_size, &load_offset, 1);
     words_push(&w->known, q->fn->token);
     bump(&d->counts.loads, 1);
   }
-  q->message[0].message.stamp = wall_ns();
+  q->message[0].message.stamp = (uint64_t)pfb_clock_ns(CLOCK_REALTIME);
   /* Counted once its LOAD is posted (a LOAD waits for room only while
    * other calls are in flight), before the CALL (its DONE may come at
    * once); only a holder of `post` adds to it. */
@@ -1123,7 +1056,7 @@ static int pump(PfbDispatch* d, Worker* w, int64_t deadline, PfbDispatchCall* ow
       pthread_mutex_unlock(&d->queue_lock);
       break;
     }
-    Queued* q = queue_pop(d);
+    Queued* q = queue_remove(d, d->queue_head->call);
     PfbDispatchCall* call = q->call;
     call->generation = w->generation;
     call->sequence = ++w->posted;
@@ -1146,7 +1079,7 @@ static int pump(PfbDispatch* d, Worker* w, int64_t deadline, PfbDispatchCall* ow
     --w->posted;
     int again = rc == EAGAIN || rc == ETIMEDOUT || rc == EPIPE;
     pthread_mutex_lock(&d->queue_lock);
-    int listed = unlist(w, call);
+    int listed = unlist(w, call, 0) != NULL;
     int requeued = listed && again && !__atomic_load_n(&d->closed, SC) &&
                    d->attached_count > 0;
     if (listed) {
@@ -1165,9 +1098,8 @@ static int pump(PfbDispatch* d, Worker* w, int64_t deadline, PfbDispatchCall* ow
     } else if (call == own && !again) {
       queued_free(d, q, 1);
       *own_rc = rc;
-    } else {  /* (closed or no worker left: as end_queued) */
-      q->next = NULL;
-      end_queued(d, q, 1 /* CANCELLED */, "pyfunc_bridge: the pool was closed");
+    } else {
+      end_queued(d, q);  /* closed, or no worker left */
     }
   }
   if (posted) notify(w);
@@ -1180,8 +1112,7 @@ static void pump_async(Worker* w) {
   __atomic_store_n(&w->wanted, 1, SC);
   while (__atomic_load_n(&w->wanted, SC) && pthread_mutex_trylock(&w->post) == 0) {
     __atomic_store_n(&w->wanted, 0, SC);
-    int unused = 0;
-    if (w->attached) pump(w->d, w, NOW, NULL, &unused);
+    if (w->attached) pump(w->d, w, NOW, NULL, NULL);
     pthread_mutex_unlock(&w->post);
   }
 }
@@ -1195,7 +1126,7 @@ static void post_unlock(Worker* w) {
 static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
                   const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
                   PfbDispatchCall* call) {
-  int64_t deadline = timeout_ns < 0 ? -1 : pfb_now_ns() + timeout_ns;
+  int64_t deadline = pfb_deadline_ns(timeout_ns);
   if (count > PFB_POOL_MAX_MESSAGE_SLOTS) return E2BIG;
   uint32_t slots = 1;
   for (uint32_t i = 0; i < count; ++i) {
@@ -1210,33 +1141,24 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
   if (fn != NULL) __atomic_add_fetch(&fn->refs, 1, SC);  /* a forget meanwhile: LOADed still */
   pthread_mutex_unlock(&d->tokens_lock);
   if (fn == NULL) return ENOENT;
-  uint64_t sizes_small[16], offsets_small[16];
-  uint64_t* sizes = count <= 16 ? sizes_small : (uint64_t*)malloc(count * sizeof(uint64_t));
-  uint64_t* offsets = count <= 16 ? offsets_small : (uint64_t*)malloc(count * sizeof(uint64_t));
-  Queued* q = NULL;
-  int rc = 0;
-  if (sizes == NULL || offsets == NULL) {
-    rc = ENOMEM;
-    goto out;
+  Queued* q = queued_new(fn, inputs, count, slots, call);
+  if (q == NULL) {
+    token_drop(fn);
+    return ENOMEM;
   }
-  /* An input pulled over the socket has no block (shm_layout.h). */
-  for (uint32_t i = 0; i < count; ++i)
-    sizes[i] = inputs[i].flags & PFB_POOL_TENSOR_SOCKET ? 0 : inputs[i].nbytes;
-  rc = alloc_blocks(d, sizes, count, offsets, deadline);
-  if (rc != 0) goto out;
+  int rc = alloc_blocks(d, q->sizes, count, q->offsets, deadline);
+  if (rc != 0) {
+    queued_free(d, q, 0);
+    return rc;
+  }
   /* The copy in: the one copy of a call's inputs, outside every lock. */
   for (uint32_t i = 0; i < count; ++i)
-    if (sizes[i]) memcpy(d->input_base + offsets[i], inputs[i].data, sizes[i]);
+    if (q->sizes[i]) memcpy(d->input_base + q->offsets[i], inputs[i].data, q->sizes[i]);
   /* Unique in the process: a DONE's answer that went by the socket is
    * found by its id alone (pyfunc_bridge/pool/answers.py, native_reply). */
   call->id = __atomic_add_fetch(&next_call_id, 1, SC);
   call->state = PFB_DISPATCH_WAITING;
-  q = queued_new(fn, flags, inputs, count, sizes, offsets, slots, call);
-  if (q == NULL) {
-    release_blocks(d, sizes, offsets, count);
-    rc = ENOMEM;
-    goto out;
-  }
+  queued_build(q, flags, inputs, slots);
   /* Every call joins the queue (its blocks the queue's now), behind the
    * calls that wait: first come, first posted. */
   pthread_mutex_lock(&d->queue_lock);
@@ -1245,7 +1167,7 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
   pthread_mutex_unlock(&d->queue_lock);
   if (rc != 0) {
     queued_free(d, q, 1);
-    goto out;
+    return rc;
   }
   bump(&d->counts.calls, 1);
   /* Then posted by this thread to workers with credit, as far as it goes;
@@ -1266,10 +1188,6 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
     pthread_mutex_unlock(&d->queue_lock);
     if (done || waits) break;
   }
-out:
-  if (sizes != sizes_small) free(sizes);
-  if (offsets != offsets_small) free(offsets);
-  token_drop(fn);
   return rc;
 }
 
@@ -1318,26 +1236,19 @@ static int read_for(Worker* w, PfbDispatchCall* call, int64_t deadline) {
     if (__atomic_load_n(&call->state, SC) != PFB_DISPATCH_WAITING ||
         __atomic_load_n(&call->worker, SC) != w->index || pfb_ring_closed(&w->replies))
       return 0;
-    int64_t left = -1;
-    if (deadline >= 0) {
-      left = deadline - pfb_now_ns();
-      if (left <= 0) return ETIMEDOUT;
-    }
+    int64_t left = pfb_left_ns(deadline);
+    if (left == 0) return ETIMEDOUT;
     pfb_ring_sleep(&w->replies, PFB_POOL_SLEEPER_CALLER, left, caller_ready, &reading);
   }
 }
 
 int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns) {
-  int64_t deadline = timeout_ns < 0 ? -1 : pfb_now_ns() + timeout_ns;
+  int64_t deadline = pfb_deadline_ns(timeout_ns);
   int tried = 0;
   for (;;) {
-    uint32_t state = __atomic_load_n(&call->state, SC);
-    if (state != PFB_DISPATCH_WAITING) return 0;
-    int64_t left = -1;
-    if (deadline >= 0) {
-      left = deadline - pfb_now_ns();
-      if (left <= 0) return ETIMEDOUT;
-    }
+    if (__atomic_load_n(&call->state, SC) != PFB_DISPATCH_WAITING) return 0;
+    int64_t left = pfb_left_ns(deadline);
+    if (left == 0) return ETIMEDOUT;
     /* Posted, and nobody reads its worker's ring: this caller does. */
     int index = __atomic_load_n(&call->worker, SC);
     if (!tried && call->d != NULL && index >= 0 && index < call->d->workers_count) {
@@ -1373,7 +1284,7 @@ void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call) {
     pthread_mutex_unlock(&d->queue_lock);
     if (q != NULL) {
       queued_free(d, q, 1);
-    } else if (worker < 0 || !unlist(&d->workers[worker], call)) {
+    } else if (worker < 0 || !unlist(&d->workers[worker], call, 0)) {
       /* Not found: completed meanwhile (whoever ends a call unlists it
        * first, then publishes the state): wait for the state; its result
        * blocks go back, as an abandoned call's do. */
@@ -1411,21 +1322,6 @@ void pfb_dispatch_arena_hand_back(PfbDispatchArena* arena, uint64_t offset) {
   pthread_mutex_unlock(&w->back_lock);
 }
 
-int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size) {
-  pthread_mutex_lock(&d->arena_lock);
-  int rc = pfb_arena_alloc(d->arena, nbytes, offset, size);
-  pthread_mutex_unlock(&d->arena_lock);
-  return rc;
-}
-
-int pfb_dispatch_free(PfbDispatch* d, uint64_t offset) {
-  pthread_mutex_lock(&d->arena_lock);
-  int rc = pfb_arena_free(d->arena, offset);
-  pthread_cond_broadcast(&d->room);
-  pthread_mutex_unlock(&d->arena_lock);
-  return rc;
-}
-
 uint64_t pfb_dispatch_free_bytes(PfbDispatch* d) {
   pthread_mutex_lock(&d->arena_lock);
   uint64_t n = pfb_arena_free_bytes(d->arena);
@@ -1439,11 +1335,18 @@ uint32_t pfb_dispatch_ring_slots(PfbDispatch* d) {
 
 /* -------------------------------------------------------------- routes -- */
 
+/* Every route's (dispatch.h, PfbDispatchApi). */
+static const PfbDispatchApi api = {
+    pfb_dispatch_submit,     pfb_dispatch_wait,       pfb_dispatch_finish,
+    pfb_msg_read_tensor,     pfb_dispatch_arena_keep, pfb_dispatch_arena_drop,
+    pfb_dispatch_arena_hand_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop,
+    pfb_dispatch_reply_hand_back};
+
 PfbDispatchRoute* pfb_dispatch_route_new(PfbDispatch* d, uint64_t token, uint32_t flags) {
   PfbDispatchRoute* route = (PfbDispatchRoute*)calloc(1, sizeof(PfbDispatchRoute));
   if (route == NULL) return NULL;
   route->refs = 1;
-  route->api = pfb_dispatch_api();
+  route->api = &api;
   route->d = d;
   pfb_dispatch_retain(d);
   route->token = token;
@@ -1464,21 +1367,9 @@ void pfb_dispatch_route_drop(PfbDispatchRoute* route) {
 
 void pfb_dispatch_set_counting(int on) { __atomic_store_n(&counting_on, on ? 1 : 0, SC); }
 
-static const PfbDispatchApi api = {
-    pfb_dispatch_submit,     pfb_dispatch_wait,       pfb_dispatch_finish,
-    pfb_msg_read_tensor,     pfb_dispatch_arena_keep, pfb_dispatch_arena_drop,
-    pfb_dispatch_arena_hand_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop,
-    pfb_dispatch_reply_hand_back};
-
-const PfbDispatchApi* pfb_dispatch_api(void) { return &api; }
-
 void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out) {
-  out->calls = __atomic_load_n(&d->counts.calls, SC);
-  out->loads = __atomic_load_n(&d->counts.loads, SC);
-  out->doorbells = __atomic_load_n(&d->counts.doorbells, SC);
-  out->reply_sleeps = __atomic_load_n(&d->counts.reply_sleeps, SC);
-  out->caller_reads = __atomic_load_n(&d->counts.caller_reads, SC);
-  out->input_blocks = __atomic_load_n(&d->counts.input_blocks, SC);
-  out->resent = __atomic_load_n(&d->counts.resent, SC);
-  out->queued = __atomic_load_n(&d->counts.queued, SC);
+  /* (Every field a uint64_t counter.) */
+  uint64_t* from = (uint64_t*)&d->counts;
+  for (size_t i = 0; i < sizeof(*out) / sizeof(uint64_t); ++i)
+    ((uint64_t*)out)[i] = __atomic_load_n(&from[i], SC);
 }

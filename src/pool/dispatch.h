@@ -1,47 +1,29 @@
 /* The parent's native side of a pool's rings (shm_layout.h): calls posted
  * and completed without Python.  A caller hands its inputs (host memory) and
  * a function token; the dispatcher copies the inputs into the input arena,
- * posts a CALL to a worker (a LOAD first, the first time that worker meets
- * the token), and the worker's reply thread completes the call when its
- * DONE arrives.  Nothing here takes the GIL or calls Python: the kernel can
- * call it from TF's threads while any Python thread holds the GIL.
+ * queues the call, posts it to a worker with credit (a LOAD first, the first
+ * time that worker meets the token), and completes it when its DONE arrives.
+ * Nothing here takes the GIL or calls Python: the kernel calls it from TF's
+ * threads while any Python thread holds it.  The steps, the scheduler and
+ * who owns each block: docs/pool.md ("The life of a call", "Scheduling").
  *
- * Scheduling (the pool's one scheduler): a worker has at most two CALLs
- * posted and not answered (its credits: one running, the next ready on its
- * ring), and none more while its running call has run 20 ms (a slow or
- * stuck call: what is posted behind it waits with it).  Every call joins a
- * pool-wide FIFO queue, with its inputs already in the arena and its CALL
- * built; the submitter posts the queue's first calls to workers with
- * credit, and each reply thread, on a DONE, posts them to its own worker
- * before it wakes the caller.  So a worker stuck in a slow call holds only
- * the calls it already had; the rest go to the workers that come free.
+ * Python (pyfunc_bridge/pool/) starts workers and lays out their segments
+ * (attach), notices a worker's death (its socket ends: lost) and decodes what
+ * is not plain memory (errors, pickled values).
  *
- * What stays with Python (pyfunc_bridge/pool/): starting workers and
- * laying out their segments (it attaches each to the dispatcher), noticing a
- * worker's death (its socket ends: pfb_dispatch_lost fails that worker's
- * calls with the message Python built), and decoding what is not plain
- * memory (errors, pickled values).
- *
- * Threads: any number of callers; one reply thread per attached worker (a
- * pthread, started by pfb_dispatch_attach, ended by pfb_dispatch_lost or
- * pfb_dispatch_delete).  A worker's reply ring has one reader at a time,
- * whoever holds its reader role: a caller waiting for a call posted to that
- * worker takes it when it is free, reads the worker's DONE itself (one
- * wake-up, from the worker straight to the caller) and every other message
- * as the reply thread would (the same code: other callers' DONEs, credits
- * and the queue's posts, INPUTS_BACK), and gives it back once its call is
- * done; the reply thread reads whenever no caller does.  Each worker's
- * request ring has one producer at a time (the worker's `post` mutex; a
- * reader only tries it, and never waits for room while it holds it: the
- * room comes from its own worker, which may wait for it to read); the queue
- * has its own mutex, taken after `post`; the input arena's allocator has its
- * own mutex and a condition for callers waiting for room.
+ * Threads: any number of callers; one reply thread per attached worker.  A
+ * worker's reply ring has one reader at a time, whoever holds its reader
+ * role: a caller waiting for a call posted there takes it when it is free
+ * (one wake-up, from the worker straight to the caller) and reads every
+ * message as the reply thread would.  A request ring has one producer at a
+ * time (the worker's `post` mutex; a reader only tries it, and never waits
+ * for room while it holds it: the room comes from its own worker, which may
+ * wait for it to read).  Lock order and what each lock guards: dispatch.c.
  *
  * Lifetime: a dispatcher is referenced by its creator (Python's Dispatcher,
- * whose pfb_dispatch_delete closes it and drops that reference), by each
- * native route (a kernel's, PfbDispatchRoute) and by each result arena
- * mapping (PfbDispatchArena); its memory goes with the last reference, so a
- * kernel that outlives its pool finds it closed (EPIPE), never freed.
+ * whose pfb_dispatch_delete closes it), by each route and by each result
+ * arena mapping; its memory goes with the last reference, so a kernel that
+ * outlives its pool finds it closed (EPIPE), never freed.
  *
  * Plain C (pthreads, futexes) that also compiles as C++. */
 #ifndef PYFUNC_BRIDGE_POOL_DISPATCH_H_
@@ -68,8 +50,7 @@ typedef struct PfbDispatch PfbDispatch;
 typedef struct PfbDispatchArena {
   uint32_t refs;
   PfbDispatch* d;        /* a reference on the dispatcher */
-  int index;             /* the worker slot ... */
-  uint64_t generation;   /* ... and its attachment whose arena this is */
+  int index;             /* the worker slot whose arena this is */
   char* base;            /* the mapping, owned (PROT_READ) */
   uint64_t bytes;
 } PfbDispatchArena;
@@ -123,7 +104,6 @@ typedef struct PfbDispatchCall {
    * blocks are in, dropped by pfb_dispatch_finish.  The blocks themselves
    * are the caller's: each goes back by pfb_dispatch_arena_hand_back. */
   PfbPoolSlot* reply;
-  uint32_t reply_slots;
   PfbDispatchArena* arena;
   /* FAILED: the message, malloc'd, freed by pfb_dispatch_finish. */
   char* error;
@@ -173,8 +153,6 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
 /* The function of `token`: the LOAD payload (shm_layout.h: the pickle of
  * (sys.path or None, the function's cloudpickle)), copied.  0, or ENOMEM. */
 int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, uint64_t size);
-/* Whether `token` is registered. */
-int pfb_dispatch_knows(PfbDispatch* d, uint64_t token);
 /* The function of `token` was dropped: unregistered (calls of it: ENOENT),
  * and each worker that loaded it over the ring gets a FORGET with its next
  * request. */
@@ -182,10 +160,8 @@ void pfb_dispatch_forget(PfbDispatch* d, uint64_t token);
 
 /* Copies the inputs into the input arena (waiting up to `timeout_ns` for
  * room) and queues the call; then posts the queue's first calls to the
- * workers with credit (see Scheduling; one not held by a long call first,
- * then the fewest calls posted), each with a LOAD if the worker lacks its
- * token, and rings a doorbell if the worker sleeps.  0: posted, or queued
- * (a reply thread posts it; the caller waits the same).  EAGAIN: no worker
+ * workers with credit.  0: posted, or queued (a reply thread posts it; the
+ * caller waits the same).  EAGAIN: no worker
  * attached; ENOENT: token not registered; ETIMEDOUT; ENOSPC: no room, and
  * no posted call in flight to make any (queued calls and functions hold
  * their blocks), or no room for the LOAD; E2BIG: the inputs can never fit
@@ -194,9 +170,8 @@ int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
                         const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
                         PfbDispatchCall* call);
 /* Sleeps until the call is DONE or FAILED (0), or `timeout_ns` passed
- * (ETIMEDOUT; negative: no limit).  While it waits for a posted call it
- * reads that worker's reply ring itself when the reader role is free (see
- * Threads), and gives the role back before it returns. */
+ * (ETIMEDOUT; negative: no limit), reading its worker's reply ring itself
+ * while it holds the reader role (see Threads). */
 int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns);
 /* The caller is done with the call: frees its reply and error; a call not
  * completed yet is abandoned: a queued one leaves the queue and its input
@@ -214,12 +189,7 @@ void pfb_dispatch_arena_hand_back(PfbDispatchArena* arena, uint64_t offset);
  * records', or its error's). */
 void pfb_dispatch_reply_hand_back(PfbDispatchCall* call);
 
-/* The input arena's allocator, for tests that play the parent's side of a
- * worker's rings: a block of at least `nbytes` now (0, its offset and size)
- * or ENOMEM; and its free (0, or EINVAL for no live block there), which
- * wakes the callers waiting for room.  Its free bytes now. */
-int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size);
-int pfb_dispatch_free(PfbDispatch* d, uint64_t offset);
+/* The input arena's free bytes now. */
 uint64_t pfb_dispatch_free_bytes(PfbDispatch* d);
 
 /* The slots of a worker's request ring (0 until a worker was attached): a
@@ -256,17 +226,15 @@ typedef struct PfbDispatchRouteCounts {
   uint64_t bytes_out;    /* results' data */
   uint64_t shared_out;   /* results' bytes handed to TF without a copy */
   uint64_t copied_out;   /* results' bytes copied (copy=True) */
-  uint64_t copies_saved; /* results handed over from a result block without a copy
-                          * here (not under copy=True), whether the worker
-                          * shared or copied them; a NumPy scalar (a 0-d record
-                          * the worker wrote) saves none, as on the Python
-                          * path, which pickles it */
+  uint64_t copies_saved; /* results handed over from a result block without a
+                          * copy here (not copy=True), shared or copied by the
+                          * worker; not a NumPy scalar (the Python path
+                          * pickles it) */
   uint64_t queued_ns;    /* posted -> its worker started it */
   uint64_t worker_ns;    /* its worker started -> finished it */
   uint64_t total_ns;     /* the kernel's whole call */
   uint64_t worker_copied; /* results' bytes the worker copied into its arena
-                           * (not its function's own arena memory; NumPy
-                           * scalars aside): the function's "worker" copies */
+                           * (NumPy scalars aside): the function's "worker" copies */
   /* Of bytes_in, as the function's statistics count them (the Python
    * path's rule): strings' bytes (its "string" copies), and numbers copied
    * for the worker (its "worker" copies; not a 0-d input that the function
@@ -300,9 +268,8 @@ void pfb_dispatch_route_drop(PfbDispatchRoute* route);
 /* Whether routes count (pfb.enable_stats): one switch for the process. */
 void pfb_dispatch_set_counting(int on);
 
-/* The functions a kernel calls, for a library that does not link the worker
- * module (the kernel library): every route points to this table, which
- * lives as long as the process. */
+/* The functions a kernel calls, for a library that does not link the pool
+ * module (the kernel library): every route points to one static table. */
 typedef struct PfbDispatchApi {
   int (*submit)(PfbDispatch* d, uint64_t token, uint32_t flags, const PfbDispatchInput* inputs,
                 uint32_t count, int64_t timeout_ns, PfbDispatchCall* call);
@@ -317,8 +284,6 @@ typedef struct PfbDispatchApi {
   void (*route_drop)(PfbDispatchRoute* route);
   void (*reply_hand_back)(PfbDispatchCall* call);
 } PfbDispatchApi;
-
-const PfbDispatchApi* pfb_dispatch_api(void);
 
 #ifdef __cplusplus
 }

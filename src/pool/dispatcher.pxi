@@ -93,9 +93,6 @@ cdef class Dispatcher:
                                  payload.shape[0]):
             raise MemoryError()
 
-    def knows(self, uint64_t token):
-        return bool(pfb_dispatch_knows(self._d, token))
-
     def call(self, uint64_t token, arrays, uint32_t flags=0, wait=None):
         """Route.call on a route of its own (so its errors), for tests: the
         DONE as (Message, NativeArena), its result blocks the caller's to
@@ -135,20 +132,6 @@ cdef class Dispatcher:
                     for k in range(times)]
         finally:
             free(stamps)
-
-    def alloc(self, uint64_t nbytes):
-        """(offset, size) of an input-arena block, or None: for tests that
-        play the parent's side of a worker's rings (the arena is shared
-        with the dispatcher's calls)."""
-        cdef uint64_t offset, size
-        if pfb_dispatch_alloc(self._d, nbytes, &offset, &size):
-            return None
-        return offset, size
-
-    def free(self, uint64_t offset):
-        """Frees a block that alloc gave."""
-        if pfb_dispatch_free(self._d, offset):
-            raise ValueError(f"pyfunc_bridge: no live input block starts at offset {offset}")
 
     def free_bytes(self):
         return pfb_dispatch_free_bytes(self._d)

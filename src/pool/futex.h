@@ -10,11 +10,35 @@
 #include <time.h>
 #include <unistd.h>
 
-/* CLOCK_MONOTONIC ns (time.monotonic_ns() in any process of this machine). */
-static inline int64_t pfb_now_ns(void) {
+/* `clock`'s time in ns: CLOCK_REALTIME is time.time_ns() (TraceMe's clock,
+ * the DONE's stamps), CLOCK_MONOTONIC time.monotonic_ns(), in any process. */
+static inline int64_t pfb_clock_ns(clockid_t clock) {
   struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
+  clock_gettime(clock, &t);
   return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* CLOCK_MONOTONIC: every timeout's clock. */
+static inline int64_t pfb_now_ns(void) { return pfb_clock_ns(CLOCK_MONOTONIC); }
+
+/* The deadline of a wait of `timeout_ns` (negative: no limit, -1)... */
+static inline int64_t pfb_deadline_ns(int64_t timeout_ns) {
+  return timeout_ns < 0 ? -1 : pfb_now_ns() + timeout_ns;
+}
+
+/* ... and the time left before it: -1 for none, 0 once it passed. */
+static inline int64_t pfb_left_ns(int64_t deadline) {
+  if (deadline < 0) return -1;
+  int64_t left = deadline - pfb_now_ns();
+  return left > 0 ? left : 0;
+}
+
+/* `ns` as a timespec in `t`: `t`, or NULL for a negative `ns` (no limit). */
+static inline struct timespec* pfb_timespec(int64_t ns, struct timespec* t) {
+  if (ns < 0) return NULL;
+  t->tv_sec = (time_t)(ns / 1000000000);
+  t->tv_nsec = (long)(ns % 1000000000);
+  return t;
 }
 
 /* Sleeps while *word == expected, at most `ns` (negative: no limit).  `op`:
@@ -22,29 +46,17 @@ static inline int64_t pfb_now_ns(void) {
  * memory), FUTEX_WAIT_PRIVATE when it is this one.  EINTR, EAGAIN (the
  * word changed first) and ETIMEDOUT all send the caller back to its checks. */
 static inline void pfb_futex_wait(uint32_t* word, uint32_t expected, int64_t ns, int op) {
-  struct timespec timeout;
-  struct timespec* limit = NULL;
-  if (ns >= 0) {
-    timeout.tv_sec = (time_t)(ns / 1000000000);
-    timeout.tv_nsec = (long)(ns % 1000000000);
-    limit = &timeout;
-  }
-  syscall(SYS_futex, word, op, expected, limit, NULL, 0);
+  struct timespec t;
+  syscall(SYS_futex, word, op, expected, pfb_timespec(ns, &t), NULL, 0);
 }
 
 /* As pfb_futex_wait, for a sleeper of `bitset` (FUTEX_WAIT_BITSET, whose
  * limit is absolute: CLOCK_MONOTONIC), on a shared word. */
 static inline void pfb_futex_wait_bitset(uint32_t* word, uint32_t expected, int64_t ns,
                                          uint32_t bitset) {
-  struct timespec at;
-  struct timespec* limit = NULL;
-  if (ns >= 0) {
-    int64_t deadline = pfb_now_ns() + ns;
-    at.tv_sec = (time_t)(deadline / 1000000000);
-    at.tv_nsec = (long)(deadline % 1000000000);
-    limit = &at;
-  }
-  syscall(SYS_futex, word, FUTEX_WAIT_BITSET, expected, limit, NULL, bitset);
+  struct timespec t;
+  syscall(SYS_futex, word, FUTEX_WAIT_BITSET, expected, pfb_timespec(pfb_deadline_ns(ns), &t),
+          NULL, bitset);
 }
 
 /* Wakes every sleeper of `word` whose bitset meets `bitset`. */

@@ -4,6 +4,13 @@
 #include <errno.h>
 #include <string.h>
 
+/* Dimension `d` of the record at `slot`: inline, then in PfbPoolDims slots. */
+static const int64_t* dim_at(const PfbPoolSlot* slot, int32_t d) {
+  if (d < PFB_POOL_INLINE_DIMS) return &slot->tensor.dims[d];
+  d -= PFB_POOL_INLINE_DIMS;
+  return &slot[1 + d / PFB_POOL_DIMS_PER_SLOT].dims.dims[d % PFB_POOL_DIMS_PER_SLOT];
+}
+
 void pfb_msg_init(PfbPoolSlot* out, uint16_t kind) {
   memset(&out[0], 0, sizeof(PfbPoolSlot));
   out[0].message.kind = kind;
@@ -21,14 +28,7 @@ int pfb_msg_add_tensor(PfbPoolSlot* out, uint32_t max_slots, const PfbPoolTensor
   slot->tensor = *tensor;
   slot->tensor.reserved = 0;
   memset(slot->tensor.dims, 0, sizeof(slot->tensor.dims));
-  for (int32_t d = 0; d < tensor->ndim; ++d) {
-    if (d < PFB_POOL_INLINE_DIMS) {
-      slot->tensor.dims[d] = dims[d];
-    } else {
-      int32_t rest = d - PFB_POOL_INLINE_DIMS;
-      slot[1 + rest / PFB_POOL_DIMS_PER_SLOT].dims.dims[rest % PFB_POOL_DIMS_PER_SLOT] = dims[d];
-    }
-  }
+  for (int32_t d = 0; d < tensor->ndim; ++d) *(int64_t*)dim_at(slot, d) = dims[d];
   out[0].message.slots = (uint16_t)(at + need);
   ++out[0].message.count;
   return 0;
@@ -56,15 +56,8 @@ int pfb_msg_read_tensor(const PfbPoolSlot* message, uint32_t* cursor, PfbPoolTen
   if (tensor->ndim < 0 || tensor->ndim > PFB_POOL_MAX_NDIM) return EPROTO;
   uint32_t need = pfb_pool_tensor_slots(tensor->ndim);
   if (at + need > slots) return EPROTO;
-  for (int32_t d = 0; d < tensor->ndim; ++d) {
-    if (d < PFB_POOL_INLINE_DIMS) {
-      dims[d] = tensor->dims[d];
-    } else {
-      int32_t rest = d - PFB_POOL_INLINE_DIMS;
-      dims[d] = message[at + 1 + rest / PFB_POOL_DIMS_PER_SLOT].dims.dims[rest % PFB_POOL_DIMS_PER_SLOT];
-    }
-    if (dims[d] < 0) return EPROTO;
-  }
+  for (int32_t d = 0; d < tensor->ndim; ++d)
+    if ((dims[d] = *dim_at(&message[at], d)) < 0) return EPROTO;
   *cursor = at + need;
   return 0;
 }

@@ -24,13 +24,6 @@ static void cpu_relax(void) {
 #endif
 }
 
-/* The time left before `deadline` (negative deadline: no limit, -1). */
-static int64_t time_left(int64_t deadline) {
-  if (deadline < 0) return -1;
-  int64_t left = deadline - pfb_now_ns();
-  return left > 0 ? left : 0;
-}
-
 void pfb_ring_attach(PfbRing* ring, PfbPoolRingWords* words, PfbPoolSlot* slots,
                      uint32_t capacity) {
   memset(ring, 0, sizeof(*ring));
@@ -39,8 +32,6 @@ void pfb_ring_attach(PfbRing* ring, PfbPoolRingWords* words, PfbPoolSlot* slots,
   ring->capacity = capacity;
   ring->doorbell = -1;
 }
-
-void pfb_ring_set_doorbell(PfbRing* ring, int fd) { ring->doorbell = fd; }
 
 void pfb_ring_set_consumer_sleeping(PfbRing* ring, int sleeping) {
   if (sleeping)
@@ -81,11 +72,11 @@ uint32_t pfb_ring_room(const PfbRing* ring) {
 int pfb_ring_wait_room(PfbRing* ring, uint32_t slots, int64_t timeout_ns) {
   PfbPoolRingWords* w = ring->words;
   if (slots > ring->capacity) return EMSGSIZE;
-  int64_t deadline = timeout_ns < 0 ? -1 : pfb_now_ns() + timeout_ns;
+  int64_t deadline = pfb_deadline_ns(timeout_ns);
   for (;;) {
     if (pfb_ring_closed(ring)) return EPIPE;
     if (pfb_ring_room(ring) >= slots) return 0;
-    int64_t left = time_left(deadline);
+    int64_t left = pfb_left_ns(deadline);
     if (left == 0) return ETIMEDOUT;
     /* A consumer asleep with messages it was never rung for (a batch not
      * notified yet) would never make the room this waits for. */
@@ -156,27 +147,20 @@ uint32_t pfb_ring_available(const PfbRing* ring) {
   return n > ring->capacity ? ring->capacity + 1 : (uint32_t)n;
 }
 
+static int has_items(void* ring) { return pfb_ring_available((PfbRing*)ring) != 0; }
+
 int pfb_ring_wait_items(PfbRing* ring, int64_t timeout_ns, uint32_t checks) {
-  PfbPoolRingWords* w = ring->words;
   for (uint32_t i = 0; i < checks; ++i) {
     if (pfb_ring_available(ring)) return 0;
     cpu_relax();
   }
-  int64_t deadline = timeout_ns < 0 ? -1 : pfb_now_ns() + timeout_ns;
+  int64_t deadline = pfb_deadline_ns(timeout_ns);
   for (;;) {
     if (pfb_ring_available(ring)) return 0;
     if (pfb_ring_closed(ring)) return EPIPE;
-    int64_t left = time_left(deadline);
+    int64_t left = pfb_left_ns(deadline);
     if (left == 0) return ETIMEDOUT;
-    uint32_t seen = LOAD(w->items_wake, SC);
-    __atomic_fetch_or(&w->consumer_sleeping, PFB_POOL_SLEEPER_READER, SC);
-    /* Re-checked after the flag: a message published before the producer
-     * could see the flag is found here instead of being slept through. */
-    if (!pfb_ring_available(ring) && !pfb_ring_closed(ring)) {
-      ++ring->sleeps;
-      pfb_futex_wait_bitset(&w->items_wake, seen, left, PFB_POOL_SLEEPER_READER);
-    }
-    __atomic_fetch_and(&w->consumer_sleeping, ~(uint32_t)PFB_POOL_SLEEPER_READER, SC);
+    ring->sleeps += pfb_ring_sleep(ring, PFB_POOL_SLEEPER_READER, left, has_items, ring);
   }
 }
 
@@ -186,8 +170,8 @@ int pfb_ring_sleep(PfbRing* ring, uint32_t sleeper, int64_t timeout_ns,
   int slept = 0;
   uint32_t seen = LOAD(w->items_wake, SC);
   __atomic_fetch_or(&w->consumer_sleeping, sleeper, SC);
-  /* After the flag, as in wait_items: whoever changes what `ready` reads
-   * either sees the flag (and wakes) or is seen here. */
+  /* Checked after the flag: whoever changes what `ready` reads (a producer
+   * that publishes) either sees the flag (and wakes) or is seen here. */
   if (timeout_ns != 0 && !pfb_ring_closed(ring) && !ready(context)) {
     slept = 1;
     pfb_futex_wait_bitset(&w->items_wake, seen, timeout_ns, sleeper);

@@ -66,9 +66,6 @@ int pfb_ring_write(PfbRing* ring, const PfbPoolSlot* message);
  * 1 when a FUTEX_WAKE (or a doorbell write) was made, 0 when the consumer
  * was awake. */
 int pfb_ring_notify(PfbRing* ring);
-/* Wakes the consumer by writing to the eventfd `fd` instead of the futex
- * (-1: the futex again). */
-void pfb_ring_set_doorbell(PfbRing* ring, int fd);
 
 /* ---- the consumer ---- */
 
@@ -84,8 +81,8 @@ int pfb_ring_wait_items(PfbRing* ring, int64_t timeout_ns, uint32_t checks);
  * the protocol: the caller ends the worker). */
 int pfb_ring_read(PfbRing* ring, PfbPoolSlot* out, uint32_t max_slots);
 
-/* For a ring whose consumer is one of several threads of its process, one
- * at a time (the parent's reply ring, dispatch.c's reader role): announces
+/* The consumer's sleep (wait_items', and the parent's reply ring's, whose
+ * consumer is one of several threads, dispatch.c's reader role): announces
  * `sleeper` (PFB_POOL_SLEEPER_*) and sleeps, unless the ring is closed or
  * `ready(context)` (checked after the announcement), until a producer or
  * pfb_ring_wake wakes that sleeper, or `timeout_ns` (negative: no limit).

@@ -89,7 +89,7 @@ cdef class Channel:
                         pfb_pool_request_slots(self._control) + ring_slots, ring_slots)
         # The request ring's producer (the parent) rings the worker's
         # eventfd, on which the worker polls with its socket.
-        pfb_ring_set_doorbell(&self._rings[0], doorbell)
+        self._rings[0].doorbell = doorbell
         if create:
             pfb_ring_reset(&self._rings[0])
             pfb_ring_reset(&self._rings[1])

@@ -38,7 +38,9 @@ class Client:
             assert time.monotonic() < deadline, "the worker never served its ring"
             time.sleep(0.01)
         self.channel = self.worker.channel
-        self.arena = pool._dispatch  # the input arena's allocator
+        # The input arena's allocator: this test's own (the pool's dispatcher,
+        # never attached here, allocates nothing).
+        self.arena = pw.Arena(len(pool._input_map))
         self.inputs = np.frombuffer(pool._input_map, np.uint8)
         self.results = np.frombuffer(self.worker.result_map, np.uint8)
         self.held = {}       # input offset -> size, until INPUTS_BACK

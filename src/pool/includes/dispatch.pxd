@@ -9,7 +9,6 @@ cdef extern from "dispatch.h" nogil:
     ctypedef struct PfbDispatchArena:
         uint32_t refs
         int index
-        uint64_t generation
         char* base
         uint64_t bytes
 
@@ -35,7 +34,6 @@ cdef extern from "dispatch.h" nogil:
         int worker
         uint64_t generation
         PfbPoolSlot* reply
-        uint32_t reply_slots
         char* error
         int32_t error_code
         PfbDispatchArena* arena
@@ -93,14 +91,11 @@ cdef extern from "dispatch.h" nogil:
     void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message,
                            int resend)
     int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, uint64_t size)
-    int pfb_dispatch_knows(PfbDispatch* d, uint64_t token)
     int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
                             const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
                             PfbDispatchCall* call)
     int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns)
     void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call)
     void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out)
-    int pfb_dispatch_alloc(PfbDispatch* d, uint64_t nbytes, uint64_t* offset, uint64_t* size)
-    int pfb_dispatch_free(PfbDispatch* d, uint64_t offset)
     uint64_t pfb_dispatch_free_bytes(PfbDispatch* d)
     uint32_t pfb_dispatch_ring_slots(PfbDispatch* d)

@@ -22,7 +22,6 @@ cdef extern from "ring.h" nogil:
     int pfb_ring_wait_room(PfbRing* ring, uint32_t slots, int64_t timeout_ns)
     int pfb_ring_write(PfbRing* ring, const PfbPoolSlot* message)
     int pfb_ring_notify(PfbRing* ring)
-    void pfb_ring_set_doorbell(PfbRing* ring, int fd)
     void pfb_ring_set_consumer_sleeping(PfbRing* ring, int sleeping)
     uint32_t pfb_ring_available(const PfbRing* ring)
     int pfb_ring_wait_items(PfbRing* ring, int64_t timeout_ns, uint32_t checks)
