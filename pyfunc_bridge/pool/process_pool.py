@@ -351,11 +351,25 @@ _default = None
 _default_lock = threading.Lock()
 
 
+def _before_fork():
+    # The spawner's wait first: the result arenas' copy must be the last
+    # thing before the fork (workers write on meanwhile), and its lock lets
+    # one fork at a time own the copy.
+    spawner.before_fork()
+    fork.before_fork(_memfd_names)
+
+
+def _after_fork_in_parent():
+    fork.after_fork_in_parent()
+    spawner.after_fork_in_parent()
+
+
 def _after_fork_in_child():
     """A forked child has none of the parent's pools (their workers serve
     the parent): they are closed here without touching them, and
     executor="process" starts a fresh default pool on first use."""
     global _default, _default_lock
+    spawner.after_fork_in_child()
     for pool in list(_live_pools):
         pool._forked()
     _live_pools.clear()  # this process's atexit hook must not close them
@@ -366,8 +380,7 @@ def _after_fork_in_child():
     _default_lock = threading.Lock()
 
 
-os.register_at_fork(before=lambda: fork.before_fork(_memfd_names),
-                    after_in_parent=fork.after_fork_in_parent,
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                     after_in_child=_after_fork_in_child)
 
 

@@ -1,5 +1,6 @@
 """The thread that starts every worker process of this process's pools
 (pool/supervision.py runs each start there, ``spawner.run``)."""
+import _thread
 import os
 import queue
 import subprocess
@@ -28,6 +29,7 @@ class Spawner:
         # pools have (Supervision._forked), and no other.  Reentrant: a fork
         # on this thread meanwhile does not wait for itself.
         self.descriptors = threading.RLock()
+        self._interrupted = False  # a Ctrl-C came while a fork waited
 
     def run(self, function, *args, **kwargs):
         """function(*args, **kwargs) on the spawning thread: its value, or its
@@ -67,13 +69,37 @@ class Spawner:
                 reply.put((False, exc))
             del function, args, kwargs, reply  # nothing of a request outlives it here
 
+    def before_fork(self):
+        """Waits for a start that holds descriptors (the first fork hook to
+        run, process_pool's).  A hook cannot raise: a Ctrl-C meanwhile is
+        raised again once the fork is done (after_fork_in_parent), and the
+        wait goes on."""
+        self._interrupted = False
+        while True:
+            try:
+                self.descriptors.acquire()
+                return
+            except KeyboardInterrupt:
+                self._interrupted = True
+                if self.descriptors._is_owned():  # it came once the lock was taken
+                    return
+
+    def after_fork_in_parent(self):
+        """The last fork hook to run in the parent."""
+        self.descriptors.release()
+        if self._interrupted:
+            self._interrupted = False
+            # Later, from another thread: raised in a hook, it would be ignored
+            # (the hooks left take microseconds; should one outlast the delay,
+            # the Ctrl-C is reported as ignored, as it would be without this).
+            timer = threading.Timer(0.01, _thread.interrupt_main)
+            timer.daemon = True
+            timer.start()
+
     def after_fork_in_child(self):
-        """The spawning thread is not in a forked child: the child starts its own."""
+        """The spawning thread is not in a forked child: the child starts its
+        own, and its lock is new."""
         self.__init__()
 
 
 spawner = Spawner()
-# (Lambdas: the child's spawner has a lock of its own.)
-os.register_at_fork(before=lambda: spawner.descriptors.acquire(),
-                    after_in_parent=lambda: spawner.descriptors.release(),
-                    after_in_child=spawner.after_fork_in_child)

@@ -207,6 +207,13 @@ def hold_the_start(event, args):
         in_start.set()
         forked.wait(5)  # (the bound: a fork that waits for this start)
 
+# The result arenas' copy must come after the wait for the start (workers
+# write on meanwhile), under the lock that makes one fork own it at a time.
+from pyfunc_bridge.pool import fork, spawn
+copy, copied_holding = fork.before_fork, []
+fork.before_fork = lambda names: (copied_holding.append(spawn.spawner.descriptors._is_owned()),
+                                  copy(names))
+
 before = set(sockets_and_eventfds())
 sys.addaudithook(hold_the_start)
 box = {}
@@ -225,9 +232,69 @@ os.waitpid(child, 0)
 starting.join()
 box["pool"].close()
 assert held == "[]", f"the forked child held the starting worker's {held}"
+assert copied_holding == [True], f"the arenas were copied before the wait: {copied_holding}"
+print("done")
+"""
+
+_CTRL_C_WHILE_A_FORK_WAITS_SCRIPT = r"""
+import os, signal, sys, threading, time
+import pyfunc_bridge as pfb
+from pyfunc_bridge.pool import spawn
+
+main = threading.main_thread()
+in_start, done = threading.Event(), threading.Event()
+
+def waits_in_fork():
+    frame = sys._current_frames().get(main.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "before_fork":
+            return True
+        frame = frame.f_back
+    return False
+
+def hold_the_start(event, args):
+    if (event == "subprocess.Popen" and "start_worker" in str(args[1])
+            and not in_start.is_set()):
+        in_start.set()
+        deadline = time.monotonic() + 60
+        while not waits_in_fork():
+            assert time.monotonic() < deadline, "the fork never waited for the start"
+            time.sleep(0.001)
+        signal.pthread_kill(main.ident, signal.SIGINT)
+
+sys.addaudithook(hold_the_start)
+box = {}
+starting = threading.Thread(target=lambda: box.update(pool=pfb.ProcessPool(1, name="started")))
+starting.start()
+in_start.wait()
+outcome = "no KeyboardInterrupt"
+try:
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+except KeyboardInterrupt:
+    outcome = "interrupted"
+starting.join()
+assert outcome == "interrupted", outcome
+assert spawn.spawner.descriptors.acquire(blocking=False), "the fork left the lock held"
+spawn.spawner.descriptors.release()
+box["pool"].close()
+with pfb.ProcessPool(1, name="after") as pool:  # a start after it takes the lock
+    pool.pids()
 print("done")
 """
 
 
 def test_a_fork_while_a_worker_starts_leaves_the_child_none_of_its_descriptors():
     run_script(_FORK_DURING_START_SCRIPT)
+
+
+def test_a_ctrl_c_while_a_fork_waits_for_a_start_comes_after_the_fork():
+    # A fork hook cannot raise: the wait goes on, and the Ctrl-C is raised
+    # once the fork is done (before, it skipped the wait and left the child
+    # the starting worker's descriptors).
+    run_script(_CTRL_C_WHILE_A_FORK_WAITS_SCRIPT)
