@@ -30,7 +30,8 @@ def dispatch_error(code, text):
     for cls in (WorkerError, PoolClosedError, CallTimeoutError):
         if name == f"{cls.__module__}.{cls.__qualname__}":
             return cls(message)
-    return WorkerError(text)
+    # (The dispatcher's own text: a call its close ended, FAILED_PRECONDITION.)
+    return PoolClosedError(text) if code == 9 else WorkerError(text)
 
 
 def raise_acyclic(error):

@@ -261,6 +261,8 @@ class ProcessPool(Supervision):
                  | pw.FRAMEWORK_FLAGS[framework] | (pw.CALL_FACTS if facts else 0))
         token, data = self._functions.get(func)
         with self._lock:
+            if self._closed:  # (close() sets it under this lock, then deletes the dispatcher)
+                return None
             route = self._routes.get((token, flags))
             if route is None:
                 if ("load", token) not in self._payloads:  # not registered yet

@@ -18,8 +18,9 @@
 
 #define SC __ATOMIC_SEQ_CST
 
-/* What a closed pool's calls end with (TensorFlow's CANCELLED). */
-#define CANCELLED 1
+/* What a closed pool's calls end with (TensorFlow's FAILED_PRECONDITION, as
+ * PoolClosedError's: pool/errors.py dispatch_error). */
+#define FAILED_PRECONDITION 9
 #define CLOSED_TEXT "pyfunc_bridge: the pool was closed"
 
 /* A registered function.  References (`refs`, atomic): the registry's
@@ -149,6 +150,10 @@ typedef struct Worker {
   Words inputs;
 } Worker;
 
+/* Lock order: a worker's `post`, then the dispatcher's `queue_lock`, then a
+ * worker's `calls`; `post`, then `arena_lock` (a call's input blocks handed
+ * to that worker, or freed) or that worker's `back_lock`.  `queue_lock` and
+ * `arena_lock` are never held together; `tokens_lock` is taken alone. */
 struct PfbDispatch {
   char* input_base;
   uint64_t input_bytes;
@@ -512,10 +517,13 @@ static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* 
 int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int doorbell,
                         const char* result_base, uint64_t result_bytes, uint64_t generation) {
   if (index < 0 || index >= d->workers_count) return EINVAL;
-  if (__atomic_load_n(&d->closed, SC)) return EPIPE;
   Worker* w = &d->workers[index];
   pthread_mutex_lock(&w->post);
-  int rc = attach(w, control, doorbell, result_base, result_bytes, generation);
+  /* (Under `post`: delete's lost() of this slot, which takes it too, then
+   * comes after, and no attach counts the slot again behind it.) */
+  int rc = __atomic_load_n(&d->closed, SC)
+               ? EPIPE
+               : attach(w, control, doorbell, result_base, result_bytes, generation);
   /* (Its reply thread's first look posts the calls queued meanwhile; a
    * look that met this lock is run here.) */
   post_unlock(w);
@@ -594,9 +602,13 @@ void pfb_dispatch_delete(PfbDispatch* d) {
   pthread_cond_broadcast(&d->room);  /* submits waiting for room: closed */
   pthread_mutex_unlock(&d->arena_lock);
   /* (`closed` set: no call joins the queue or leaves it for a worker from
-   * now on; the last attached worker's lost() fails it.) */
+   * now on, and no worker attaches.) */
   for (int i = 0; i < d->workers_count; ++i)
-    pfb_dispatch_lost(d, i, CANCELLED, CLOSED_TEXT, 0);
+    pfb_dispatch_lost(d, i, FAILED_PRECONDITION, CLOSED_TEXT, 0);
+  pthread_mutex_lock(&d->queue_lock);
+  Queued* queued = queue_take(d);  /* (the last lost() took it, if a worker was attached) */
+  pthread_mutex_unlock(&d->queue_lock);
+  end_queued(d, queued);
   /* What only calls use goes now, not with the last reference (a route a
    * kernel or the statistics keep): the input mapping, once no submit
    * copies into it (each sees `closed`, or its ring closed, at once), and
@@ -680,14 +692,17 @@ int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, u
   t->payload = copy;
   t->size = size;
   pthread_mutex_lock(&d->tokens_lock);
-  int known = find_token(d, token) != NULL;  /* registered already: the first stays */
+  /* Registered already: the first stays.  Closed: delete dropped the
+   * functions, and nothing would drop this one. */
+  int closed = __atomic_load_n(&d->closed, SC);
+  int known = closed || find_token(d, token) != NULL;
   if (!known) {
     t->next = d->tokens;
     d->tokens = t;
   }
   pthread_mutex_unlock(&d->tokens_lock);
   if (known) token_drop(t);
-  return 0;
+  return closed ? EPIPE : 0;
 }
 
 void pfb_dispatch_forget(PfbDispatch* d, uint64_t token) {
@@ -987,7 +1002,7 @@ static void end_queued(PfbDispatch* d, Queued* list) {
     Queued* next = list->next;
     PfbDispatchCall* call = list->call;
     queued_free(d, list, 1);
-    end_call(d, call, !closed, CANCELLED, CLOSED_TEXT, NULL);
+    end_call(d, call, !closed, FAILED_PRECONDITION, CLOSED_TEXT, NULL);
     list = next;
   }
 }

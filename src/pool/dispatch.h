@@ -97,7 +97,8 @@ typedef struct PfbDispatchCall {
   uint64_t id;
   int worker;            /* the worker that has it; -1 while queued (the
                           * queue's mutex; atomic: the waiting caller reads it) */
-  uint64_t generation;   /* that worker's generation (RESULTS_BACK names it) */
+  uint64_t generation;   /* that worker's generation (a waiting caller reads its
+                          * reply ring only while the attachment is the same) */
   uint64_t sequence;     /* its place among the CALLs posted to that worker */
   /* DONE: the message (header, records), malloc'd by its reader,
    * freed by pfb_dispatch_finish; and a reference on the arena its result
@@ -117,8 +118,8 @@ typedef struct PfbDispatchCall {
  * it is closed), for `workers` worker slots.  NULL when out of memory or
  * the mapping cannot be made. */
 PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers);
-/* Refuses calls from now on, fails the queued calls and those in flight
- * ("the pool was closed", CANCELLED), ends every reply thread, waits for
+/* Refuses calls and attaches from now on, fails the queued calls and
+ * those in flight ("the pool was closed", FAILED_PRECONDITION), ends every reply thread, waits for
  * the submits under way, unmaps the input arena, drops the functions and
  * the creator's reference. */
 void pfb_dispatch_delete(PfbDispatch* d);

@@ -89,9 +89,14 @@ cdef class Dispatcher:
         # lost() may still read the segment's running call (choose()).
 
     def register(self, uint64_t token, const unsigned char[::1] payload):
-        if pfb_dispatch_register(self._d, token, &payload[0] if payload.shape[0] else NULL,
-                                 payload.shape[0]):
+        cdef int rc = pfb_dispatch_register(self._d, token,
+                                            &payload[0] if payload.shape[0] else NULL,
+                                            payload.shape[0])
+        if rc == ENOMEM:
             raise MemoryError()
+        if rc:
+            raise OSError(rc, f"pyfunc_bridge: the dispatcher is closed: it registers "
+                              f"no function (token {token})")
 
     def call(self, uint64_t token, arrays, uint32_t flags=0, wait=None):
         """Route.call on a route of its own (so its errors), for tests: the

@@ -9,6 +9,7 @@ caller abandons it (its blocks come back at once), the dispatcher closes
 
 Through the worker module's Dispatcher (as tests/pool/test_pool_dispatch.py),
 with a function held at a gate the test opens (a file), never a sleep."""
+import errno
 import os
 import signal
 import threading
@@ -184,11 +185,16 @@ def test_closing_the_dispatcher_fails_its_queued_calls(gates):
         stuck.join()
         for failed in waiting.errors + stuck.errors:
             assert isinstance(failed, pw.DispatchFailed)
-            assert failed.args == (1, "pyfunc_bridge: the pool was closed")
+            # FAILED_PRECONDITION, as PoolClosedError's everywhere else.
+            assert failed.args == (9, "pyfunc_bridge: the pool was closed")
         assert len(waiting.errors) == 3 and len(stuck.errors) == 1
         assert dispatch.counts()["queued"] == 0
         with pytest.raises(pw.Declined, match="declined the call"):
             dispatch.call(TOKEN, [np.ones(1)])
+        # Nothing would drop a function registered now.
+        with pytest.raises(OSError, match="the dispatcher is closed") as refused:
+            register(dispatch, TOKEN + 1, gated(str(gates.dir)))
+        assert refused.value.errno == errno.EPIPE
 
 
 def test_queued_calls_wait_for_a_dead_worker_s_replacement(gates):
