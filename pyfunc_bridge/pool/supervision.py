@@ -256,7 +256,7 @@ class Supervision:
                 # ran _lost before _attach, which then attached a dead worker
                 # that nothing detached: its calls hung, and the slot refused
                 # every later worker.)
-                fresh.reader.start()
+                self._watch(fresh, first)
             if not first:
                 self._counters.add_one("workers_replaced")
             if closed:
@@ -265,6 +265,25 @@ class Supervision:
             with self._attached:
                 self._starting = False  # close() waits for this
                 self._attached.notify_all()
+
+    def _watch(self, worker, first):
+        """Starts `worker`'s reader.  Without one nothing would see the
+        worker end: it is ended here as its death would be, and the start
+        fails (a new pool's) or breaks the pool for a while."""
+        try:
+            worker.reader.start()
+        except BaseException as exc:
+            worker.proc.kill()
+            worker.proc.wait()
+            with self._lock:
+                worker.alive = False
+            why = f"a worker's reader thread could not be started ({type(exc).__name__}: {exc})"
+            self._detach(worker, WorkerError(f"pyfunc_bridge: {self.name}: {why}"))
+            worker.ended()
+            if first:
+                raise
+            with self._lock:
+                self._break(why)
 
     def _break(self, why):
         """Marks the pool broken (the pool's lock is held): calls fail, saying
@@ -318,7 +337,7 @@ class Supervision:
                 w.proc.kill()  # still in a function
                 w.proc.wait()
         for w in workers:
-            if w.reader is not threading.current_thread():
-                w.reader.join(timeout=5)
+            if w.reader.ident is not None and w.reader is not threading.current_thread():
+                w.reader.join(timeout=5)  # (one that never started: _watch)
             w.ended()
 

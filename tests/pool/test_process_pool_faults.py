@@ -242,3 +242,49 @@ print("done")
 
 def test_a_replacement_that_dies_as_it_starts_leaves_a_pool_that_serves(failing_start):
     run_script(_DIES_AT_ONCE_SCRIPT, failing_start)
+
+
+_UNWATCHED_SCRIPT = r"""
+import os, signal, sys, threading, time
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+
+pool = pfb.ProcessPool(1, name="unwatched")
+start = threading.Thread.start
+
+def failing_start(self):  # the replacement's reader thread cannot start
+    if self.name == "unwatched reader 0":
+        threading.Thread.start = start
+        raise RuntimeError("can't start new thread")
+    start(self)
+
+threading.Thread.start = failing_start
+os.kill(pool.pids()[0], signal.SIGKILL)
+deadline = time.monotonic() + 60
+while threading.Thread.start is not start:
+    assert time.monotonic() < deadline, "no replacement was started"
+    time.sleep(0.01)
+for pid in pool.pids():  # a worker left without a reader: its death too must be seen
+    os.kill(pid, signal.SIGKILL)
+box = {}
+def call():
+    try:
+        box["pid"] = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool))
+    except Exception as exc:  # noqa: BLE001 - reported
+        box["error"] = f"{type(exc).__name__}: {exc}"
+caller = threading.Thread(target=call, daemon=True)
+caller.start()
+caller.join(60)
+if caller.is_alive():
+    print(f"the call still waits; workers {pool.pids()}", file=sys.stderr, flush=True)
+    os._exit(1)
+assert ("pid" in box and box["pid"] in pool.pids()
+        or "reader thread could not be started" in box["error"]), box
+pool.close()
+print("done")
+"""
+
+
+def test_a_worker_whose_reader_cannot_start_is_ended_and_the_pool_breaks():
+    # Nothing would see such a worker die: its calls would wait for ever.
+    run_script(_UNWATCHED_SCRIPT)
