@@ -222,6 +222,10 @@ cdef class Route:
     def __dealloc__(self):
         pfb_dispatch_route_drop(self._r)
 
+    @property
+    def token(self):
+        return self._r.token
+
     def share(self):
         pfb_dispatch_route_keep(self._r)
         return <uintptr_t>self._r
