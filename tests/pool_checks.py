@@ -130,28 +130,16 @@ def memfds_of(name):
     return fds, maps
 
 
-def sockets_and_memfds():
-    """This process's descriptors of sockets and memfds."""
+def descriptors(*kinds):
+    """This process's descriptors whose targets start with one of `kinds`
+    ("socket:", "/memfd:", "anon_inode:[eventfd]": a worker's socket,
+    segments and doorbell), as (number, target)."""
     found = []
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            continue
-        if target.startswith(("socket:", "/memfd:")):
-            found.append(target)
-    return found
-
-
-def sockets_and_eventfds():
-    """This process's descriptors of sockets and eventfds (a worker's socket
-    and doorbell), as (number, what it names)."""
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:") or target == "anon_inode:[eventfd]":
+            continue  # the descriptor listdir itself used
+        if target.startswith(kinds):
             found.append((int(fd), target))
     return found

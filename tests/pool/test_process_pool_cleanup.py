@@ -109,13 +109,13 @@ with pfb.ProcessPool(1, arena_bytes=1 << 20, name="dying pool") as pool:
         return float(pfb.numpy_function(pf.double, [tf.fill([1000], 2.0)], tf.float32,
                                         executor=pool)[0])
     assert call() == 4.0
-    fds, maps = len(t.sockets_and_memfds()), len(t.memfds_of("dying pool")[1])
+    fds, maps = len(t.descriptors("socket:", "/memfd:")), len(t.memfds_of("dying pool")[1])
     for _ in range(10):
         (victim,) = pool.pids()
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda: pool.pids() not in ([], [victim]))  # replaced
         assert call() == 4.0  # (waits for the new worker to be ready)
-    wait_for(lambda: len(t.sockets_and_memfds()) == fds)
+    wait_for(lambda: len(t.descriptors("socket:", "/memfd:")) == fds)
     assert len(t.memfds_of("dying pool")[1]) == maps, (t.memfds_of("dying pool")[1], maps)
 print("done")
 """

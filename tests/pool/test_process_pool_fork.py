@@ -197,7 +197,7 @@ def test_a_forked_child_closes_only_descriptors_its_parent_s_pool_owns(failing_s
 _FORK_DURING_START_SCRIPT = r"""
 import os, sys, threading
 import pyfunc_bridge as pfb
-from pool_checks import sockets_and_eventfds
+from pool_checks import descriptors
 
 in_start, forked = threading.Event(), threading.Event()
 
@@ -214,7 +214,8 @@ copy, copied_holding = fork.before_fork, []
 fork.before_fork = lambda names: (copied_holding.append(spawn.spawner.descriptors._is_owned()),
                                   copy(names))
 
-before = set(sockets_and_eventfds())
+KINDS = ("socket:", "anon_inode:[eventfd]")  # a worker's socket ends and doorbell
+before = set(descriptors(*KINDS))
 sys.addaudithook(hold_the_start)
 box = {}
 starting = threading.Thread(target=lambda: box.update(pool=pfb.ProcessPool(1, name="started")))
@@ -223,7 +224,7 @@ in_start.wait()
 read_end, write_end = os.pipe()
 child = os.fork()
 if child == 0:
-    os.write(write_end, repr(sorted(set(sockets_and_eventfds()) - before)).encode())
+    os.write(write_end, repr(sorted(set(descriptors(*KINDS)) - before)).encode())
     os._exit(0)
 forked.set()
 os.close(write_end)
