@@ -5,6 +5,9 @@ import pickle
 
 from pyfunc_bridge._errors import CallTimeoutError, PoolClosedError  # noqa: F401 (the pool's)
 
+# TensorFlow's codes of the pool's errors, as src/conversion/errors.pxi maps them.
+UNKNOWN, DEADLINE_EXCEEDED, FAILED_PRECONDITION = 2, 4, 9
+
 # The reason a pool closed at interpreter exit gives (_close_pools).
 EXIT_TEXT = "was closed at interpreter exit"
 
@@ -30,8 +33,8 @@ def dispatch_error(code, text):
     for cls in (WorkerError, PoolClosedError, CallTimeoutError):
         if name == f"{cls.__module__}.{cls.__qualname__}":
             return cls(message)
-    # (The dispatcher's own text: a call its close ended, FAILED_PRECONDITION.)
-    return PoolClosedError(text) if code == 9 else WorkerError(text)
+    # (The dispatcher's own text: a call its close ended.)
+    return PoolClosedError(text) if code == FAILED_PRECONDITION else WorkerError(text)
 
 
 def raise_acyclic(error):

@@ -12,7 +12,8 @@ import time
 
 from pyfunc_bridge._errors import CallTimeoutError
 from pyfunc_bridge.pool.answers import ring_answers
-from pyfunc_bridge.pool.errors import PoolClosedError, WorkerError
+from pyfunc_bridge.pool.errors import (DEADLINE_EXCEEDED, FAILED_PRECONDITION, UNKNOWN,
+                                       PoolClosedError, WorkerError)
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.pool.worker_process import WorkerProcess
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL, FrameReader, send
@@ -154,9 +155,8 @@ class Supervision:
         text = f"{type(error).__module__}.{type(error).__qualname__}: {error}"
         # (A worker that died, or was ended for a timeout: the ring calls it
         # never started are sent anew.)
-        # (TF's codes, as src/conversion/errors.pxi maps these errors.)
-        code = 4 if isinstance(error, CallTimeoutError) else (
-            9 if isinstance(error, PoolClosedError) else 2)
+        code = (DEADLINE_EXCEEDED if isinstance(error, CallTimeoutError) else
+                FAILED_PRECONDITION if isinstance(error, PoolClosedError) else UNKNOWN)
         dispatch.lost(worker.index, code, text, isinstance(error, (WorkerError, CallTimeoutError)))
         worker.generation = None
 

@@ -283,8 +283,8 @@ class RingServer:
         # for both, so a caller that reads its own DONE wakes once.
         self.inputs_back(notify=False)
         self.channel.post(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
-                                  flags=shape_kind, status=status, block=block,
-                                  stamp=started, ended=time.time_ns())
+                          flags=shape_kind, status=status, block=block,
+                          stamp=started, ended=time.time_ns())
 
     def input_ranges(self, records):
         """The addresses of a CALL's input blocks (a DLPack producer's facts
