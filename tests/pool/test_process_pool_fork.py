@@ -299,3 +299,45 @@ def test_a_ctrl_c_while_a_fork_waits_for_a_start_comes_after_the_fork():
     # once the fork is done (before, it skipped the wait and left the child
     # the starting worker's descriptors).
     run_script(_CTRL_C_WHILE_A_FORK_WAITS_SCRIPT)
+
+
+_FORK_WHILE_PICKLING_SCRIPT = r"""
+import os, sys, threading, time
+import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+
+pickling, forked = threading.Event(), threading.Event()
+
+class SlowToPickle:
+    def __call__(self, a):
+        return a
+    def __reduce__(self):  # the parent's pickling is under way at the fork
+        pickling.set()
+        forked.wait(60)
+        return (SlowToPickle, ())
+
+pool = pfb.ProcessPool(1, name="parent")
+caller = threading.Thread(target=lambda: pfb.numpy_function(
+    SlowToPickle(), [tf.constant(1.0)], tf.float32, executor=pool))
+caller.start()
+assert pickling.wait(60), "the call never pickled its function"
+child = os.fork()
+if child == 0:
+    y = pfb.numpy_function(np.negative, [tf.constant(2.0)], tf.float32, executor="process")
+    os._exit(0 if float(y) == -2.0 else 3)
+forked.set()
+deadline = time.monotonic() + 60
+while (status := os.waitpid(child, os.WNOHANG))[0] == 0:
+    if time.monotonic() > deadline:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        raise AssertionError("the child's first pool call waited for the parent's pickling")
+    time.sleep(0.05)
+assert os.waitstatus_to_exitcode(status[1]) == 0, status
+caller.join(60)
+pool.close()
+print("done")
+"""
+
+
+def test_a_fork_while_a_function_pickles_leaves_the_child_able_to_pickle():
+    run_script(_FORK_WHILE_PICKLING_SCRIPT)
