@@ -393,6 +393,9 @@ time.sleep(0.5)
 """
 
 
+_TF_TSTATE_FAULT = "Fatal Python error: PyThreadState_Get: the function must be called with the GIL held"
+
+
 def test_daemon_threads_building_graphs_at_exit_let_it_end_cleanly():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     runs = [subprocess.Popen([sys.executable, "-c", _BUILDING_GRAPHS], env=env, text=True,
@@ -407,9 +410,13 @@ def test_daemon_threads_building_graphs_at_exit_let_it_end_cleanly():
             proc.wait()
             proc.stderr.close()
     # What the parking prevents: SIGABRT from std::terminate, and its words.
-    # (One run of 3 once ended with SIGSEGV, nothing on stderr, on Python 3.12
-    # under a 2-core machine's double load: another exit fault, still open.)
+    # Not counted: a fault of TF's own on Python 3.13, where CPython's
+    # pthread_exit of such a thread unwinds through a pybind11 destructor of
+    # TF's graph building (PyOperation._init_outputs) that frees a tuple with
+    # no thread state left (seen in a core's stack; no bridge frame on it).  (One run
+    # of 3 once ended with SIGSEGV, nothing on stderr, on Python 3.12 under a
+    # 2-core machine's double load: another exit fault, still open.)
     aborted = [(status, err) for status, err in ended
-               if status == -signal.SIGABRT or "terminate called" in err
-               or "exception not rethrown" in err]
+               if (status == -signal.SIGABRT and _TF_TSTATE_FAULT not in err)
+               or "terminate called" in err or "exception not rethrown" in err]
     assert aborted == []
