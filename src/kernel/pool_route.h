@@ -87,7 +87,6 @@ class NativeCall {
                                  NativeCall* call);
   const PfbDispatchRoute* route_ = nullptr;  // borrowed: the caller's RouteRef
   PfbDispatchCall call_{};
-  bool submitted_ = false;
   bool replied_ = false;
 };
 

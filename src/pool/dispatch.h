@@ -75,14 +75,13 @@ enum {
   PFB_DISPATCH_DONE = 1,    /* `reply` holds the worker's DONE */
   PFB_DISPATCH_FAILED = 2,  /* the worker died or the pool closed: `error` */
   /* The worker died before it started the call (its function never ran):
-   * the caller finishes it and submits it again (another worker; while
-   * none is attached, submit says EAGAIN and the pool waits for one). */
+   * pfb_dispatch_call submits it again. */
   PFB_DISPATCH_RESEND = 3
 };
 
-/* One call, in its caller's memory, from pfb_dispatch_submit until
- * pfb_dispatch_finish (which the caller must call once the call was
- * submitted, whether it waited or not).  It is queued first (`worker` -1),
+/* One call, in its caller's memory, from pfb_dispatch_call until
+ * pfb_dispatch_finish (which the caller calls once it is done with it,
+ * submitted or not, waited for or not).  It is queued first (`worker` -1),
  * then posted to a worker; the caller sees neither step, only `state`.
  * Who owns its input blocks: the dispatcher (the queue) while it is
  * queued, freed by whoever takes it out without posting it (finish of an
@@ -93,7 +92,7 @@ enum {
  * the DONE, hands its result blocks back at once. */
 typedef struct PfbDispatchCall {
   uint32_t state;        /* PFB_DISPATCH_*, written by whoever completes it */
-  PfbDispatch* d;        /* its dispatcher (pfb_dispatch_wait reads its worker's ring) */
+  PfbDispatch* d;        /* its dispatcher (its waiting caller reads its worker's ring) */
   uint64_t id;
   int worker;            /* the worker that has it; -1 while queued (the
                           * queue's mutex; atomic: the waiting caller reads it) */
@@ -159,21 +158,22 @@ int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, u
  * request. */
 void pfb_dispatch_forget(PfbDispatch* d, uint64_t token);
 
-/* Copies the inputs into the input arena (waiting up to `timeout_ns` for
- * room) and queues the call; then posts the queue's first calls to the
- * workers with credit.  0: posted, or queued (a reply thread posts it; the
- * caller waits the same).  EAGAIN: no worker
- * attached; ENOENT: token not registered; ETIMEDOUT; ENOSPC: no room, and
+/* Runs a call: copies the inputs into the input arena (waiting up to
+ * `room_ns` for room), queues it, posts the queue's first calls to the
+ * workers with credit (the rest the reply threads post), then sleeps until
+ * it is DONE or FAILED, for up to `wait_ns` (negative: no limit; a caller
+ * that holds its worker's reader role reads the reply ring itself, see
+ * Threads).  A call whose worker died before starting it (RESEND) is
+ * submitted again.  `call` is zeroed before the first call; while it
+ * comes back ETIMEDOUT with `call->id` set (submitted), call again to wait
+ * on.  0: DONE or FAILED.  Not submitted (`id` 0): EAGAIN, no worker
+ * attached; ENOENT, token not registered; ETIMEDOUT; ENOSPC, no room, and
  * no posted call in flight to make any (queued calls and functions hold
- * their blocks), or no room for the LOAD; E2BIG: the inputs can never fit
- * the arena or the ring; EPIPE: closed. */
-int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
-                        const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
-                        PfbDispatchCall* call);
-/* Sleeps until the call is DONE or FAILED (0), or `timeout_ns` passed
- * (ETIMEDOUT; negative: no limit), reading its worker's reply ring itself
- * while it holds the reader role (see Threads). */
-int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns);
+ * their blocks), or no room for the LOAD; E2BIG, the inputs can never fit
+ * the arena or the ring; EINVAL, a bad ndim; EPIPE, closed. */
+int pfb_dispatch_call(PfbDispatch* d, uint64_t token, uint32_t flags,
+                      const PfbDispatchInput* inputs, uint32_t count, int64_t room_ns,
+                      int64_t wait_ns, PfbDispatchCall* call);
 /* The caller is done with the call: frees its reply and error; a call not
  * completed yet is abandoned: a queued one leaves the queue and its input
  * blocks are freed now; a posted one's results go back when they come. */
@@ -272,9 +272,8 @@ void pfb_dispatch_set_counting(int on);
 /* The functions a kernel calls, for a library that does not link the pool
  * module (the kernel library): every route points to one static table. */
 typedef struct PfbDispatchApi {
-  int (*submit)(PfbDispatch* d, uint64_t token, uint32_t flags, const PfbDispatchInput* inputs,
-                uint32_t count, int64_t timeout_ns, PfbDispatchCall* call);
-  int (*wait)(PfbDispatchCall* call, int64_t timeout_ns);
+  int (*call)(PfbDispatch* d, uint64_t token, uint32_t flags, const PfbDispatchInput* inputs,
+              uint32_t count, int64_t room_ns, int64_t wait_ns, PfbDispatchCall* call);
   void (*finish)(PfbDispatch* d, PfbDispatchCall* call);
   int (*read_tensor)(const PfbPoolSlot* message, uint32_t* cursor, PfbPoolTensor* tensor,
                      int64_t* dims);

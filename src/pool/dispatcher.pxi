@@ -102,7 +102,7 @@ cdef class Dispatcher:
         """Route.call on a route of its own (so its errors), for tests: the
         DONE as (Message, NativeArena), its result blocks the caller's to
         hand back; `wait` as Route.call's."""
-        reply, _, _ = self.route(token, flags).call(arrays, wait=wait)
+        reply, _ = self.route(token, flags).call(arrays, wait=wait)
         (<Reply>reply)._held.clear()  # the caller's now: it hands them back
         return reply.message, reply.arena
 
@@ -119,13 +119,13 @@ cdef class Dispatcher:
         cdef int rc = 0
         if stamps == NULL:
             raise MemoryError()
+        memset(&call, 0, sizeof(call))
         try:
             with nogil:
                 for k in range(times):
-                    rc = pfb_dispatch_submit(self._d, token, flags, inputs.items, n, -1, &call)
+                    rc = pfb_dispatch_call(self._d, token, flags, inputs.items, n, -1, -1, &call)
                     if rc:
                         break
-                    pfb_dispatch_wait(&call, -1)
                     if call.state == PFB_DISPATCH_DONE:
                         stamps[2 * k] = call.reply[0].message.stamp
                         stamps[2 * k + 1] = call.reply[0].message.ended

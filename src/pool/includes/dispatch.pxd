@@ -91,10 +91,9 @@ cdef extern from "dispatch.h" nogil:
     void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message,
                            int resend)
     int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, uint64_t size)
-    int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
-                            const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
-                            PfbDispatchCall* call)
-    int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns)
+    int pfb_dispatch_call(PfbDispatch* d, uint64_t token, uint32_t flags,
+                          const PfbDispatchInput* inputs, uint32_t count, int64_t room_ns,
+                          int64_t wait_ns, PfbDispatchCall* call)
     void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call)
     void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out)
     uint64_t pfb_dispatch_free_bytes(PfbDispatch* d)
