@@ -1,24 +1,10 @@
-/* The parent's native side of a pool's rings (shm_layout.h): calls posted
- * and completed without Python.  A caller hands its inputs (host memory) and
- * a function token; the dispatcher copies the inputs into the input arena,
- * queues the call, posts it to a worker with credit (a LOAD first, the first
- * time that worker meets the token), and completes it when its DONE arrives.
- * Nothing here takes the GIL or calls Python: the kernel calls it from TF's
- * threads while any Python thread holds it.  The steps, the scheduler and
- * who owns each block: docs/pool.md ("The life of a call", "Scheduling").
- *
- * Python (pyfunc_bridge/pool/) starts workers and lays out their segments
- * (attach), notices a worker's death (its socket ends: lost) and decodes what
- * is not plain memory (errors, pickled values).
- *
- * Threads: any number of callers; one reply thread per attached worker.  A
- * worker's reply ring has one reader at a time, whoever holds its reader
- * role: a caller waiting for a call posted there takes it when it is free
- * (one wake-up, from the worker straight to the caller) and reads every
- * message as the reply thread would.  A request ring has one producer at a
- * time (the worker's `post` mutex; a reader only tries it, and never waits
- * for room while it holds it: the room comes from its own worker, which may
- * wait for it to read).  Lock order and what each lock guards: dispatch.c.
+/* The parent's native side of a pool's rings (shm_layout.h): calls copied
+ * in, queued, posted and completed without Python or the GIL, so that
+ * kernels call it from TF's threads while any Python thread holds the GIL.
+ * Python (pyfunc_bridge/pool/) attaches workers, reports their deaths
+ * (lost) and decodes what is not plain memory.  The steps, the threads
+ * (reply threads, reader roles), the scheduler and who owns each block:
+ * docs/pool.md; lock order and what each lock guards: dispatch.c.
  *
  * Lifetime: a dispatcher is referenced by its creator (Python's Dispatcher,
  * whose pfb_dispatch_delete closes it), by each route and by each result
@@ -117,10 +103,10 @@ typedef struct PfbDispatchCall {
  * it is closed), for `workers` worker slots.  NULL when out of memory or
  * the mapping cannot be made. */
 PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers);
-/* Refuses calls and attaches from now on, fails the queued calls and
- * those in flight ("the pool was closed", FAILED_PRECONDITION), ends every reply thread, waits for
- * the submits under way, unmaps the input arena, drops the functions and
- * the creator's reference. */
+/* Refuses calls and attaches from now on, fails the queued calls and those
+ * in flight ("the pool was closed", FAILED_PRECONDITION), ends every reply
+ * thread, waits for the submits under way, unmaps the input arena, drops
+ * the functions and the creator's reference. */
 void pfb_dispatch_delete(PfbDispatch* d);
 void pfb_dispatch_retain(PfbDispatch* d);
 void pfb_dispatch_release(PfbDispatch* d);
@@ -161,9 +147,8 @@ void pfb_dispatch_forget(PfbDispatch* d, uint64_t token);
 /* Runs a call: copies the inputs into the input arena (waiting up to
  * `room_ns` for room), queues it, posts the queue's first calls to the
  * workers with credit (the rest the reply threads post), then sleeps until
- * it is DONE or FAILED, for up to `wait_ns` (negative: no limit; a caller
- * that holds its worker's reader role reads the reply ring itself, see
- * Threads).  A call whose worker died before starting it (RESEND) is
+ * it is DONE or FAILED, for up to `wait_ns` (negative: no limit; reading
+ * its worker's reply ring itself while it holds the reader role).  A call whose worker died before starting it (RESEND) is
  * submitted again.  `call` is zeroed before the first call; while it
  * comes back ETIMEDOUT with `call->id` set (submitted), call again to wait
  * on.  0: DONE or FAILED.  Not submitted (`id` 0): EAGAIN, no worker

@@ -6,14 +6,9 @@ def set_counting(bint on):
 
 
 cdef class Dispatcher:
-    """The parent's native side of a pool's rings (src/pool/dispatch.h): a
-    call's inputs are copied into the input arena, its CALL posted and its
-    DONE received by a reply thread per worker, all in C without the GIL.
-    This class is its Python face (tests, and the pool's lifetime calls:
-    attach, lost, register); the kernel calls dispatch.h itself.
-
-    ``call`` submits and waits with the GIL released and returns the DONE
-    as (Message, NativeArena of its result blocks)."""
+    """The Python face of a pool's dispatcher (src/pool/dispatch.h): the
+    pool's lifetime calls (attach, lost, register), its routes, and calls
+    for tests."""
     cdef PfbDispatch* _d
     cdef bint _disowned  # a forked child's copy: never deleted (disown)
     cdef bint _closed    # close() deleted it: this object keeps a reference
@@ -142,10 +137,7 @@ cdef class Dispatcher:
         return pfb_dispatch_free_bytes(self._d)
 
     def counts(self):
+        """dispatch.h's PfbDispatchCounts, as a dict of its fields."""
         cdef PfbDispatchCounts c
         pfb_dispatch_counts(self._d, &c)
-        return {"calls": c.calls, "loads": c.loads, "doorbells": c.doorbells,
-                "reply_sleeps": c.reply_sleeps, "caller_reads": c.caller_reads,
-                "input_blocks": c.input_blocks,
-                "resent": c.resent, "queued": c.queued}
-
+        return c

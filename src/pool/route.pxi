@@ -23,12 +23,9 @@ cdef extern from *:
 
 
 class Declined(OSError):
-    """The dispatcher did not take a call (dispatch.h, pfb_dispatch_call),
-    by errno: EAGAIN, no worker attached now; ENOSPC or E2BIG, no room for
-    its inputs; EPIPE, the pool is closed; ENOENT, its function was dropped;
-    EINVAL, an input that is neither numbers nor bytes (only without a
-    payloads dict: with one, such inputs and those the arena has no room for
-    are pulled over the socket)."""
+    """The dispatcher did not take a call, by errno (dispatch.h,
+    pfb_dispatch_call); EINVAL too for an input that is neither numbers nor
+    bytes, without a payloads dict (Route.call)."""
 
 
 class DispatchFailed(RuntimeError):
@@ -318,15 +315,9 @@ cdef class Route:
                 payloads.pop(payload_id, None)
 
     def counts(self):
-        """What the route's calls added up (dispatch.h, PfbDispatchRouteCounts)."""
-        cdef PfbDispatchRouteCounts c = self._r.counts
-        return {"calls": c.calls, "replied": c.replied, "errors": c.errors,
-                "bytes_in": c.bytes_in,
-                "bytes_out": c.bytes_out, "shared_out": c.shared_out,
-                "copied_out": c.copied_out, "copies_saved": c.copies_saved,
-                "queued_ns": c.queued_ns, "worker_ns": c.worker_ns, "total_ns": c.total_ns,
-                "worker_copied": c.worker_copied, "strings_in": c.strings_in,
-                "worker_in": c.worker_in}
+        """What the route's calls added up (dispatch.h, PfbDispatchRouteCounts),
+        as a dict of its fields."""
+        return self._r.counts
 
     def clear(self):
         """Zeroes the counts (pfb.reset_stats); a call counting meanwhile may

@@ -7,7 +7,6 @@ cdef extern from "dispatch.h" nogil:
     ctypedef struct PfbDispatch
 
     ctypedef struct PfbDispatchArena:
-        uint32_t refs
         int index
         char* base
         uint64_t bytes
@@ -23,16 +22,13 @@ cdef extern from "dispatch.h" nogil:
         const int64_t* dims
 
     enum:
-        PFB_DISPATCH_WAITING
         PFB_DISPATCH_DONE
         PFB_DISPATCH_FAILED
-        PFB_DISPATCH_RESEND
 
     ctypedef struct PfbDispatchCall:
         uint32_t state
         uint64_t id
         int worker
-        uint64_t generation
         PfbPoolSlot* reply
         char* error
         int32_t error_code
@@ -65,7 +61,6 @@ cdef extern from "dispatch.h" nogil:
         uint64_t worker_in
 
     ctypedef struct PfbDispatchRoute:
-        uint32_t refs
         PfbDispatch* d
         uint64_t token
         uint32_t flags
