@@ -1253,7 +1253,7 @@ static int wait_call(PfbDispatchCall* call, int64_t timeout_ns) {
     if (left == 0) return ETIMEDOUT;
     /* Posted, and nobody reads its worker's ring: this caller does. */
     int index = __atomic_load_n(&call->worker, SC);
-    if (!tried && call->d != NULL && index >= 0 && index < call->d->workers_count) {
+    if (!tried && index >= 0 && index < call->d->workers_count) {
       Worker* w = &call->d->workers[index];
       if (role_take(w)) {
         int rc = 0;

@@ -148,14 +148,15 @@ void pfb_dispatch_forget(PfbDispatch* d, uint64_t token);
  * `room_ns` for room), queues it, posts the queue's first calls to the
  * workers with credit (the rest the reply threads post), then sleeps until
  * it is DONE or FAILED, for up to `wait_ns` (negative: no limit; reading
- * its worker's reply ring itself while it holds the reader role).  A call whose worker died before starting it (RESEND) is
- * submitted again.  `call` is zeroed before the first call; while it
- * comes back ETIMEDOUT with `call->id` set (submitted), call again to wait
- * on.  0: DONE or FAILED.  Not submitted (`id` 0): EAGAIN, no worker
- * attached; ENOENT, token not registered; ETIMEDOUT; ENOSPC, no room, and
- * no posted call in flight to make any (queued calls and functions hold
- * their blocks), or no room for the LOAD; E2BIG, the inputs can never fit
- * the arena or the ring; EINVAL, a bad ndim; EPIPE, closed. */
+ * its worker's reply ring itself while it holds the reader role).  A call
+ * whose worker died before starting it (RESEND) is submitted again.  `call`
+ * is zeroed before the first call; while it comes back ETIMEDOUT with
+ * `call->id` set (submitted), call again to wait on.  0: DONE or FAILED.
+ * Not submitted (`id` 0): EAGAIN, no worker attached; ENOENT, token not
+ * registered; ETIMEDOUT; ENOSPC, no room, and no posted call in flight to
+ * make any (queued calls and functions hold their blocks), or no room for
+ * the LOAD; E2BIG, the inputs can never fit the arena or the ring; EINVAL,
+ * a bad ndim; EPIPE, closed. */
 int pfb_dispatch_call(PfbDispatch* d, uint64_t token, uint32_t flags,
                       const PfbDispatchInput* inputs, uint32_t count, int64_t room_ns,
                       int64_t wait_ns, PfbDispatchCall* call);
