@@ -14,11 +14,12 @@ the caller, the dispatcher's reply thread).  The ways:
   a pool.
 
 Then where a trivial call's wall time goes, from the stamps the worker puts
-in its DONE (CLOCK_REALTIME, one machine): from the post to the worker's
-start (the worker's wake-up), in the worker, and from the worker's end to
-the caller holding its answer (the caller, reading its worker's reply ring,
-wakes; or the dispatcher's reply thread, then the caller), with the calls
-whose caller read its own reply and the reply threads' sleeps, per call.
+in its DONE (CLOCK_REALTIME, one machine): from the post (stamped as
+Route.call is called) to the worker's start (the worker's wake-up), in the
+worker, and from the worker's end to the caller holding its answer (the
+caller, reading its worker's reply ring, wakes; or the dispatcher's reply
+thread, then the caller), with the calls whose caller read its own reply
+and the reply threads' sleeps, per call.
 
     python -m benchmarks.pool_dispatch [--calls N]
 """
