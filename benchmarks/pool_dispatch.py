@@ -14,11 +14,12 @@ the caller, the dispatcher's reply thread).  The ways:
   a pool.
 
 Then where a trivial call's wall time goes, from the stamps the worker puts
-in its DONE (CLOCK_REALTIME, one machine): from the post to the worker's
-start (the worker's wake-up), in the worker, and from the worker's end to
-the caller holding its answer (the caller, reading its worker's reply ring,
-wakes; or the dispatcher's reply thread, then the caller), with the calls
-whose caller read its own reply and the reply threads' sleeps, per call.
+in its DONE (CLOCK_REALTIME, one machine): from the post (stamped as
+Route.call is called) to the worker's start (the worker's wake-up), in the
+worker, and from the worker's end to the caller holding its answer (the
+caller, reading its worker's reply ring, wakes; or the dispatcher's reply
+thread, then the caller), with the calls whose caller read its own reply
+and the reply threads' sleeps, per call.
 
     python -m benchmarks.pool_dispatch [--calls N]
 """
@@ -92,7 +93,8 @@ def breakdown(calls):
         stages = [0, 0, 0]
         counts = pool._dispatch.counts()
         for _ in range(calls):
-            reply, _, posted = route.call((value,), None)
+            posted = time.clock_gettime_ns(time.CLOCK_REALTIME)
+            reply, _ = route.call((value,), None)
             back = time.clock_gettime_ns(time.CLOCK_REALTIME)
             stamp, ended = reply.message.stamp, reply.message.ended
             del reply  # its block goes back

@@ -228,7 +228,7 @@ class ProcessPool(Supervision):
                 if self._broken:
                     raise WorkerError(self._broken)
             try:
-                reply, index, _ = route.call(args, self._payloads)
+                reply, index = route.call(args, self._payloads)
                 break
             except pw.Declined as declined:
                 if declined.errno == errno.EAGAIN and not self._closed:

@@ -218,11 +218,9 @@ class Supervision:
 
     def _start(self, index, first=False):
         """Starts the worker of slot `index`: a new pool's (`first`: a failure
-        is raised) or a dead worker's (a failure breaks the pool for a while;
-        the dispatcher posts the calls that wait to it once it is attached).
-        The start runs on the spawning thread, which puts the worker in its
-        slot: a Ctrl-C in this caller's wait leaves no worker the pool does
-        not know, and close() stops it either way."""
+        is raised) or a dead worker's (a failure breaks the pool for a while),
+        whole on the spawning thread (docs/pool.md, "A start runs whole on
+        the spawning thread")."""
         spawner.run(self._start_here, index, first)
 
     def _start_here(self, index, first):
@@ -251,11 +249,8 @@ class Supervision:
                 if not closed:
                     self._attach(fresh)
             finally:
-                # Only now: a worker that died at once was attached before its
-                # death is handled (_lost), which detaches it.  (Its reader
-                # ran _lost before _attach, which then attached a dead worker
-                # that nothing detached: its calls hung, and the slot refused
-                # every later worker.)
+                # Only now, so that a worker that died at once is detached by
+                # its _lost (docs/pool.md, "A worker's reader starts after its attach").
                 self._watch(fresh, first)
             if not first:
                 self._counters.add_one("workers_replaced")

@@ -214,7 +214,7 @@ void RouteSlot::Clear(const PfbDispatchRoute* route) {
 // ------------------------------------------------------------ NativeCall --
 
 NativeCall::~NativeCall() {
-  if (!submitted_) return;
+  if (route_ == nullptr) return;
   if (replied_) route_->api->reply_hand_back(&call_);  // an untaken reply's result blocks
   route_->api->finish(route_->d, &call_);
 }
@@ -232,24 +232,15 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
   const PfbDispatchApi* api = route->api;
   const int64_t posted = pfb_clock_ns(CLOCK_REALTIME);
   PfbDispatchCall& call = native->call_;
-  for (;;) {
-    const int rc = api->submit(route->d, route->token, route->flags, in.items.data(),
-                               static_cast<uint32_t>(in.items.size()), kRoomWaitNs, &call);
-    if (rc != 0) {
-      // EPIPE: the pool closed (or this is a fork of its process); ENOENT:
-      // the function was dropped.  Others (no worker ready yet, no room, an
-      // input that never fits) are for the Python path this time only.
-      return rc == EPIPE || rc == ENOENT ? NativeOutcome::kGone : NativeOutcome::kDeclined;
-    }
-    native->route_ = route;
-    native->submitted_ = true;
-    api->wait(&call, -1);  // a lost worker or a closed pool ends it: never for ever
-    if (call.state != PFB_DISPATCH_RESEND) break;
-    // Its worker died before it started the call: the function never ran,
-    // so it goes to another worker (or, while none is attached, through
-    // Python, which waits for the replacement: ProcessPool.ring_call).
-    native->submitted_ = false;
-    api->finish(route->d, &call);
+  native->route_ = route;
+  // (A lost worker or a closed pool ends the wait: never for ever.)
+  const int rc = api->call(route->d, route->token, route->flags, in.items.data(),
+                           static_cast<uint32_t>(in.items.size()), kRoomWaitNs, -1, &call);
+  if (rc != 0) {
+    // EPIPE: the pool closed (or this is a fork of its process); ENOENT:
+    // the function was dropped.  Others (no worker ready yet, no room, an
+    // input that never fits) are for the Python path this time only.
+    return rc == EPIPE || rc == ENOENT ? NativeOutcome::kGone : NativeOutcome::kDeclined;
   }
   const bool counting = __atomic_load_n(route->counting, __ATOMIC_RELAXED) != 0;
   PfbDispatchRouteCounts* counts = const_cast<PfbDispatchRouteCounts*>(&route->counts);

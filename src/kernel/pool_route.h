@@ -1,16 +1,9 @@
-// A bridge kernel's process-pool calls without Python: once the conversion
-// layer has run one of the kernel's calls in a pool, it hands the kernel a
-// route (PfbDispatchRoute, src/pool/dispatch.h) and the kernel's later calls
-// go to a worker and back in C: inputs copied into the pool's input arena,
-// the request posted on a worker's ring, the caller woken by the dispatcher's
-// reply thread, the outputs made over the worker's result blocks (no copy).
-// No GIL is taken, so the calls go on while any Python thread holds it.
-//
-// What the kernel cannot do itself goes back to the conversion layer with the
-// worker's reply (PfbCall.reply): an error the function raised, a value that
-// came back pickled, a result unlike what the op declares.  What the route
-// cannot take at all (no worker ready, inputs that never fit the arena, a
-// closed pool) takes the Python path from the start.
+// A bridge kernel's process-pool calls without Python or the GIL, over the
+// route (PfbDispatchRoute, src/pool/dispatch.h) the conversion layer handed
+// it after its first call; its steps: docs/pool.md ("A kernel's native
+// call").  What the kernel cannot turn into outputs goes back to the
+// conversion layer with the worker's reply (PfbCall.reply); what the route
+// cannot take at all takes the Python path from the start.
 #ifndef PYFUNC_BRIDGE_KERNEL_POOL_ROUTE_H_
 #define PYFUNC_BRIDGE_KERNEL_POOL_ROUTE_H_
 
@@ -87,7 +80,6 @@ class NativeCall {
                                  NativeCall* call);
   const PfbDispatchRoute* route_ = nullptr;  // borrowed: the caller's RouteRef
   PfbDispatchCall call_{};
-  bool submitted_ = false;
   bool replied_ = false;
 };
 

@@ -1206,22 +1206,6 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
   return rc;
 }
 
-int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
-                        const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
-                        PfbDispatchCall* call) {
-  memset(call, 0, sizeof(*call));
-  call->d = d;
-  call->worker = -1;
-  /* Counted first, then `closed` checked: delete sets `closed`, then waits
-   * for the count, so no submit touches the input mapping once it goes. */
-  __atomic_add_fetch(&d->active, 1, SC);
-  int rc = __atomic_load_n(&d->closed, SC)
-               ? EPIPE
-               : submit(d, token, flags, inputs, count, timeout_ns, call);
-  __atomic_sub_fetch(&d->active, 1, SC);
-  return rc;
-}
-
 /* What a caller that reads w's ring for `call` sleeps until. */
 typedef struct Reading {
   Worker* w;
@@ -1257,7 +1241,10 @@ static int read_for(Worker* w, PfbDispatchCall* call, int64_t deadline) {
   }
 }
 
-int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns) {
+/* Sleeps until the call is DONE, FAILED or RESEND (0), or `timeout_ns`
+ * passed (ETIMEDOUT; negative: no limit), reading its worker's reply ring
+ * itself while it holds the reader role (dispatch.h, Threads). */
+static int wait_call(PfbDispatchCall* call, int64_t timeout_ns) {
   int64_t deadline = pfb_deadline_ns(timeout_ns);
   int tried = 0;
   for (;;) {
@@ -1266,7 +1253,7 @@ int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns) {
     if (left == 0) return ETIMEDOUT;
     /* Posted, and nobody reads its worker's ring: this caller does. */
     int index = __atomic_load_n(&call->worker, SC);
-    if (!tried && call->d != NULL && index >= 0 && index < call->d->workers_count) {
+    if (!tried && index >= 0 && index < call->d->workers_count) {
       Worker* w = &call->d->workers[index];
       if (role_take(w)) {
         int rc = 0;
@@ -1303,7 +1290,7 @@ void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call) {
       /* Not found: completed meanwhile (whoever ends a call unlists it
        * first, then publishes the state): wait for the state; its result
        * blocks go back, as an abandoned call's do. */
-      pfb_dispatch_wait(call, -1);
+      wait_call(call, -1);
       pfb_dispatch_reply_hand_back(call);
     }
   }
@@ -1313,6 +1300,36 @@ void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call) {
   call->reply = NULL;
   call->error = NULL;
   call->arena = NULL;
+  call->id = 0;  /* finished: a later pfb_dispatch_call submits it anew */
+}
+
+int pfb_dispatch_call(PfbDispatch* d, uint64_t token, uint32_t flags,
+                      const PfbDispatchInput* inputs, uint32_t count, int64_t room_ns,
+                      int64_t wait_ns, PfbDispatchCall* call) {
+  for (;;) {
+    if (call->id == 0) {  /* not submitted yet, or resent */
+      memset(call, 0, sizeof(*call));
+      call->d = d;
+      call->worker = -1;
+      /* Counted first, then `closed` checked: delete sets `closed`, then
+       * waits for the count, so no submit touches the input mapping once it
+       * goes. */
+      __atomic_add_fetch(&d->active, 1, SC);
+      int rc = __atomic_load_n(&d->closed, SC)
+                   ? EPIPE
+                   : submit(d, token, flags, inputs, count, room_ns, call);
+      __atomic_sub_fetch(&d->active, 1, SC);
+      if (rc != 0) {
+        call->id = 0;  /* not submitted: nothing for finish to end */
+        return rc;
+      }
+    }
+    int rc = wait_call(call, wait_ns);
+    if (rc != 0 || call->state != PFB_DISPATCH_RESEND) return rc;
+    /* Its worker died before it started the call: the function never ran,
+     * so it is submitted again (while no worker is attached: EAGAIN). */
+    pfb_dispatch_finish(d, call);
+  }
 }
 
 /* ------------------------------------------------------------- results -- */
@@ -1352,7 +1369,7 @@ uint32_t pfb_dispatch_ring_slots(PfbDispatch* d) {
 
 /* Every route's (dispatch.h, PfbDispatchApi). */
 static const PfbDispatchApi api = {
-    pfb_dispatch_submit,     pfb_dispatch_wait,       pfb_dispatch_finish,
+    pfb_dispatch_call,       pfb_dispatch_finish,
     pfb_msg_read_tensor,     pfb_dispatch_arena_keep, pfb_dispatch_arena_drop,
     pfb_dispatch_arena_hand_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop,
     pfb_dispatch_reply_hand_back};

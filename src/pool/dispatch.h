@@ -1,24 +1,10 @@
-/* The parent's native side of a pool's rings (shm_layout.h): calls posted
- * and completed without Python.  A caller hands its inputs (host memory) and
- * a function token; the dispatcher copies the inputs into the input arena,
- * queues the call, posts it to a worker with credit (a LOAD first, the first
- * time that worker meets the token), and completes it when its DONE arrives.
- * Nothing here takes the GIL or calls Python: the kernel calls it from TF's
- * threads while any Python thread holds it.  The steps, the scheduler and
- * who owns each block: docs/pool.md ("The life of a call", "Scheduling").
- *
- * Python (pyfunc_bridge/pool/) starts workers and lays out their segments
- * (attach), notices a worker's death (its socket ends: lost) and decodes what
- * is not plain memory (errors, pickled values).
- *
- * Threads: any number of callers; one reply thread per attached worker.  A
- * worker's reply ring has one reader at a time, whoever holds its reader
- * role: a caller waiting for a call posted there takes it when it is free
- * (one wake-up, from the worker straight to the caller) and reads every
- * message as the reply thread would.  A request ring has one producer at a
- * time (the worker's `post` mutex; a reader only tries it, and never waits
- * for room while it holds it: the room comes from its own worker, which may
- * wait for it to read).  Lock order and what each lock guards: dispatch.c.
+/* The parent's native side of a pool's rings (shm_layout.h): calls copied
+ * in, queued, posted and completed without Python or the GIL, so that
+ * kernels call it from TF's threads while any Python thread holds the GIL.
+ * Python (pyfunc_bridge/pool/) attaches workers, reports their deaths
+ * (lost) and decodes what is not plain memory.  The steps, the threads
+ * (reply threads, reader roles), the scheduler and who owns each block:
+ * docs/pool.md; lock order and what each lock guards: dispatch.c.
  *
  * Lifetime: a dispatcher is referenced by its creator (Python's Dispatcher,
  * whose pfb_dispatch_delete closes it), by each route and by each result
@@ -75,14 +61,13 @@ enum {
   PFB_DISPATCH_DONE = 1,    /* `reply` holds the worker's DONE */
   PFB_DISPATCH_FAILED = 2,  /* the worker died or the pool closed: `error` */
   /* The worker died before it started the call (its function never ran):
-   * the caller finishes it and submits it again (another worker; while
-   * none is attached, submit says EAGAIN and the pool waits for one). */
+   * pfb_dispatch_call submits it again. */
   PFB_DISPATCH_RESEND = 3
 };
 
-/* One call, in its caller's memory, from pfb_dispatch_submit until
- * pfb_dispatch_finish (which the caller must call once the call was
- * submitted, whether it waited or not).  It is queued first (`worker` -1),
+/* One call, in its caller's memory, from pfb_dispatch_call until
+ * pfb_dispatch_finish (which the caller calls once it is done with it,
+ * submitted or not, waited for or not).  It is queued first (`worker` -1),
  * then posted to a worker; the caller sees neither step, only `state`.
  * Who owns its input blocks: the dispatcher (the queue) while it is
  * queued, freed by whoever takes it out without posting it (finish of an
@@ -93,7 +78,7 @@ enum {
  * the DONE, hands its result blocks back at once. */
 typedef struct PfbDispatchCall {
   uint32_t state;        /* PFB_DISPATCH_*, written by whoever completes it */
-  PfbDispatch* d;        /* its dispatcher (pfb_dispatch_wait reads its worker's ring) */
+  PfbDispatch* d;        /* its dispatcher (its waiting caller reads its worker's ring) */
   uint64_t id;
   int worker;            /* the worker that has it; -1 while queued (the
                           * queue's mutex; atomic: the waiting caller reads it) */
@@ -118,10 +103,10 @@ typedef struct PfbDispatchCall {
  * it is closed), for `workers` worker slots.  NULL when out of memory or
  * the mapping cannot be made. */
 PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers);
-/* Refuses calls and attaches from now on, fails the queued calls and
- * those in flight ("the pool was closed", FAILED_PRECONDITION), ends every reply thread, waits for
- * the submits under way, unmaps the input arena, drops the functions and
- * the creator's reference. */
+/* Refuses calls and attaches from now on, fails the queued calls and those
+ * in flight ("the pool was closed", FAILED_PRECONDITION), ends every reply
+ * thread, waits for the submits under way, unmaps the input arena, drops
+ * the functions and the creator's reference. */
 void pfb_dispatch_delete(PfbDispatch* d);
 void pfb_dispatch_retain(PfbDispatch* d);
 void pfb_dispatch_release(PfbDispatch* d);
@@ -159,21 +144,22 @@ int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, u
  * request. */
 void pfb_dispatch_forget(PfbDispatch* d, uint64_t token);
 
-/* Copies the inputs into the input arena (waiting up to `timeout_ns` for
- * room) and queues the call; then posts the queue's first calls to the
- * workers with credit.  0: posted, or queued (a reply thread posts it; the
- * caller waits the same).  EAGAIN: no worker
- * attached; ENOENT: token not registered; ETIMEDOUT; ENOSPC: no room, and
- * no posted call in flight to make any (queued calls and functions hold
- * their blocks), or no room for the LOAD; E2BIG: the inputs can never fit
- * the arena or the ring; EPIPE: closed. */
-int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
-                        const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
-                        PfbDispatchCall* call);
-/* Sleeps until the call is DONE or FAILED (0), or `timeout_ns` passed
- * (ETIMEDOUT; negative: no limit), reading its worker's reply ring itself
- * while it holds the reader role (see Threads). */
-int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns);
+/* Runs a call: copies the inputs into the input arena (waiting up to
+ * `room_ns` for room), queues it, posts the queue's first calls to the
+ * workers with credit (the rest the reply threads post), then sleeps until
+ * it is DONE or FAILED, for up to `wait_ns` (negative: no limit; reading
+ * its worker's reply ring itself while it holds the reader role).  A call
+ * whose worker died before starting it (RESEND) is submitted again.  `call`
+ * is zeroed before the first call; while it comes back ETIMEDOUT with
+ * `call->id` set (submitted), call again to wait on.  0: DONE or FAILED.
+ * Not submitted (`id` 0): EAGAIN, no worker attached; ENOENT, token not
+ * registered; ETIMEDOUT; ENOSPC, no room, and no posted call in flight to
+ * make any (queued calls and functions hold their blocks), or no room for
+ * the LOAD; E2BIG, the inputs can never fit the arena or the ring; EINVAL,
+ * a bad ndim; EPIPE, closed. */
+int pfb_dispatch_call(PfbDispatch* d, uint64_t token, uint32_t flags,
+                      const PfbDispatchInput* inputs, uint32_t count, int64_t room_ns,
+                      int64_t wait_ns, PfbDispatchCall* call);
 /* The caller is done with the call: frees its reply and error; a call not
  * completed yet is abandoned: a queued one leaves the queue and its input
  * blocks are freed now; a posted one's results go back when they come. */
@@ -272,9 +258,8 @@ void pfb_dispatch_set_counting(int on);
 /* The functions a kernel calls, for a library that does not link the pool
  * module (the kernel library): every route points to one static table. */
 typedef struct PfbDispatchApi {
-  int (*submit)(PfbDispatch* d, uint64_t token, uint32_t flags, const PfbDispatchInput* inputs,
-                uint32_t count, int64_t timeout_ns, PfbDispatchCall* call);
-  int (*wait)(PfbDispatchCall* call, int64_t timeout_ns);
+  int (*call)(PfbDispatch* d, uint64_t token, uint32_t flags, const PfbDispatchInput* inputs,
+              uint32_t count, int64_t room_ns, int64_t wait_ns, PfbDispatchCall* call);
   void (*finish)(PfbDispatch* d, PfbDispatchCall* call);
   int (*read_tensor)(const PfbPoolSlot* message, uint32_t* cursor, PfbPoolTensor* tensor,
                      int64_t* dims);

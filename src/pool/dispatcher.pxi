@@ -6,14 +6,9 @@ def set_counting(bint on):
 
 
 cdef class Dispatcher:
-    """The parent's native side of a pool's rings (src/pool/dispatch.h): a
-    call's inputs are copied into the input arena, its CALL posted and its
-    DONE received by a reply thread per worker, all in C without the GIL.
-    This class is its Python face (tests, and the pool's lifetime calls:
-    attach, lost, register); the kernel calls dispatch.h itself.
-
-    ``call`` submits and waits with the GIL released and returns the DONE
-    as (Message, NativeArena of its result blocks)."""
+    """The Python face of a pool's dispatcher (src/pool/dispatch.h): the
+    pool's lifetime calls (attach, lost, register), its routes, and calls
+    for tests."""
     cdef PfbDispatch* _d
     cdef bint _disowned  # a forked child's copy: never deleted (disown)
     cdef bint _closed    # close() deleted it: this object keeps a reference
@@ -102,7 +97,7 @@ cdef class Dispatcher:
         """Route.call on a route of its own (so its errors), for tests: the
         DONE as (Message, NativeArena), its result blocks the caller's to
         hand back; `wait` as Route.call's."""
-        reply, _, _ = self.route(token, flags).call(arrays, wait=wait)
+        reply, _ = self.route(token, flags).call(arrays, wait=wait)
         (<Reply>reply)._held.clear()  # the caller's now: it hands them back
         return reply.message, reply.arena
 
@@ -119,13 +114,13 @@ cdef class Dispatcher:
         cdef int rc = 0
         if stamps == NULL:
             raise MemoryError()
+        memset(&call, 0, sizeof(call))
         try:
             with nogil:
                 for k in range(times):
-                    rc = pfb_dispatch_submit(self._d, token, flags, inputs.items, n, -1, &call)
+                    rc = pfb_dispatch_call(self._d, token, flags, inputs.items, n, -1, -1, &call)
                     if rc:
                         break
-                    pfb_dispatch_wait(&call, -1)
                     if call.state == PFB_DISPATCH_DONE:
                         stamps[2 * k] = call.reply[0].message.stamp
                         stamps[2 * k + 1] = call.reply[0].message.ended
@@ -142,10 +137,7 @@ cdef class Dispatcher:
         return pfb_dispatch_free_bytes(self._d)
 
     def counts(self):
+        """dispatch.h's PfbDispatchCounts, as a dict of its fields."""
         cdef PfbDispatchCounts c
         pfb_dispatch_counts(self._d, &c)
-        return {"calls": c.calls, "loads": c.loads, "doorbells": c.doorbells,
-                "reply_sleeps": c.reply_sleeps, "caller_reads": c.caller_reads,
-                "input_blocks": c.input_blocks,
-                "resent": c.resent, "queued": c.queued}
-
+        return c

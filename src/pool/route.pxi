@@ -23,12 +23,9 @@ cdef extern from *:
 
 
 class Declined(OSError):
-    """The dispatcher did not take a call (dispatch.h, pfb_dispatch_submit),
-    by errno: EAGAIN, no worker attached now; ENOSPC or E2BIG, no room for
-    its inputs; EPIPE, the pool is closed; ENOENT, its function was dropped;
-    EINVAL, an input that is neither numbers nor bytes (only without a
-    payloads dict: with one, such inputs and those the arena has no room for
-    are pulled over the socket)."""
+    """The dispatcher did not take a call, by errno (dispatch.h,
+    pfb_dispatch_call); EINVAL too for an input that is neither numbers nor
+    bytes, without a payloads dict (Route.call)."""
 
 
 class DispatchFailed(RuntimeError):
@@ -97,14 +94,21 @@ cdef bint _too_long(PfbDispatchInput* inputs, Py_ssize_t n, uint32_t ring_slots)
     return slots > most
 
 
-cdef _pack(object values, PfbDispatchInput* inputs, dict payloads, list ids):
-    """Makes inputs[0] the one record of a packed CALL (PFB_POOL_CALL_PACKED):
-    its payload is the list of every input as a pulled one (those pulled
-    alone so far are dropped)."""
+cdef bint _packed(object values, PfbDispatchInput* inputs, uint32_t* count, uint32_t* flags,
+                  uint32_t ring_slots, dict payloads, list ids) except -1:
+    """Packs a call whose records would not fit the ring (PFB_POOL_CALL_PACKED):
+    inputs[0] becomes its one record, whose payload is the list of every
+    input as a pulled one (those pulled alone so far are dropped).  Whether
+    it did."""
+    if payloads is None or count[0] < 2 or not _too_long(inputs, count[0], ring_slots):
+        return False
     for payload_id in ids:
         payloads.pop(payload_id, None)
     del ids[:]
     _put_payload([_pulled(value) for value in values], &inputs[0], payloads, ids)
+    flags[0] |= PFB_POOL_CALL_PACKED
+    count[0] = 1
+    return True
 
 
 cdef bint _move_to_socket(object values, PfbDispatchInput* inputs, Py_ssize_t n, uint64_t room,
@@ -232,89 +236,58 @@ cdef class Route:
 
     def call(self, values, dict payloads=None, wait=None):
         """Runs the function on `values` (arrays of numbers or of bytes, NumPy
-        scalars, bytes) in a worker: (the Reply of its DONE, which holds its
-        result blocks; the worker's slot; when it was posted: ns,
-        CLOCK_REALTIME).
+        scalars, bytes) in a worker (pfb_dispatch_call): (the Reply of its
+        DONE, which holds its result blocks; the worker's slot).
 
-        `payloads`: the pool's dict (payload id -> pickled input) whose
-        inputs its workers pull over their sockets (shm_layout.h,
-        PFB_POOL_TENSOR_SOCKET): an input the records cannot describe goes
-        so, and when the arena has no room for the inputs, those
-        _move_to_socket picks; a call whose records would not fit the ring
-        goes packed, its inputs all in one payload (PFB_POOL_CALL_PACKED).
-        Each stays there until this returns or raises.
-
-        Waits without the GIL, in slices, and handles signals between them:
-        an exception there (Ctrl-C), or `wait` seconds gone (TimeoutError;
-        None: no limit), abandons the call as a kernel that stops waiting
-        does (its blocks stay its worker's until it is done with them).  A
-        call whose worker died before starting it is submitted again.
-        Raises Declined, or DispatchFailed (its worker died with it, or the
-        pool closed).  The route counts the pool's figures of the call (a
-        call answered, its bytes in, its time queued and in the worker); the
-        caller counts the function's, as for any call it makes."""
+        `payloads`: the pool's dict of inputs its workers pull over their
+        sockets (docs/pool.md, "Inputs pulled over the socket", "A call
+        larger than the ring"); each stays there until this returns or
+        raises.  Waits without the GIL in slices and handles signals between
+        them: an exception there (Ctrl-C), or `wait` seconds gone after the
+        submit (TimeoutError; None: no limit), abandons the call.  Raises
+        Declined, or DispatchFailed (its worker died with it, or the pool
+        closed).  The route counts the pool's figures of the call; the
+        caller counts the function's."""
         cdef PfbDispatchRoute* r = self._r
-        cdef Py_ssize_t n = len(values)
         cdef _Inputs records
         cdef PfbDispatchInput* inputs
         cdef PfbDispatchCall call
-        cdef int64_t posted = 0, left, part
+        cdef int64_t posted = _clock_ns(CLOCK_REALTIME), left = _timeout_ns(wait), part
         cdef int rc = 0
-        cdef bint submitted = False
         cdef int moves = 0  # times inputs were moved to the socket for room
         cdef uint32_t flags = r.flags
-        cdef uint32_t count = <uint32_t>n  # the CALL's records (1 once packed)
+        cdef uint32_t count = <uint32_t>len(values)  # the CALL's records (1 once packed)
         ids = []  # payload ids of this call's inputs in `payloads`
+        memset(&call, 0, sizeof(call))
         try:
             records = _Inputs(values, payloads, ids)
             inputs = records.items
-            if payloads is not None and _too_long(inputs, n, pfb_dispatch_ring_slots(r.d)):
-                _pack(values, inputs, payloads, ids)
-                flags |= PFB_POOL_CALL_PACKED
-                count = 1
+            _packed(values, inputs, &count, &flags, pfb_dispatch_ring_slots(r.d), payloads, ids)
             while True:
-                posted = _clock_ns(CLOCK_REALTIME)
-                while True:  # waits for room in slices
-                    with nogil:
-                        rc = pfb_dispatch_submit(r.d, r.token, flags, inputs, count,
-                                                 _SLICE_NS, &call)
-                    if rc != ETIMEDOUT:
-                        break
-                    PyErr_CheckSignals()
-                if ((rc == ENOSPC or rc == E2BIG) and payloads is not None
-                        and _move_to_socket(values, inputs, count,
-                                            pfb_dispatch_free_bytes(r.d)
-                                            if rc == ENOSPC and not moves else 0,
-                                            payloads, ids)):
-                    moves += 1
-                    continue  # the same call, with fewer blocks (the second time: none)
-                if (rc == E2BIG and payloads is not None and count > 1
-                        and _too_long(inputs, count, pfb_dispatch_ring_slots(r.d))):
-                    _pack(values, inputs, payloads, ids)  # (the ring's size came meanwhile)
-                    flags |= PFB_POOL_CALL_PACKED
-                    count = 1
-                    continue
-                if rc:
-                    raise Declined(rc, f"pyfunc_bridge: the dispatcher declined the call "
-                                       f"({os.strerror(rc)})")
-                submitted = True
-                left = _timeout_ns(wait)
-                while True:
-                    part = _SLICE_NS if left < 0 or left > _SLICE_NS else left
-                    with nogil:
-                        rc = pfb_dispatch_wait(&call, part)
-                    if rc == 0:
-                        break
-                    if left >= 0:
+                part = _SLICE_NS if left < 0 or left > _SLICE_NS else left
+                with nogil:
+                    rc = pfb_dispatch_call(r.d, r.token, flags, inputs, count, _SLICE_NS, part,
+                                           &call)
+                if rc == ETIMEDOUT:
+                    if call.id and left >= 0:  # (a slice of waiting for room is not counted)
                         left -= part
                         if left <= 0:
                             raise TimeoutError(f"pyfunc_bridge: the call was not done "
                                                f"within {wait} s (abandoned)")
                     PyErr_CheckSignals()
-                if call.state != PFB_DISPATCH_RESEND:
+                elif (rc == ENOSPC or rc == E2BIG) and payloads is not None and (
+                        _packed(values, inputs, &count, &flags, pfb_dispatch_ring_slots(r.d),
+                                payloads, ids)  # (the ring's size came meanwhile)
+                        or _move_to_socket(values, inputs, count,
+                                           pfb_dispatch_free_bytes(r.d)
+                                           if rc == ENOSPC and not moves else 0,
+                                           payloads, ids)):
+                    moves += 1  # the same call, with fewer blocks (the second time: none)
+                elif rc:
+                    raise Declined(rc, f"pyfunc_bridge: the dispatcher declined the call "
+                                       f"({os.strerror(rc)})")
+                else:
                     break
-                submitted = False
-                pfb_dispatch_finish(r.d, &call)  # it never started: submitted anew
             if call.state == PFB_DISPATCH_FAILED:
                 # (The caller counts the call, its error and its inputs' copies:
                 # the function's figures.)
@@ -335,23 +308,16 @@ cdef class Route:
                     pfb_route_add(&r.counts.queued_ns, message.stamp - posted)
                 if message.ended >= message.stamp:
                     pfb_route_add(&r.counts.worker_ns, message.ended - message.stamp)
-            return reply, call.worker, posted
+            return reply, call.worker
         finally:
-            if submitted:
-                pfb_dispatch_finish(r.d, &call)
+            pfb_dispatch_finish(r.d, &call)  # (a call never submitted: nothing to end)
             for payload_id in ids:  # a worker that asks later gets None: the call fails
                 payloads.pop(payload_id, None)
 
     def counts(self):
-        """What the route's calls added up (dispatch.h, PfbDispatchRouteCounts)."""
-        cdef PfbDispatchRouteCounts c = self._r.counts
-        return {"calls": c.calls, "replied": c.replied, "errors": c.errors,
-                "bytes_in": c.bytes_in,
-                "bytes_out": c.bytes_out, "shared_out": c.shared_out,
-                "copied_out": c.copied_out, "copies_saved": c.copies_saved,
-                "queued_ns": c.queued_ns, "worker_ns": c.worker_ns, "total_ns": c.total_ns,
-                "worker_copied": c.worker_copied, "strings_in": c.strings_in,
-                "worker_in": c.worker_in}
+        """What the route's calls added up (dispatch.h, PfbDispatchRouteCounts),
+        as a dict of its fields."""
+        return self._r.counts
 
     def clear(self):
         """Zeroes the counts (pfb.reset_stats); a call counting meanwhile may

@@ -232,7 +232,7 @@ enum {
   /* A call whose input records would not fit its ring (more inputs than
    * its slots): its one record is a PFB_POOL_TENSOR_SOCKET input whose
    * payload is the pickled list of all its inputs, each as a pulled input
-   * (src/pool/route.pxi, _pack), which the function gets as its arguments. */
+   * (src/pool/route.pxi, _packed), which the function gets as its arguments. */
   PFB_POOL_CALL_PACKED = 64
 };
 

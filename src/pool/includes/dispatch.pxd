@@ -7,7 +7,6 @@ cdef extern from "dispatch.h" nogil:
     ctypedef struct PfbDispatch
 
     ctypedef struct PfbDispatchArena:
-        uint32_t refs
         int index
         char* base
         uint64_t bytes
@@ -23,16 +22,13 @@ cdef extern from "dispatch.h" nogil:
         const int64_t* dims
 
     enum:
-        PFB_DISPATCH_WAITING
         PFB_DISPATCH_DONE
         PFB_DISPATCH_FAILED
-        PFB_DISPATCH_RESEND
 
     ctypedef struct PfbDispatchCall:
         uint32_t state
         uint64_t id
         int worker
-        uint64_t generation
         PfbPoolSlot* reply
         char* error
         int32_t error_code
@@ -65,7 +61,6 @@ cdef extern from "dispatch.h" nogil:
         uint64_t worker_in
 
     ctypedef struct PfbDispatchRoute:
-        uint32_t refs
         PfbDispatch* d
         uint64_t token
         uint32_t flags
@@ -91,10 +86,9 @@ cdef extern from "dispatch.h" nogil:
     void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message,
                            int resend)
     int pfb_dispatch_register(PfbDispatch* d, uint64_t token, const void* payload, uint64_t size)
-    int pfb_dispatch_submit(PfbDispatch* d, uint64_t token, uint32_t flags,
-                            const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
-                            PfbDispatchCall* call)
-    int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns)
+    int pfb_dispatch_call(PfbDispatch* d, uint64_t token, uint32_t flags,
+                          const PfbDispatchInput* inputs, uint32_t count, int64_t room_ns,
+                          int64_t wait_ns, PfbDispatchCall* call)
     void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call)
     void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out)
     uint64_t pfb_dispatch_free_bytes(PfbDispatch* d)
