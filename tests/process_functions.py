@@ -228,7 +228,9 @@ def wait_for_file_after(path, data):
 
 
 def wait_for_file(path):
-    """Returns once the file `path` exists: holds a worker until the test says."""
+    """Marks, then returns once the file `path` exists: holds a worker until
+    the test says."""
+    _mark()
     path = path.item() if isinstance(path, np.ndarray) else path  # eager: a 0-d array
     path = path.decode() if isinstance(path, bytes) else str(path)
     while not os.path.exists(path):
