@@ -214,21 +214,23 @@ class Supervision:
                                 f"(the last, worker process {dead.pid}, {how}: see its stderr)")
             broken = self._broken
         if not broken:
-            self._start(dead.index)
+            self._start(dead.index, dead=dead)
 
-    def _start(self, index, first=False):
+    def _start(self, index, first=False, dead=None):
         """Starts the worker of slot `index`: a new pool's (`first`: a failure
         is raised) or a dead worker's (a failure breaks the pool for a while;
         the dispatcher posts the calls that wait to it once it is attached).
         The start runs on the spawning thread, which puts the worker in its
         slot: a Ctrl-C in this caller's wait leaves no worker the pool does
         not know, and close() stops it either way."""
-        spawner.run(self._start_here, index, first)
+        spawner.run(self._start_here, index, first, dead)
 
-    def _start_here(self, index, first):
+    def _start_here(self, index, first, dead=None):
         with self._lock:
             if self._closed:
                 return  # close() began: it stops the workers it knows
+            if dead is not None and self._workers[index] is not dead:
+                return  # a revival replaced it already (_revive_here)
             self._starting = True
         try:
             with spawner.descriptors:  # a fork waits until the pool has the worker
@@ -317,9 +319,11 @@ class Supervision:
                 return
             self._broken = None
             self._start_failures = 0
-            dead = [w.index for w in self._workers if not w.alive]
-        for index in dead:
-            self._start_here(index, False)
+            # A dead worker not yet detached (its _lost reaps it, up to 5 s)
+            # still holds its slot in the dispatcher: its _replace starts it.
+            dead = [w for w in self._workers if not w.alive and w.generation is None]
+        for worker in dead:
+            self._start_here(worker.index, False, worker)
 
     # --------------------------------------------------------------- close --
 
