@@ -14,6 +14,8 @@ import os
 import re
 import threading
 
+from pyfunc_bridge import _locks
+
 _INSTALL_HINT = ("pip install 'pyfunc_bridge[cpu]' (tensorflow-cpu) or "
                  "'pyfunc_bridge[gpu]' (tensorflow, GPU-capable)")
 
@@ -31,7 +33,7 @@ except ModuleNotFoundError as exc:
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Named per Python (it calls CPython's C API), as extension modules are.
 _KERNELS = os.path.join(_HERE, "_kernels" + importlib.machinery.EXTENSION_SUFFIXES[0])
-_lock = threading.Lock()
+_lock = _locks.lock()
 _registered = False
 _ops = None  # the generated op wrappers, once made
 _begin_shutdown = None  # the kernel's PyfuncBridge_BeginShutdown, once loaded

@@ -14,16 +14,15 @@ rebuilt around the named function as pyfunc_bridge/_py_function.py builds it.
 """
 import pickle
 import sys
-import threading
 import weakref
 
 import tensorflow as tf
 
-from pyfunc_bridge import _frameworks, _library, _portable, _py_function, _registry
+from pyfunc_bridge import _frameworks, _library, _locks, _portable, _py_function, _registry
 
 _resolved = {}      # key -> Entry, for the life of the process
 _key_locks = {}     # key -> the lock its resolution runs under
-_key_locks_lock = threading.Lock()
+_key_locks_lock = _locks.lock()
 resolutions = 0     # how many keys were resolved (tests read it)
 
 
@@ -31,7 +30,7 @@ def _key_lock(key):
     with _key_locks_lock:
         lock = _key_locks.get(key)
         if lock is None:
-            lock = _key_locks[key] = threading.Lock()
+            lock = _key_locks[key] = _locks.lock()
         return lock
 
 

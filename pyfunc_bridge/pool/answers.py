@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 
+from pyfunc_bridge import _locks
 from pyfunc_bridge.pool import statistics
 from pyfunc_bridge.pool.errors import WorkerError, raise_acyclic, worker_exception
 from pyfunc_bridge.worker.compiled import pool_module
@@ -17,7 +18,7 @@ class RingAnswers:
 
     def __init__(self):
         self._answers = {}
-        self._arrived = threading.Condition()
+        self._arrived = _locks.lock(threading.Condition)
 
     def put(self, call_id, answer):
         with self._arrived:

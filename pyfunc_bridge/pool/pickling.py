@@ -27,26 +27,16 @@ import functools
 import importlib
 import io
 import itertools
-import os
 import sys
 import threading
 import types
 import weakref
 
-from pyfunc_bridge import _autograph
+from pyfunc_bridge import _autograph, _locks
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL
 
 _TENSORFLOW = "tensorflow"
-_lock = threading.Lock()  # one dumps at a time touches cloudpickle's registry
-
-
-def _after_fork_in_child():
-    # A thread that pickled at the fork is not in the child: its hold would last.
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_lock = _locks.lock()  # one dumps at a time touches cloudpickle's registry
 
 
 def _is_tensorflow(name):

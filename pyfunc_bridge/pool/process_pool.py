@@ -23,6 +23,7 @@ import threading
 import weakref
 from numbers import Real
 
+from pyfunc_bridge import _locks
 from pyfunc_bridge.pool import fork, statistics
 from pyfunc_bridge.pool.answers import decode_answer, native_reply
 from pyfunc_bridge.pool.errors import (EXIT_TEXT, PoolClosedError, WorkerError,
@@ -350,7 +351,7 @@ class ProcessPool(Supervision):
 _live_pools = weakref.WeakSet()
 _memfd_names = set()  # the names of every pool's memfds (fork.py)
 _default = None
-_default_lock = threading.Lock()
+_default_lock = _locks.lock()
 
 
 def _before_fork():
@@ -370,7 +371,7 @@ def _after_fork_in_child():
     """A forked child has none of the parent's pools (their workers serve
     the parent): they are closed here without touching them, and
     executor="process" starts a fresh default pool on first use."""
-    global _default, _default_lock
+    global _default
     spawner.after_fork_in_child()
     for pool in list(_live_pools):
         pool._forked()
@@ -379,7 +380,6 @@ def _after_fork_in_child():
     # may still view) becomes the child's own.
     fork.forget_shared_memory(_memfd_names)
     _default = None
-    _default_lock = threading.Lock()
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,

@@ -11,9 +11,8 @@ pool closed since still shows until ``pfb.reset_stats()``.  Counting follows
 ``pfb.enable_stats`` (the conversion layer's switch).
 """
 import dataclasses
-import threading
 
-from pyfunc_bridge import _library
+from pyfunc_bridge import _library, _locks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +52,7 @@ class PoolCounters:
     """The record of one pool name, updated from any thread."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = _locks.lock()
         self._routes = []  # the pools' routes (the worker module's Route)
         self.clear()
 
@@ -107,7 +106,7 @@ def _add_route_counts(counts, route):
 
 
 _records = {}  # pool name -> PoolCounters
-_records_lock = threading.Lock()
+_records_lock = _locks.lock()
 
 
 def record(name):

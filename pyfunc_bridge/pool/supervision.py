@@ -214,19 +214,21 @@ class Supervision:
                                 f"(the last, worker process {dead.pid}, {how}: see its stderr)")
             broken = self._broken
         if not broken:
-            self._start(dead.index)
+            self._start(dead.index, dead=dead)
 
-    def _start(self, index, first=False):
+    def _start(self, index, first=False, dead=None):
         """Starts the worker of slot `index`: a new pool's (`first`: a failure
-        is raised) or a dead worker's (a failure breaks the pool for a while),
-        whole on the spawning thread (docs/pool.md, "A start runs whole on
-        the spawning thread")."""
-        spawner.run(self._start_here, index, first)
+        is raised) or `dead`'s (a failure breaks the pool for a while; none
+        once the slot holds another), whole on the spawning thread
+        (docs/pool.md, "A start runs whole on the spawning thread")."""
+        spawner.run(self._start_here, index, first, dead)
 
-    def _start_here(self, index, first):
+    def _start_here(self, index, first, dead=None):
         with self._lock:
             if self._closed:
                 return  # close() began: it stops the workers it knows
+            if dead is not None and self._workers[index] is not dead:
+                return  # a revival replaced it already (_revive_here)
             self._starting = True
         try:
             with spawner.descriptors:  # a fork waits until the pool has the worker
@@ -312,9 +314,11 @@ class Supervision:
                 return
             self._broken = None
             self._start_failures = 0
-            dead = [w.index for w in self._workers if not w.alive]
-        for index in dead:
-            self._start_here(index, False)
+            # A dead worker not yet detached (its _lost reaps it, up to 5 s)
+            # still holds its slot in the dispatcher: its _replace starts it.
+            dead = [w for w in self._workers if not w.alive and w.generation is None]
+        for worker in dead:
+            self._start_here(worker.index, False, worker)
 
     # --------------------------------------------------------------- close --
 

@@ -119,11 +119,14 @@ void BuryExitedThreadStates() {
 
 // A forked child's Python (PyOS_AfterFork_Child) frees every thread state but
 // the forking thread's, those waiting here included: the child forgets them.
-// The mutex is held across fork so that no thread leaves it locked there.
+// The mutex is held across fork so that no thread leaves it locked there.  The
+// bridge calls under way on other threads are not in the child either: its
+// exit would wait kDrainTimeout for them (the forking thread's own are kept).
 [[maybe_unused]] const bool g_fork_handlers = [] {
   pthread_atfork([] { g_graveyard_mutex.lock(); },
                  [] { g_graveyard_mutex.unlock(); },
                  [] {
+                   g_in_flight.store(t_in_flight);
                    g_graveyard.clear();
                    g_cleared.clear();
                    g_graveyard_full.store(false);

@@ -288,3 +288,79 @@ print("done")
 def test_a_worker_whose_reader_cannot_start_is_ended_and_the_pool_breaks():
     # Nothing would see such a worker die: its calls would wait for ever.
     run_script(_UNWATCHED_SCRIPT)
+
+
+# A broken pool revived while one of its dead workers is still being handled
+# (its _lost reaps it, for up to 5 s): held `before` the dead worker's slot is
+# detached, or `after`.  The revival and the dead worker's own replacement
+# start one worker for its slot between them, and the pool knows every worker.
+_REVIVAL_DURING_A_DEATH_SCRIPT = r"""
+import os, signal, sys, threading, time
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+from pool_checks import worker_alive
+from pyfunc_bridge.pool import supervision
+from pyfunc_bridge.worker import start_worker
+
+failing, window = sys.argv[1:]
+supervision._RETRY_SECONDS = 0.2  # the back-off this script waits out
+pool = pfb.ProcessPool(2, name="revived during a death")
+slow, other = pool.pids()
+handling, go_on, handler = threading.Event(), threading.Event(), []
+step = "_death" if window == "before" else "_replace"
+real_step = getattr(pool, step)
+
+def slow_step(worker, *args):
+    if worker.pid == slow:
+        handler.append(threading.current_thread())
+        handling.set()
+        go_on.wait(120)
+    return real_step(worker, *args)
+
+def workers():  # this process's live workers (children of its spawning thread)
+    found = set()
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            found.update(int(pid) for pid in f.read().split())
+    return {pid for pid in found if worker_alive(pid)}
+
+def call():
+    try:
+        box["pid"] = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
+                                            executor=pool))
+    except Exception as exc:  # noqa: BLE001 - reported
+        box["error"] = f"{type(exc).__name__}: {exc}"
+
+setattr(pool, step, slow_step)
+os.kill(slow, signal.SIGKILL)
+assert handling.wait(120), "the dead worker was never handled"
+start_worker.pool_module()  # loaded by its real path, before the workers fail
+real, start_worker.__file__ = start_worker.__file__, failing
+os.kill(other, signal.SIGKILL)  # its replacements end as they start: the pool breaks
+deadline = time.monotonic() + 120
+while not pool._broken or time.monotonic() < pool._retry_at:
+    assert time.monotonic() < deadline, "the pool never broke"
+    time.sleep(0.01)
+start_worker.__file__ = real
+box = {}
+caller = threading.Thread(target=call)  # it revives the pool
+caller.start()
+while caller.is_alive() and not pool.pids():  # (its call may wait for the slow slot)
+    time.sleep(0.01)
+go_on.set()
+caller.join(120)
+handler[0].join(120)
+live = workers()
+pids = pool.pids()
+pool.close()
+assert len(pids) == 2 and live == set(pids), (live, pids, box)
+assert box.get("pid") in pids, box
+assert not [pid for pid in live if worker_alive(pid)], "close() left a worker running"
+print("done")
+"""
+
+
+@pytest.mark.parametrize("window", ["before", "after"])
+def test_a_revival_while_a_dead_worker_is_handled_starts_one_worker_per_slot(
+        failing_start, window):
+    run_script(_REVIVAL_DURING_A_DEATH_SCRIPT, failing_start, window)
