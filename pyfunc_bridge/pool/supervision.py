@@ -247,6 +247,8 @@ class Supervision:
                     else:
                         self._workers[index] = fresh
                     closed = self._closed
+            if not first:  # (before the attach: a call it serves sees it counted)
+                self._counters.add_one("workers_replaced")
             try:
                 if not closed:
                     self._attach(fresh)
@@ -254,8 +256,6 @@ class Supervision:
                 # Only now, so that a worker that died at once is detached by
                 # its _lost (docs/pool.md, "A worker's reader starts after its attach").
                 self._watch(fresh, first)
-            if not first:
-                self._counters.add_one("workers_replaced")
             if closed:
                 self._stop([fresh])
         finally:

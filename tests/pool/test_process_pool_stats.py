@@ -97,6 +97,28 @@ def test_workers_replaced():
     assert (s.workers_replaced, s.calls) == (1, 1)
 
 
+def test_a_replacement_is_counted_before_it_serves(monkeypatch):
+    from pyfunc_bridge.pool import supervision
+    watch = supervision.Supervision._watch
+    served = threading.Event()
+
+    def slow_watch(self, worker, first):  # the replacement serves before its start ends
+        watch(self, worker, first)
+        if not first:
+            served.wait(30)
+
+    monkeypatch.setattr(supervision.Supervision, "_watch", slow_watch)
+    with pfb.ProcessPool(1, name="counted replacement") as one:
+        victim = one.pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: one.pids() and one.pids()[0] != victim, 20)
+        try:
+            call(pf.pid, [tf.constant(0)], tf.int64, one)
+            assert pool_stats("counted replacement").workers_replaced == 1
+        finally:
+            served.set()
+
+
 @pytest.fixture(scope="module")
 def timing_pool():
     """A pool whose calls time out after 0.5 s (pf.hang(60) runs past it)."""
