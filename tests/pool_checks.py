@@ -143,3 +143,29 @@ def descriptors(*kinds):
         if target.startswith(kinds):
             found.append((int(fd), target))
     return found
+
+
+def call_pid(pool, box):
+    """Calls process_functions.pid in `pool`: the worker's pid goes into
+    box["pid"], or what the call raised into box["error"] (a thread's target)."""
+    import tensorflow as tf
+
+    import process_functions as pf
+    try:
+        box["pid"] = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
+                                            executor=pool))
+    except Exception as exc:  # noqa: BLE001 - reported
+        box["error"] = f"{type(exc).__name__}: {exc}"
+
+
+def child_exit_code(pid, hung, seconds=60):
+    """The exit code of forked child `pid` once it ends; past `seconds` it is
+    killed and AssertionError(`hung`) raised."""
+    deadline = time.monotonic() + seconds
+    while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(hung)
+        time.sleep(0.01)
+    return os.waitstatus_to_exitcode(status[1])

@@ -187,7 +187,7 @@ def test_a_call_that_fails_in_the_pool_leaves_no_reference_cycle():
 _DIES_AT_ONCE_SCRIPT = r"""
 import os, signal, sys, threading
 import tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
+from pool_checks import call_pid
 from pyfunc_bridge.worker import start_worker
 
 failing, real = sys.argv[1], start_worker.__file__
@@ -221,13 +221,7 @@ sys.addaudithook(on_start)
 start_worker.__file__ = failing
 os.kill(first, signal.SIGKILL)
 box = {}
-def call():
-    try:
-        box["pid"] = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
-                                            executor=pool))
-    except Exception as exc:  # noqa: BLE001 - reported
-        box["error"] = f"{type(exc).__name__}: {exc}"
-caller = threading.Thread(target=call, daemon=True)
+caller = threading.Thread(target=call_pid, args=(pool, box), daemon=True)
 caller.start()
 caller.join(120)
 replaced = pfb.stats().pools["dies at once"].workers_replaced
@@ -247,7 +241,7 @@ def test_a_replacement_that_dies_as_it_starts_leaves_a_pool_that_serves(failing_
 _UNWATCHED_SCRIPT = r"""
 import os, signal, sys, threading, time
 import tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
+from pool_checks import call_pid
 
 pool = pfb.ProcessPool(1, name="unwatched")
 start = threading.Thread.start
@@ -267,12 +261,7 @@ while threading.Thread.start is not start:
 for pid in pool.pids():  # a worker left without a reader: its death too must be seen
     os.kill(pid, signal.SIGKILL)
 box = {}
-def call():
-    try:
-        box["pid"] = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool))
-    except Exception as exc:  # noqa: BLE001 - reported
-        box["error"] = f"{type(exc).__name__}: {exc}"
-caller = threading.Thread(target=call, daemon=True)
+caller = threading.Thread(target=call_pid, args=(pool, box), daemon=True)
 caller.start()
 caller.join(60)
 if caller.is_alive():
@@ -297,8 +286,7 @@ def test_a_worker_whose_reader_cannot_start_is_ended_and_the_pool_breaks():
 _REVIVAL_DURING_A_DEATH_SCRIPT = r"""
 import os, signal, sys, threading, time
 import tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
-from pool_checks import worker_alive
+from pool_checks import call_pid, worker_alive
 from pyfunc_bridge.pool import supervision
 from pyfunc_bridge.worker import start_worker
 
@@ -324,13 +312,6 @@ def workers():  # this process's live workers (children of its spawning thread)
             found.update(int(pid) for pid in f.read().split())
     return {pid for pid in found if worker_alive(pid)}
 
-def call():
-    try:
-        box["pid"] = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
-                                            executor=pool))
-    except Exception as exc:  # noqa: BLE001 - reported
-        box["error"] = f"{type(exc).__name__}: {exc}"
-
 setattr(pool, step, slow_step)
 os.kill(slow, signal.SIGKILL)
 assert handling.wait(120), "the dead worker was never handled"
@@ -343,7 +324,7 @@ while not pool._broken or time.monotonic() < pool._retry_at:
     time.sleep(0.01)
 start_worker.__file__ = real
 box = {}
-caller = threading.Thread(target=call)  # it revives the pool
+caller = threading.Thread(target=call_pid, args=(pool, box))  # it revives the pool
 caller.start()
 while caller.is_alive() and not pool.pids():  # (its call may wait for the slow slot)
     time.sleep(0.01)

@@ -97,7 +97,7 @@ _FORK_KEEPS_RESULT_SCRIPT = r"""
 import json, os, signal, time
 import tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
-from pool_checks import memfds_of
+from pool_checks import child_exit_code, memfds_of
 NAME = "fork result pool"
 
 def shared():
@@ -135,10 +135,7 @@ with pfb.ProcessPool(1, name=NAME) as pool:
     reused = addresses & {pfb.to_numpy(t).ctypes.data for t in later}
     os.write(go_w, b"x")
     report = json.loads(os.read(seen_r, 1 << 16).decode())
-    deadline = time.monotonic() + 60
-    while os.waitpid(child, os.WNOHANG) == (0, 0):
-        assert time.monotonic() < deadline, "the child hung"
-        time.sleep(0.01)
+    child_exit_code(child, "the child hung")
     assert report["values"] == [1.0, 1.0, 2.0, 2.0], (report, reused)
     assert report["fds"] == [] and report["maps"] == [], report
     error = report.get("error", "")
@@ -304,6 +301,7 @@ def test_a_ctrl_c_while_a_fork_waits_for_a_start_comes_after_the_fork():
 _FORK_WHILE_PICKLING_SCRIPT = r"""
 import os, sys, threading, time
 import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+from pool_checks import child_exit_code
 
 pickling, forked = threading.Event(), threading.Event()
 
@@ -325,14 +323,8 @@ if child == 0:
     y = pfb.numpy_function(np.negative, [tf.constant(2.0)], tf.float32, executor="process")
     os._exit(0 if float(y) == -2.0 else 3)
 forked.set()
-deadline = time.monotonic() + 60
-while (status := os.waitpid(child, os.WNOHANG))[0] == 0:
-    if time.monotonic() > deadline:
-        os.kill(child, 9)
-        os.waitpid(child, 0)
-        raise AssertionError("the child's first pool call waited for the parent's pickling")
-    time.sleep(0.05)
-assert os.waitstatus_to_exitcode(status[1]) == 0, status
+code = child_exit_code(child, "the child's first pool call waited for the parent's pickling")
+assert code == 0, code
 caller.join(60)
 pool.close()
 print("done")
@@ -350,6 +342,7 @@ def test_a_fork_while_a_function_pickles_leaves_the_child_able_to_pickle():
 _EXIT_AFTER_A_FORK_SCRIPT = r"""
 import os, sys, threading, time
 import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+from pool_checks import child_exit_code
 from pyfunc_bridge import _library
 
 inside, forked = threading.Event(), threading.Event()
@@ -377,16 +370,10 @@ if child == 0:
         return left
     _library._begin_shutdown = exit_drain
     sys.exit(0 if float(y) == -2.0 else 3)
-deadline = time.monotonic() + 60
-while (status := os.waitpid(child, os.WNOHANG))[0] == 0:
-    if time.monotonic() > deadline:
-        os.kill(child, 9)
-        os.waitpid(child, 0)
-        raise AssertionError("the child's exit hung")
-    time.sleep(0.05)
+code = child_exit_code(child, "the child's exit hung")
 forked.set()
 caller.join(60)
-assert os.waitstatus_to_exitcode(status[1]) == 0, os.waitstatus_to_exitcode(status[1])
+assert code == 0, code
 print("done")
 """
 
