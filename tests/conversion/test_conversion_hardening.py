@@ -30,9 +30,12 @@ def aligned(values, dtype=np.float32):
         return np.array(values, dtype=dtype)
 
 
-def refused(capsule, words, producer, **kwargs):
-    """from_dlpack(capsule) is a BufferError matching `words`, and the capsule
-    stays with its producer, which frees it once it is dropped."""
+def refused(make, words, producer, **kwargs):
+    """from_dlpack of the capsule make() returns is a BufferError matching
+    `words`, and the capsule stays with its producer, which frees it once it
+    is dropped.  (Made here: Python 3.10 keeps a call's arguments on the
+    caller's stack until it returns.)"""
+    capsule = make()
     with pytest.raises(BufferError, match=words):
         pfb.from_dlpack(capsule, **kwargs)
     assert dl.capsule_name(capsule) in ("dltensor", "dltensor_versioned")
@@ -145,7 +148,7 @@ def test_empty_tensor_with_huge_dimensions():
     # the non-zero dimensions), so it is refused cleanly; representable ones
     # with any stride are accepted (no byte is ever read).
     producer = dl.Producer()
-    refused(producer.capsule(aligned(np.arange(4)), shape=[0, 2 ** 62, 2 ** 62]),
+    refused(lambda: producer.capsule(aligned(np.arange(4)), shape=[0, 2 ** 62, 2 ** 62]),
             "too large to address", producer)
     t = pfb.from_dlpack(producer.capsule(aligned(np.arange(4)), shape=[0, 2 ** 40],
                                          strides=[2 ** 50, -2 ** 50]))
