@@ -8,8 +8,9 @@ from process_pool_helpers import run_script
 # lock guards.  The op library's case comes first: it holds the lock under
 # which the first op built makes the op wrappers.
 _FORK_WHILE_HELD_SCRIPT = r"""
-import itertools, os, threading, time
+import itertools, os, threading
 import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
+from pool_checks import child_exit_code
 from pyfunc_bridge import _resolve
 from pyfunc_bridge.pool import process_pool, statistics
 from pyfunc_bridge.pool.answers import ring_answers
@@ -80,16 +81,12 @@ for case in (hold_library, hold_records, hold_a_record, hold_answers, hold_resol
     if child == 0:
         use()
         os._exit(0)  # (TensorFlow's own exit hangs in a fork of a process that ran ops)
-    deadline = time.monotonic() + 60
-    while (status := os.waitpid(child, os.WNOHANG))[0] == 0:
-        if time.monotonic() > deadline:
-            os.kill(child, 9)
-            status = os.waitpid(child, 0)
-            hung.append(case.__name__)
-            break
-        time.sleep(0.05)
+    try:
+        code = child_exit_code(child, case.__name__)
+    except AssertionError:  # (killed after its 60 s)
+        hung.append(case.__name__)
     else:
-        assert os.waitstatus_to_exitcode(status[1]) == 0, (case.__name__, status)
+        assert code == 0, (case.__name__, code)
     forked.set()
     thread.join(120)
 assert not hung, f"the child waited for a lock its parent's thread held: {hung}"
