@@ -72,8 +72,9 @@ class ProcessPool(Supervision):
     rule, and the modules it uses (``tf`` included) are imported by name.  A
     worker so imports TensorFlow only when the function uses it.  They share no
     Python state with this process or with each other: a function that keeps
-    state keeps one copy per worker.  A worker that dies fails the calls it
-    held with :class:`WorkerError` and is replaced.  ``pfb.stats().pools[name]``
+    state keeps one copy per worker.  A worker that dies fails the call it
+    was running with :class:`WorkerError` and is replaced; the calls it held
+    but had not started run in another worker.  ``pfb.stats().pools[name]``
     counts its calls, their time queued and in workers, the bytes in and
     out, the copies saved, workers replaced and timeouts.  Use it as a context
     manager or call :meth:`close`; pools still open are closed at exit.

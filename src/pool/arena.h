@@ -11,7 +11,7 @@
  * the free list.
  *
  * Not thread-safe: each user wraps it in its own lock.  Plain C that also
- * compiles as C++ (the kernel builds it into its library). */
+ * compiles as C++. */
 #ifndef PYFUNC_BRIDGE_POOL_ARENA_H_
 #define PYFUNC_BRIDGE_POOL_ARENA_H_
 

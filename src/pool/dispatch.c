@@ -1243,7 +1243,8 @@ static int read_for(Worker* w, PfbDispatchCall* call, int64_t deadline) {
 
 /* Sleeps until the call is DONE, FAILED or RESEND (0), or `timeout_ns`
  * passed (ETIMEDOUT; negative: no limit), reading its worker's reply ring
- * itself while it holds the reader role (dispatch.h, Threads). */
+ * itself while it holds the reader role (docs/pool.md, "A kernel's native
+ * call", step 5). */
 static int wait_call(PfbDispatchCall* call, int64_t timeout_ns) {
   int64_t deadline = pfb_deadline_ns(timeout_ns);
   int tried = 0;

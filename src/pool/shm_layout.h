@@ -24,7 +24,9 @@
  *   input arena     one per pool, input_arena_bytes.  The parent allocates
  *                   blocks in it (its allocator, src/pool/arena.h, lives in
  *                   the parent's private memory) and writes the call's
- *                   inputs; the worker only reads them.
+ *                   inputs; the worker reads them (and the function may
+ *                   write the blocks it holds under PFB_POOL_CALL_WRITABLE
+ *                   or PFB_POOL_CALL_TORCH).
  *   result arena    one per worker, result_arena_bytes.  The worker allocates
  *                   (its allocator, and NumPy's data-memory handler while a
  *                   function runs: a fresh result is written there by the
@@ -99,10 +101,13 @@
  * worker, which waits on its socket too and so polls an eventfd, its
  * "doorbell", that the parent owns and passes to it: the parent's
  * pfb_ring_notify writes the eventfd instead of FUTEX_WAKE, under the same
- * flag protocol, and an eventfd keeps a ring that came before the poll).  Nobody spins: a consumer checks the ring
- * a bounded few times, then sets `consumer_sleeping` and re-checks, and
- * sleeps on `items_wake` with the value it read before setting the flag.  A
- * producer publishes any number of messages, then, once per batch, reads
+ * flag protocol, and an eventfd keeps a ring that came before the poll).
+ * Nobody spins for long: a consumer looks at the ring a bounded while (the
+ * worker for SPIN_NS, yielding its core between looks, RingServer.run; the
+ * flag stays clear meanwhile, so a producer rings no one), then sets
+ * `consumer_sleeping`, re-checks, and sleeps on `items_wake` with the value
+ * it read before setting the flag.  A producer publishes any number of
+ * messages, then, once per batch, reads
  * `consumer_sleeping`: only when it is set does it bump `items_wake` and call
  * FUTEX_WAKE (a store of `tail` and a load of the flag on one side, a store
  * of the flag and a load of `tail` on the other, all sequentially consistent:
@@ -175,10 +180,10 @@ enum {
 enum {
   /* A function: `token`; in the input block (block_offset, block_size),
    * the pickle of (sys.path or None, the function's cloudpickle bytes): the
-   * parent's path where it changed since the last one this worker got, as
-   * on the socket.  Handed back in INPUTS_BACK once loaded.  Posted before
-   * the first CALL of that token to this worker, in the same ring: it
-   * arrives first. */
+   * parent's sys.path as it was when the function was registered (ProcessPool
+   * always sends it; None leaves the worker's path as it is).  Handed back
+   * in INPUTS_BACK once read.  Posted before the first CALL of that token
+   * to this worker, in the same ring: it arrives first. */
   PFB_POOL_MSG_LOAD = 1,
   /* A call: `call_id`, `token`, `count` inputs as PfbPoolTensor records in
    * the input arena; flags PFB_POOL_CALL_*; `stamp` the parent's
@@ -189,7 +194,8 @@ enum {
   PFB_POOL_MSG_RESULTS_BACK = 3,
   /* `count` function tokens the parent dropped (PfbPoolWords). */
   PFB_POOL_MSG_FORGET = 4,
-  /* The pool closes: the worker finishes what it ran and exits. */
+  /* The worker finishes what it ran and returns from serving its rings.
+   * (A ProcessPool posts none: it ends a worker by shutting its socket.) */
   PFB_POOL_MSG_STOP = 5,
   /* Worker -> parent (the reply ring): */
   /* A call finished: `call_id`; status 0: `count` outputs as PfbPoolTensor
@@ -256,7 +262,7 @@ enum {
   PFB_POOL_STATUS_OK = 0,
   PFB_POOL_STATUS_ERROR = 1,  /* the function raised: see PFB_POOL_MSG_DONE */
   /* The answer (results or error) did not fit the result arena: it went
-   * pickled on the worker's socket, as ("ring", call_id, ok, payload),
+   * pickled on the worker's socket, as ("ring", call_id, ok, payload, facts),
    * before this DONE (count 0, no block). */
   PFB_POOL_STATUS_SOCKET = 2
 };
@@ -275,9 +281,10 @@ enum {
   PFB_POOL_TENSOR_SHARED = 4,
   /* The copy facts of a result as the function returned it, before the
    * worker shared or copied it (only under PFB_POOL_CALL_FACTS; the worker's
-   * _Worker.copy_facts computes them for both of its paths).  Each set bit
-   * is a reason copy=False refuses the result (the conversion layer's
-   * _copy_reason says which and raises); none set: it refuses nothing.
+   * CopyFacts, pyfunc_bridge/worker/copy_facts.py, computes them for both of
+   * its paths).  Each set bit is a reason copy=False refuses the result (the
+   * conversion layer's _copy_reason says which and raises); none set: it
+   * refuses nothing.
    * ALIASED: memory something else in the worker could still write (a
    * global, a cache, a view of a kept input); STRIDED: not row-major
    * without gaps; UNALIGNED: not at a multiple of PFB_POOL_ALIGN; LAZY: a
