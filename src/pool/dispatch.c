@@ -368,8 +368,7 @@ static int reader_ready(void* worker) {
 static void* reply_thread(void* arg) {
   Worker* w = (Worker*)arg;
   for (;;) {
-    /* Calls wait and this worker could take one: posted now (the first
-     * look serves the calls a new attachment finds queued); a post that
+    /* Calls wait and this worker could take one: posted now; a post that
      * had to wait (no room) is tried again after RETRY_NS. */
     int64_t timeout = -1;
     if (queue_waits(w)) {
@@ -524,8 +523,9 @@ int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int 
   int rc = __atomic_load_n(&d->closed, SC)
                ? EPIPE
                : attach(w, control, doorbell, result_base, result_bytes, generation);
-  /* (Its reply thread's first look posts the calls queued meanwhile; a
-   * look that met this lock is run here.) */
+  /* The calls queued meanwhile are posted here: the reply thread's first
+   * look may come before `attached` is set, and then sleeps. */
+  if (rc == 0) __atomic_store_n(&w->wanted, 1, SC);
   post_unlock(w);
   return rc;
 }
