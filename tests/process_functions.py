@@ -412,3 +412,19 @@ def short_type_name(a):
 def total_length(a):
     """The bytes of a string input, all elements together."""
     return np.int64(sum(len(s) for s in np.asarray(a, dtype=object).flat))
+
+
+class HangsWhenLoaded:
+    """A callable whose unpickling sleeps a minute (an import that hangs)."""
+
+    def __call__(self, x):
+        return x
+
+    def __reduce__(self):
+        return (hang_when_loaded, ())
+
+
+def hang_when_loaded():
+    _mark()
+    time.sleep(60)
+    return HangsWhenLoaded()

@@ -41,6 +41,7 @@ class RingServer:
         self.poller.register(sock_fd, select.POLLIN)
         self.poller.register(doorbell, select.POLLIN)
         self.functions = {}    # token -> the function its LOAD carried
+        self.unloaded = {}     # token -> (sys.path, pickle) of a LOAD not unpickled yet
         self.load_errors = {}  # token -> the exception its LOAD raised
         self.stopped = False
         # Words per INPUTS_BACK: what fits a message in this ring.
@@ -102,6 +103,7 @@ class RingServer:
             elif kind == pw.MSG_FORGET:
                 for token in message.items:
                     self.functions.pop(token, None)
+                    self.unloaded.pop(token, None)
                     self.load_errors.pop(token, None)
             elif kind == pw.MSG_STOP:
                 self.stopped = True
@@ -124,6 +126,8 @@ class RingServer:
             self.channel.notify(pw.REPLIES)
 
     def load(self, message):
+        """Keeps a LOAD's function pickled: its first CALL unpickles it
+        (function), so that the pool's timeout covers its imports."""
         worker = self.worker
         offset, size = message.block
         data = None
@@ -132,16 +136,35 @@ class RingServer:
                 data = bytes(worker.input_map[offset:offset + size])
             finally:
                 worker.inputs_freed.append(offset)  # read: the parent's again
+        self.functions.pop(message.token, None)
+        self.load_errors.pop(message.token, None)
         try:
-            path, pickled = (pickle.loads(data) if data is not None
-                             else self.pull(("load", message.token)))
+            self.unloaded[message.token] = (pickle.loads(data) if data is not None
+                                            else self.pull(("load", message.token)))
+        except BaseException as exc:  # noqa: BLE001 - each CALL of it raises it
+            self.load_errors[message.token] = exc
+
+    def function(self, token):
+        """The function of `token`, unpickled at its first call (with the
+        sys.path of its LOAD); the exception its LOAD raised, each time."""
+        if token in self.functions:
+            return self.functions[token]
+        error = self.load_errors.get(token)
+        if error is not None:
+            raise error
+        if token not in self.unloaded:
+            raise RuntimeError(f"pyfunc_bridge: worker {os.getpid()} has no function "
+                               f"of token {token} (no LOAD came before the CALL)")
+        path, pickled = self.unloaded.pop(token)
+        try:
             if path is not None:
                 sys.path[:] = path
             importlib.invalidate_caches()  # modules made since the last import
-            self.functions[message.token] = pickle.loads(pickled)
-            self.load_errors.pop(message.token, None)
+            func = self.functions[token] = pickle.loads(pickled)
         except BaseException as exc:  # noqa: BLE001 - each CALL of it raises it
-            self.load_errors[message.token] = exc
+            self.load_errors[token] = exc
+            raise
+        return func
 
     def pull(self, payload_id):
         """What the parent keeps under `payload_id` (shm_layout.h,
@@ -225,13 +248,7 @@ class RingServer:
         status, block = pw.STATUS_OK, (0, 0)
         result = None
         try:
-            func = self.functions.get(message.token)
-            if func is None:
-                error = self.load_errors.get(message.token)
-                if error is not None:
-                    raise error
-                raise RuntimeError(f"pyfunc_bridge: worker {os.getpid()} has no function "
-                                   f"of token {message.token} (no LOAD came before the CALL)")
+            func = self.function(message.token)
             values = [wrap_input(np, v, framework) for v in self.args(message, flags)]
             result = worker.arena.call(func, values)
             if framework == "torch" and not writable:

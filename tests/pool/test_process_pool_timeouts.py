@@ -124,3 +124,16 @@ def test_a_pool_without_a_timeout_writes_no_status():
         assert pool.timeout is None and not _watchdogs(pool)
         assert int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64,
                                       executor=pool)) == pool.pids()[0]
+
+
+def test_a_function_whose_loading_hangs_times_out_with_the_loading_stack():
+    """A function's first call in a worker unpickles it within the timeout:
+    an import that hangs fails that call as a hung function would, and the
+    pool goes on."""
+    with pfb.ProcessPool(1, timeout=1.5, name="load timeout pool") as pool:
+        with pytest.raises(tf.errors.DeadlineExceededError) as info:
+            pfb.numpy_function(pf.HangsWhenLoaded(), [tf.constant(1.0)], tf.float32,
+                               executor=pool)
+        killed = _assert_timed_out(info.value, pf.hang_when_loaded, ["time.sleep"], pool)
+        got = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool))
+        assert got in pool.pids() and got != killed
