@@ -98,6 +98,47 @@ def _py_function_grad_grad(op, *grads):
         "Compute higher derivatives inside the function, or with TF ops outside it")
 
 
+def _register_vectorization():
+    """tf.vectorized_map (and GradientTape.jacobian) run an op they cannot
+    vectorize in a loop, but refuse to for an op with a variant output, as
+    this one's forward state is: the loop is registered for it here.  (pfor
+    is loaded by ``import tensorflow``; a TF without these names keeps
+    TF's refusal.)"""
+    try:
+        from tensorflow.python.ops.parallel_for import pfor
+        loop = functools.partial(pfor._fallback_converter,
+                                 root_cause="pfb.py_function runs Python per iteration")
+        pfor.RegisterPFor(OP)(loop)
+    except (ImportError, AttributeError):
+        pass
+
+
+_register_vectorization()
+
+
+def _no_forward_mode(attr_tuple, inputs, outputs, tangents):
+    # TF's generic JVP would ask for ones of the forward-state output (a
+    # variant) and fail with a TypeError that names none of this.
+    raise NotImplementedError(
+        "pyfunc_bridge: pfb.py_function has no forward-mode gradient "
+        "(tf.autodiff.ForwardAccumulator): it is differentiable in reverse mode "
+        "(tf.GradientTape, tf.gradients). Use GradientTape.jacobian, or compute the "
+        "Jacobian-vector product inside the function")
+
+
+def _register_forward_mode():
+    """Makes a forward-mode gradient through the op fail with a clear error
+    (forwardprop is loaded by ``import tensorflow``)."""
+    try:
+        from tensorflow.python.eager import forwardprop
+        forwardprop._SPECIAL_CASES[OP] = _no_forward_mode
+    except (ImportError, AttributeError):
+        pass
+
+
+_register_forward_mode()
+
+
 class _Signature:
     """Tout for py_function: dense specs and composite TypeSpecs, flattened to
     the op's component tensors."""

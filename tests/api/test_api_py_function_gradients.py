@@ -273,6 +273,24 @@ def test_second_order_tf_gradients_fails_loudly():
             tf.gradients(g, p)
 
 
+@pytest.mark.parametrize("mode", ["eager", "tf.function"])
+def test_forward_mode_fails_with_a_clear_error_where_inputs_are_tracked(mode):
+    """TF's generic forward-mode rule would fail on the op's internal output
+    with a TypeError naming a variant; pfb says what is missing instead."""
+    x = tf.constant([1.0, 2.0])
+
+    def jvp(x):
+        with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as acc:
+            y = pfb.py_function(_square, [x], tf.float32)
+        return acc.jvp(y)
+
+    with pytest.raises(NotImplementedError, match="no forward-mode gradient.*GradientTape"):
+        (jvp if mode == "eager" else tf.function(jvp))(x)
+    with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)):
+        untracked = pfb.py_function(_square, [tf.constant([3.0])], tf.float32)
+    np.testing.assert_array_equal(untracked.numpy(), [9.0])
+
+
 # --------------------------------------------------------------------------
 # Gradient state is recorded only when a gradient can run.
 
@@ -333,3 +351,38 @@ def test_session_records_only_with_gradient_wired():
             (g,) = tf.gradients(y, p)
             assert sess.run(g, {p: [1.5]}).tolist() == [3.0]
     assert flags == [False, True]
+
+
+# --------------------------------------------------------------------------
+# tf.vectorized_map and GradientTape.jacobian, which vectorize with pfor.
+
+def test_vectorized_map_runs_the_function_per_row_as_tf_py_function():
+    rows = tf.reshape(tf.range(6, dtype=tf.float32), [3, 2])
+    got = tf.vectorized_map(lambda r: pfb.py_function(lambda a: a * 2 + 1, [r], tf.float32),
+                            rows)
+    expected = tf.vectorized_map(
+        lambda r: tf.py_function(lambda a: a * 2 + 1, [r], tf.float32), rows)
+    np.testing.assert_array_equal(got.numpy(), expected.numpy())
+
+
+def test_gradient_through_vectorized_map():
+    v = tf.Variable([[1.0, 2.0], [3.0, -4.0]])
+    with tf.GradientTape() as tape:
+        y = tf.vectorized_map(lambda r: pfb.py_function(lambda a: a * a * a, [r], tf.float32), v)
+        total = tf.reduce_sum(y)
+    np.testing.assert_allclose(tape.gradient(total, v).numpy(), 3 * v.numpy() ** 2)
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf.function"])
+def test_jacobian_with_pfor(mode):
+    x = tf.constant([0.5, -1.0, 2.0])
+
+    def jacobian(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = pfb.py_function(_elementwise, [x], tf.float32)
+        return tape.jacobian(y, x)
+
+    got = (jacobian if mode == "eager" else tf.function(jacobian))(x)
+    a = x.numpy()
+    np.testing.assert_allclose(got.numpy(), np.diag(np.cos(a) * a + np.sin(a)), rtol=1e-6)
