@@ -38,8 +38,8 @@ cdef int _check_count(object result, int num_outputs, str as_one) except -1:
     output-count check.  `as_one` completes "wrap a list meant as one ..."."""
     if isinstance(result, (list, tuple)):
         count = len(result)
-    elif result is None and num_outputs == 0:
-        return 0
+    elif result is None:
+        count = 0  # TF: "returns 0 values" (a None result is no value, not one)
     else:
         count = 1
     if count == num_outputs:
@@ -47,6 +47,11 @@ cdef int _check_count(object result, int num_outputs, str as_one) except -1:
     noun = "output" if num_outputs == 1 else "outputs"
     if num_outputs == 0:
         hint = "return None (Tout=[] declares no outputs)"
+    elif result is None:
+        raise _OutputError(
+            f"the function returned None (0 values) but Tout declares {num_outputs} "
+            f"{noun}; return {'a value' if num_outputs == 1 else 'one value per output'} "
+            f"(a function without a return statement returns None), or declare Tout=[]")
     elif isinstance(result, (list, tuple)):
         hint = ("a list or tuple stands for one value per output; wrap a list "
                 f"meant as one {as_one}")
@@ -239,7 +244,21 @@ cdef cnp.ndarray _as_string_array(object value, int index):
             f"output {index}: Tout declares string but the function returned "
             f"{type(value).__name__}; return bytes, str, a list of them or an ndarray of them")
     else:
-        _raise_unsupported_object(value, index)  # a dict, an arbitrary object
+        # As TF's numpy_function: what NumPy makes of it (a bytearray or a
+        # memoryview is an array of uint8, a wrong dtype: InvalidArgument).
+        source = np.asarray(value)
+        if source.dtype.kind == "O" and source.ndim == 0 and source[()] is value:
+            _raise_unsupported_object(value, index)  # a dict, an arbitrary object
+        if source.dtype.kind not in "OSU":
+            name = type(value).__name__
+            fix = ("bytes(value) for one string, or value.decode() for text"
+                   if isinstance(value, bytearray) or (
+                       isinstance(value, memoryview) and value.format in ("B", "b", "c"))
+                   else "bytes, str or an array of them")
+            raise _OutputError(
+                f"output {index}: Tout declares string but the function returned a "
+                f"{name}, which NumPy reads as an array of {source.dtype}, not as "
+                f"strings; return {fix}")
     cdef cnp.ndarray out = np.empty(source.shape, dtype=object)
     flat_out = out.reshape(-1)
     cdef Py_ssize_t i = 0
