@@ -99,6 +99,18 @@ def to_float(_):
     return 2.5
 
 
+def returns_none(_):
+    return None
+
+
+def returns_a_bytearray(_):
+    return bytearray(b"ab")
+
+
+def returns_a_bytes_memoryview(_):
+    return memoryview(b"ab")
+
+
 def float64_array(a):
     return np.asarray(a, dtype=np.float64)
 

@@ -185,7 +185,7 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
     cdef int i, n = call.num_outputs
     cdef Py_ssize_t held
     cdef PyObject* item
-    if n == 1 and not isinstance(result, (list, tuple)):
+    if n == 1 and result is not None and not isinstance(result, (list, tuple)):
         _export_result(call, 0, <PyObject*>result, outside_refs, dlpack, ranges, counts, True,
                        refused)
         return 0
@@ -212,7 +212,8 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
                 _export_result(call, i, PyTuple_GET_ITEM(items, i), outside[i], dlpack,
                                ranges, counts, False, refused)
             return 0
-    # Raises unless n == 0 and result is None; counts what iteration yielded.
+    # Raises unless n == 0 and result is None (None is 0 values); counts
+    # what iteration yielded.
     _check_count(result if items is None else items, n, _ONE_ARRAY)
     return 0
 

@@ -25,6 +25,62 @@ cdef bint _has_tf_dtype(object dt):
     return True
 
 
+# NumPy dtype -> the name of its tf.DType, for the dtypes the bridge supports
+# (dtypes.pxi's table): the only ones a message may tell the user to declare.
+_TF_NAME = {np.dtype(row[4]): row[1] for row in _DTYPES if row[1] != "string"}
+
+
+cdef str _numpy_spelling(object dt):
+    """How user code names NumPy dtype `dt`: np.float32, ml_dtypes.bfloat16."""
+    if dt.kind == "b":
+        return "np.bool_"  # np.bool is NumPy 2's only
+    module = "ml_dtypes" if dt.type.__module__.startswith("ml_dtypes") else "np"
+    return f"{module}.{dt.name}"
+
+
+cdef str _dtype_text(object dt):
+    """A NumPy dtype as a message shows it: U3 (str), not str96."""
+    if dt.kind == "U":
+        return f"U{dt.itemsize // 4} (str)"
+    if dt.kind == "S":
+        return f"S{dt.itemsize} (bytes)"
+    if not dt.isnative:
+        return f"{dt.name} with byte order {dt.str!r}"
+    return dt.name
+
+
+cdef str _returned_text(object value, object dt):
+    """What the function returned, for a dtype mismatch: the array, or the
+    value NumPy made an array of."""
+    if isinstance(value, np.ndarray):
+        return f"an array of dtype {_dtype_text(dt)}"
+    if isinstance(value, np.generic):
+        return f"{_short_repr(value)}, a NumPy scalar of dtype {_dtype_text(dt)}"
+    name = dt.str[1:] if dt.kind in "SU" else _dtype_text(dt)  # the type says str or bytes
+    return (f"{_short_repr(value)} ({type(value).__name__}, which NumPy reads as an "
+            f"array of dtype {name})")
+
+
+cdef str _dtype_fix(object value, object got, object want):
+    """The fixes for `value`, of NumPy dtype `got`, where Tout declares `want`:
+    the conversion, and the Tout to declare where the bridge has a TF dtype
+    for `got` (never one that does not exist, as tf.str64 or np.bfloat16)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        convert = f"return value.astype({_numpy_spelling(want)})"
+    else:
+        convert = f"return np.asarray(value, dtype={_numpy_spelling(want)})"
+    if got.kind in "SU":
+        return f"{convert} if it holds numbers as text, or declare Tout=tf.string"
+    if got.kind == "O":
+        return (f"{convert} if it holds numbers, or declare Tout=tf.string if it "
+                f"holds bytes or str")
+    # Another byte order is refused under any Tout: only the conversion helps.
+    declared = _TF_NAME.get(got) if got.isnative else None
+    if declared is None:
+        return convert
+    return f"{convert} or declare Tout=tf.{declared}"
+
+
 cdef int _raise_unsupported_object(object value, int index) except -1:
     name = type(value).__name__
     raise _UnsupportedOutput(
@@ -38,8 +94,8 @@ cdef int _check_count(object result, int num_outputs, str as_one) except -1:
     output-count check.  `as_one` completes "wrap a list meant as one ..."."""
     if isinstance(result, (list, tuple)):
         count = len(result)
-    elif result is None and num_outputs == 0:
-        return 0
+    elif result is None:
+        count = 0  # TF: "returns 0 values" (a None result is no value, not one)
     else:
         count = 1
     if count == num_outputs:
@@ -47,6 +103,11 @@ cdef int _check_count(object result, int num_outputs, str as_one) except -1:
     noun = "output" if num_outputs == 1 else "outputs"
     if num_outputs == 0:
         hint = "return None (Tout=[] declares no outputs)"
+    elif result is None:
+        raise _OutputError(
+            f"the function returned None (0 values) but Tout declares {num_outputs} "
+            f"{noun}; return {'a value' if num_outputs == 1 else 'one value per output'} "
+            f"(a function without a return statement returns None), or declare Tout=[]")
     elif isinstance(result, (list, tuple)):
         hint = ("a list or tuple stands for one value per output; wrap a list "
                 f"meant as one {as_one}")
@@ -239,7 +300,21 @@ cdef cnp.ndarray _as_string_array(object value, int index):
             f"output {index}: Tout declares string but the function returned "
             f"{type(value).__name__}; return bytes, str, a list of them or an ndarray of them")
     else:
-        _raise_unsupported_object(value, index)  # a dict, an arbitrary object
+        # As TF's numpy_function: what NumPy makes of it (a bytearray or a
+        # memoryview is an array of uint8, a wrong dtype: InvalidArgument).
+        source = np.asarray(value)
+        if source.dtype.kind == "O" and source.ndim == 0 and source[()] is value:
+            _raise_unsupported_object(value, index)  # a dict, an arbitrary object
+        if source.dtype.kind not in "OSU":
+            name = type(value).__name__
+            fix = ("bytes(value) for one string, or value.decode() for text"
+                   if isinstance(value, bytearray) or (
+                       isinstance(value, memoryview) and value.format in ("B", "b", "c"))
+                   else "bytes, str or an array of them")
+            raise _OutputError(
+                f"output {index}: Tout declares string but the function returned a "
+                f"{name}, which NumPy reads as an array of {source.dtype}, not as "
+                f"strings; return {fix}")
     cdef cnp.ndarray out = np.empty(source.shape, dtype=object)
     flat_out = out.reshape(-1)
     cdef Py_ssize_t i = 0
@@ -322,13 +397,9 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
                 f"output {index}: the function returned an array of dtype "
                 f"{checked.dtype}, which TensorFlow has no dtype for (Unsupported "
                 f"numpy data type); return an array of the declared dtype {want.name}")
-        got = arr.dtype.name
-        if got == want.name:  # same kind and size: another byte order
-            got = f"{got} with byte order {arr.dtype.str!r}"
         raise _OutputError(
-            f"output {index}: Tout declares {want.name} but the function returned an "
-            f"array of dtype {got}; return arr.astype(np.{want.name}) or "
-            f"declare Tout={'tf.' + arr.dtype.name if arr.dtype.kind != 'O' else '...'}")
+            f"output {index}: Tout declares {want.name} but the function returned "
+            f"{_returned_text(<object>raw, arr.dtype)}; {_dtype_fix(<object>raw, arr.dtype, want)}")
     _check_shape(checked, spec, index)
     if pooled and refused is not None and copy_mode == PFB_COPY_FALSE:
         _raise_copy_forbidden(index, refused)

@@ -120,6 +120,39 @@ def test_bfloat16_result_is_still_supported():
     assert out.dtype == tf.bfloat16 and out.numpy().tolist() == [1.0, 1.0]
 
 
+# No value, or a value NumPy reads as numbers where Tout declares a string:
+# TF's class is InvalidArgument in graphs ("returns 0 values, but expects to
+# see 1 values"; "0-th value returned by pyfunc_1 is uint8, but expects
+# string"), not the InternalError of a result without a tensor form.
+WRONG_RESULTS = {
+    "None": (lambda a: None, tf.float32, "returned None (0 values)"),
+    "None for a string": (lambda a: None, tf.string, "returned None (0 values)"),
+    "None for two": (lambda a: None, [tf.float32, tf.float32], "returned None (0 values)"),
+    "bytearray": (lambda a: bytearray(b"ab"), tf.string, "a bytearray, which NumPy reads"),
+    "memoryview": (lambda a: memoryview(b"ab"), tf.string, "a memoryview, which NumPy reads"),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("api_name", ALL_APIS)
+@pytest.mark.parametrize("what", WRONG_RESULTS)
+def test_no_value_or_bytes_like_for_a_string_raise_tfs_class(mode, api_name, what):
+    tf_api, pfb_api = ALL_APIS[api_name]
+    func, Tout, phrase = WRONG_RESULTS[what]
+    x = tf.constant([1.0])
+    got = raised(mode, pfb_api, func, x, Tout)
+    assert type(got) is tf.errors.InvalidArgumentError, got
+    if api_name != "py_function":
+        assert phrase in str(got)
+        if what in ("bytearray", "memoryview"):
+            assert "return bytes(value)" in str(got)
+    if mode == "eager" and api_name != "py_function":
+        # TF's eager numpy_function checks nothing; pfb raises the graph's class.
+        return
+    want = raised(mode, tf_api, func, x, Tout)
+    assert type(got) is type(want), (want, got)
+
+
 # ---------------------------------------------------------------------------
 # 6. Error texts.
 

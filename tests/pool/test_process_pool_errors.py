@@ -29,6 +29,25 @@ def test_a_result_that_does_not_pickle_fails_its_call_only(func, index):
         assert y.numpy().tolist() == [2, 4]
 
 
+@pytest.mark.parametrize("func, Tout", [(pf.returns_none, tf.float32),
+                                        (pf.returns_a_bytearray, tf.string),
+                                        (pf.returns_a_bytes_memoryview, tf.string)])
+def test_no_value_or_bytes_like_for_a_string_is_tfs_class_in_a_worker_too(pool, func, Tout):
+    """TF's class (InvalidArgument in a graph), eagerly and in a graph, in
+    the caller's process or a worker's."""
+    x = tf.constant([1.0])
+    with pytest.raises(tf.errors.OpError) as info:
+        tf.function(lambda: tf.numpy_function(func, [x], Tout))()
+    want = type(info.value)
+    assert want is tf.errors.InvalidArgumentError
+    for executor in (None, pool):
+        call = lambda: pfb.numpy_function(func, [x], Tout, executor=executor)
+        for run in (call, tf.function(call)):
+            with pytest.raises(tf.errors.OpError) as info:
+                run()
+            assert type(info.value) is want, (executor, info.value)
+
+
 # Hangs (in a subprocess, then) where the reader thread dies on the reply.
 _UNLOADABLE_REPLY_SCRIPT = r"""
 import tensorflow as tf, pyfunc_bridge as pfb
