@@ -338,9 +338,9 @@ class ProcessPool(Supervision):
             self._dispatch = None
         if self._deadlines is not None:
             self._deadlines.close()
-        if self._input_fd is not None:
-            os.close(self._input_fd)
-            self._input_fd = None
+        input_fd, self._input_fd = self._input_fd, None  # (as WorkerProcess's doorbell)
+        if input_fd is not None:
+            os.close(input_fd)
         # The input mapping goes with the last reference to it (a Route.call
         # still copying holds the dispatcher); result mappings, see WorkerProcess.ended.
         self._input_map = None

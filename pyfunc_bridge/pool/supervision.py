@@ -64,9 +64,9 @@ class Supervision:
                         os.close(fd)  # ... this process's copy, closed here
                     except OSError:
                         pass
-        if self._input_fd is not None:
-            os.close(self._input_fd)
-            self._input_fd = None
+        input_fd, self._input_fd = self._input_fd, None  # (as WorkerProcess's doorbell)
+        if input_fd is not None:
+            os.close(input_fd)
         if self._deadlines is not None:
             self._deadlines.stop.set()
 

@@ -121,6 +121,8 @@ class WorkerProcess:
         if self.channel is not None:
             self.channel.close()  # any wait on either ring returns
             self.channel = None
-        if self.doorbell is not None:
-            os.close(self.doorbell)
-            self.doorbell = None
+        # Taken before it is closed: a Ctrl-C in between leaves nothing for
+        # the close that finishes this one to close twice.
+        doorbell, self.doorbell = self.doorbell, None
+        if doorbell is not None:
+            os.close(doorbell)
