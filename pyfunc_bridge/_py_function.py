@@ -19,7 +19,7 @@ from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
 from tensorflow.python.ops.resource_variable_ops import ResourceVariable as _ResourceVariable
 from tensorflow.python.util import nest as _nest
 
-from pyfunc_bridge import _library, _op, _tout
+from pyfunc_bridge import _library, _op, _registry, _tout
 
 OP = "PyfuncBridge>PyFunction"
 GRAD_OP = "PyfuncBridge>PyFunctionGrad"
@@ -116,22 +116,49 @@ def _register_vectorization():
 _register_vectorization()
 
 
-def _no_forward_mode(attr_tuple, inputs, outputs, tangents):
-    # TF's generic JVP would ask for ones of the forward-state output (a
-    # variant) and fail with a TypeError that names none of this.
-    raise NotImplementedError(
-        "pyfunc_bridge: pfb.py_function has no forward-mode gradient "
-        "(tf.autodiff.ForwardAccumulator): it is differentiable in reverse mode "
-        "(tf.GradientTape, tf.gradients). Use GradientTape.jacobian, or compute the "
-        "Jacobian-vector product inside the function")
+def _forward_mode(attr_tuple, inputs, outputs, tangents):
+    """The Jacobian-vector product of one call (tf.autodiff.ForwardAccumulator):
+    the function run again, as a py_function of the inputs and their
+    tangents, under an accumulator of its own.  TF's generic rule would
+    transpose the gradient op, which is not differentiable."""
+    attrs = dict(zip(attr_tuple[::2], attr_tuple[1::2]))
+    key = attrs["key"].decode() if isinstance(attrs["key"], bytes) else attrs["key"]
+    slot = _library.conversion().eager_slot()
+    entry = slot.entry if slot.key == key else _registry.lookup(key)
+    if entry is None:
+        raise LookupError(f"pyfunc_bridge: the function of py_function op {key!r} is gone, "
+                          f"so its forward-mode gradient cannot run")
+    func = entry.func
+    tracked = [i for i, x in enumerate(inputs) if _floating(x.dtype)]
+    differentiable = [i for i, y in enumerate(outputs[:-1]) if _floating(y.dtype)]
+    if not tracked or not differentiable:
+        return [None] * len(outputs)
+    tangents = [tf.zeros_like(inputs[i]) if tangents[i] is None else tangents[i]
+                for i in tracked]
+
+    def jvp(*args):
+        xs = list(args[:len(inputs)])
+        with tf.autodiff.ForwardAccumulator([xs[i] for i in tracked],
+                                            list(args[len(inputs):])) as acc:
+            ys = list(func(*xs))
+        return [acc.jvp(ys[i], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                if isinstance(ys[i], tf.Tensor) else tf.zeros_like(outputs[i])
+                for i in differentiable]
+
+    products = py_function(jvp, list(inputs) + tangents,
+                           [outputs[i].dtype for i in differentiable])
+    result = [None] * len(outputs)
+    for i, product in zip(differentiable, products):
+        result[i] = product
+    return result
 
 
 def _register_forward_mode():
-    """Makes a forward-mode gradient through the op fail with a clear error
-    (forwardprop is loaded by ``import tensorflow``)."""
+    """Gives the op its forward-mode rule (forwardprop is loaded by
+    ``import tensorflow``)."""
     try:
         from tensorflow.python.eager import forwardprop
-        forwardprop._SPECIAL_CASES[OP] = _no_forward_mode
+        forwardprop._SPECIAL_CASES[OP] = _forward_mode
     except (ImportError, AttributeError):
         pass
 

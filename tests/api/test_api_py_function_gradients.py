@@ -274,20 +274,35 @@ def test_second_order_tf_gradients_fails_loudly():
 
 
 @pytest.mark.parametrize("mode", ["eager", "tf.function"])
-def test_forward_mode_fails_with_a_clear_error_where_inputs_are_tracked(mode):
-    """TF's generic forward-mode rule would fail on the op's internal output
-    with a TypeError naming a variant; pfb says what is missing instead."""
-    x = tf.constant([1.0, 2.0])
+def test_forward_mode_matches_tf_py_function(mode):
+    """tf.autodiff.ForwardAccumulator: the Jacobian-vector product, as
+    TensorFlow's py_function gives it (TF's generic rule would fail on the
+    op's internal output)."""
+    x = tf.constant([0.5, -1.0, 2.0])
+    tangent = tf.constant([1.0, 10.0, -3.0])
 
-    def jvp(x):
-        with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as acc:
-            y = pfb.py_function(_square, [x], tf.float32)
+    def jvp(f, x):
+        with tf.autodiff.ForwardAccumulator(x, tangent) as acc:
+            y = f(_elementwise, [x], tf.float32)
         return acc.jvp(y)
 
-    with pytest.raises(NotImplementedError, match="no forward-mode gradient.*GradientTape"):
-        (jvp if mode == "eager" else tf.function(jvp))(x)
-    with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)):
+    run = (lambda f: jvp(f, x)) if mode == "eager" else (
+        lambda f: tf.function(lambda x: jvp(f, x))(x))
+    got = run(pfb.py_function).numpy()
+    np.testing.assert_allclose(got, run(tf.py_function).numpy(), rtol=1e-6)
+    a = x.numpy()
+    np.testing.assert_allclose(got, (np.cos(a) * a + np.sin(a)) * tangent.numpy(), rtol=1e-6)
+
+
+def test_forward_mode_of_several_outputs_and_untracked_inputs():
+    x = tf.constant([1.0, 2.0])
+    with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as acc:
+        scaled, doubled = pfb.py_function(
+            lambda a, k: (a * tf.cast(k, tf.float32), k * 2), [x, tf.constant(3)],
+            [tf.float32, tf.int32])
         untracked = pfb.py_function(_square, [tf.constant([3.0])], tf.float32)
+    np.testing.assert_array_equal(acc.jvp(scaled).numpy(), [3.0, 3.0])
+    assert acc.jvp(doubled) is None and acc.jvp(untracked) is None
     np.testing.assert_array_equal(untracked.numpy(), [9.0])
 
 
