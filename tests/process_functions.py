@@ -440,3 +440,38 @@ def hang_when_loaded():
     _mark()
     time.sleep(60)
     return HangsWhenLoaded()
+
+
+class FailsToLoad:
+    """A callable whose unpickling raises (a module that fails to import)."""
+
+    def __call__(self, x):
+        return x
+
+    def __reduce__(self):
+        return (fail_to_load, ())
+
+
+def fail_to_load():
+    raise ValueError("this function cannot be loaded")
+
+
+class SlowToLoad:
+    """A callable whose unpickling takes `seconds`, and each call
+    `call_seconds` (default: as long)."""
+
+    def __init__(self, seconds, call_seconds=None):
+        self.seconds = seconds
+        self.call_seconds = seconds if call_seconds is None else call_seconds
+
+    def __call__(self, x):
+        time.sleep(self.call_seconds)
+        return x
+
+    def __reduce__(self):
+        return (load_slowly, (self.seconds, self.call_seconds))
+
+
+def load_slowly(seconds, call_seconds):
+    time.sleep(seconds)
+    return SlowToLoad(seconds, call_seconds)

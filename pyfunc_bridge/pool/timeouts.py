@@ -10,6 +10,11 @@ from pyfunc_bridge._errors import CallTimeoutError
 from pyfunc_bridge.worker import start_worker
 
 _STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then SIGKILL
+# What a worker's loading of a function (its unpickling and the imports that
+# brings, at the function's first call there) may take beyond the timeout:
+# slow imports (TensorFlow's take seconds) must not fail every first call,
+# and a hung one must not hold its worker for ever.
+LOAD_GRACE_SECONDS = 60.0
 # The worker's own modules, whose frames a stack leaves out.
 _WORKER_DIR = os.path.dirname(start_worker.__file__)
 
@@ -34,9 +39,10 @@ class Deadlines:
     @staticmethod
     def prepare(hello):
         """Before a worker starts: the hello names its trace file (a memfd
-        this process reads), which is returned."""
+        this process reads), which is returned, and the load's grace."""
         trace_fd = os.memfd_create(f"{hello['name']}-stack", os.MFD_CLOEXEC)
-        hello["deadlines"] = {"trace_fd": trace_fd}
+        hello["deadlines"] = {"trace_fd": trace_fd,
+                              "load_grace_ns": int(LOAD_GRACE_SECONDS * 1e9)}
         return trace_fd
 
     def _watch(self, pool_ref):

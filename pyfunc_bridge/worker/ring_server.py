@@ -42,8 +42,9 @@ class RingServer:
         self.poller.register(doorbell, select.POLLIN)
         self.functions = {}    # token -> the function its LOAD carried
         self.unloaded = {}     # token -> (sys.path, pickle) of a LOAD not unpickled yet
-        self.load_errors = {}  # token -> the exception its LOAD raised
+        self.load_errors = {}  # token -> (the exception its LOAD raised, its traceback)
         self.stopped = False
+        self.load_grace_ns = 0  # a pool with a timeout: see function()
         # Words per INPUTS_BACK: what fits a message in this ring.
         # (as dispatch.c's post_words: at most 63 slots, one less than the ring)
         self.words_per_message = 8 * (min(channel.ring_slots, 64) - 1)
@@ -142,28 +143,33 @@ class RingServer:
             self.unloaded[message.token] = (pickle.loads(data) if data is not None
                                             else self.pull(("load", message.token)))
         except BaseException as exc:  # noqa: BLE001 - each CALL of it raises it
-            self.load_errors[message.token] = exc
+            self.load_errors[message.token] = (exc, exc.__traceback__)
 
-    def function(self, token):
+    def function(self, token, call_id):
         """The function of `token`, unpickled at its first call (with the
-        sys.path of its LOAD); the exception its LOAD raised, each time."""
+        sys.path of its LOAD) under a clock of the pool's timeout plus
+        `load_grace_ns` (timeouts.py, LOAD_GRACE_SECONDS); the call's own
+        clock starts after it.  The exception its LOAD raised, each time,
+        with its own traceback (not one that grows by a call each time)."""
         if token in self.functions:
             return self.functions[token]
         error = self.load_errors.get(token)
         if error is not None:
-            raise error
+            raise error[0].with_traceback(error[1])
         if token not in self.unloaded:
             raise RuntimeError(f"pyfunc_bridge: worker {os.getpid()} has no function "
                                f"of token {token} (no LOAD came before the CALL)")
         path, pickled = self.unloaded.pop(token)
+        self.channel.set_running(call_id, time.monotonic_ns() + self.load_grace_ns)
         try:
             if path is not None:
                 sys.path[:] = path
             importlib.invalidate_caches()  # modules made since the last import
             func = self.functions[token] = pickle.loads(pickled)
         except BaseException as exc:  # noqa: BLE001 - each CALL of it raises it
-            self.load_errors[token] = exc
+            self.load_errors[token] = (exc, exc.__traceback__)
             raise
+        self.channel.set_running(call_id, time.monotonic_ns())
         return func
 
     def pull(self, payload_id):
@@ -248,8 +254,9 @@ class RingServer:
         status, block = pw.STATUS_OK, (0, 0)
         result = None
         try:
-            func = self.function(message.token)
+            # The inputs first: raised for, they go back with the DONE.
             values = [wrap_input(np, v, framework) for v in self.args(message, flags)]
+            func = self.function(message.token, message.call_id)
             result = worker.arena.call(func, values)
             if framework == "torch" and not writable:
                 # In-process the tensors are TensorFlow's memory, and a write

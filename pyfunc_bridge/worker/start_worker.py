@@ -108,6 +108,8 @@ def main(argv):
     control = mmap.mmap(rings["control_fd"], pw.control_bytes(rings["ring_slots"]))
     os.close(rings["control_fd"])
     ring = RingServer(worker, pw, pw.Channel(control), rings["doorbell_fd"], sock_fd, reader)
+    if deadlines is not None:
+        ring.load_grace_ns = deadlines["load_grace_ns"]
     ring.channel.announce(os.getpid())
     try:
         send(sock, pickle.dumps(("ready", os.getpid()), protocol=PICKLE_PROTOCOL))

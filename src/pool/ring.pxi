@@ -126,8 +126,9 @@ cdef class Channel:
     def set_running(self, uint64_t call_id, uint64_t since_ns=0):
         """The worker's side: the call it runs now (0: none), and since when
         (CLOCK_MONOTONIC ns): the time first, so that a reader that sees the
-        call sees its time.  A call counts as started here, before it runs."""
-        if call_id:
+        call sees its time.  A call counts as started here, before it runs,
+        the first time it is set; setting it again moves only its time."""
+        if call_id and call_id != pfb_load64(&self._control.running_call):
             pfb_store64(&self._control.ring_calls_started,
                         pfb_load64(&self._control.ring_calls_started) + 1)
         pfb_store64(&self._control.running_since, since_ns)

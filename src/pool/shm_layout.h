@@ -391,7 +391,9 @@ typedef struct PfbPoolControl {
    * the parent reads for scheduling (dispatch.c, choose) and a pool's
    * timeout (pyfunc_bridge/pool/timeouts.py, Deadlines). */
   uint64_t running_call;
-  uint64_t running_since;       /* CLOCK_MONOTONIC ns that call started */
+  /* CLOCK_MONOTONIC ns its timeout counts from: when it started, but a
+   * grace later while its function loads (timeouts.py, LOAD_GRACE_SECONDS). */
+  uint64_t running_since;
   /* The CALLs it started (each counted before it runs).  It runs them in
    * the order they were posted, so when it dies, the parent tells the calls
    * it never started (the later ones) from those it did, and sends them to

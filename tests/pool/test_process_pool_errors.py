@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
+from conftest import wait_for
 import pyfunc_bridge as pfb
 from process_pool_helpers import call_in_thread, marked_pid, run_script
 from process_pool_helpers import marks, pool  # noqa: F401 (fixtures)
@@ -52,6 +53,7 @@ def test_no_value_or_bytes_like_for_a_string_is_tfs_class_in_a_worker_too(pool, 
 _UNLOADABLE_REPLY_SCRIPT = r"""
 import tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
+from conftest import wait_for
 with pfb.ProcessPool(1, name="unloadable pool") as pool:
     try:
         pfb.numpy_function(pf.returns_what_does_not_load, [tf.constant(1)], tf.int32,
@@ -191,3 +193,26 @@ def test_a_call_that_a_close_meets_fails_as_one_on_a_closed_pool(marks):
     assert isinstance(box.get("error"), tf.errors.FailedPreconditionError), box
     how = f"was closed while worker process {held_by} held the call"
     assert re.search(closed_text("closing pool", how), box["error"].message), box["error"]
+
+
+def test_a_function_that_fails_to_load_raises_the_same_error_and_keeps_no_input():
+    """Each call raises the loading error with the same traceback (it does
+    not grow by a call each time), and its input blocks go back."""
+    with pfb.ProcessPool(1, arena_bytes=1 << 20, name="failed load pool") as pool:
+        full = pool.free_input_bytes
+        x = tf.constant(np.ones(65536, np.float32))  # 256 KiB: an input block
+        func = pf.FailsToLoad()
+        graph = tf.function(lambda x: pfb.numpy_function(func, [x], tf.float32,
+                                                         executor=pool))
+        messages = []
+        for call in (graph, graph, graph,
+                     lambda x: pfb.numpy_function(func, [x], tf.float32, executor=pool)):
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match="this function cannot be loaded") as info:
+                call(x)
+            messages.append(info.value.message)
+        assert messages[1] == messages[2], messages
+        assert "fail_to_load" in messages[2]  # the loading frames stay
+        wait_for(lambda: pool.free_input_bytes == full)
+        assert float(pfb.numpy_function(pf.double, [tf.constant(2.0)], tf.float32,
+                                        executor=pool)) == 4.0

@@ -11,6 +11,7 @@ import tensorflow as tf
 import process_functions as pf
 from conftest import wait_for
 from pool_checks import worker_alive
+from pyfunc_bridge.pool import timeouts
 import pyfunc_bridge as pfb
 from process_pool_helpers import call_in_thread
 
@@ -92,7 +93,7 @@ def test_calls_a_timed_out_worker_had_not_started_run_in_another(tmp_path):
         timed_out = int(first_box["result"])
         _assert_timed_out(hung_box["error"], pf.hang, ["time.sleep"], pool)
         for _, box in quick:
-            assert "error" not in box, box["error"]
+            assert "error" not in box, box["error"].message
             assert int(box["result"]) == pool.pids()[0] != timed_out
 
 
@@ -126,10 +127,11 @@ def test_a_pool_without_a_timeout_writes_no_status():
                                       executor=pool)) == pool.pids()[0]
 
 
-def test_a_function_whose_loading_hangs_times_out_with_the_loading_stack():
-    """A function's first call in a worker unpickles it within the timeout:
-    an import that hangs fails that call as a hung function would, and the
-    pool goes on."""
+def test_a_function_whose_loading_hangs_times_out_with_the_loading_stack(monkeypatch):
+    """A function's first call in a worker unpickles it under the timeout
+    plus the load's grace: an import that hangs fails that call as a hung
+    function would, and the pool goes on."""
+    monkeypatch.setattr(timeouts, "LOAD_GRACE_SECONDS", 0.5)
     with pfb.ProcessPool(1, timeout=1.5, name="load timeout pool") as pool:
         with pytest.raises(tf.errors.DeadlineExceededError) as info:
             pfb.numpy_function(pf.HangsWhenLoaded(), [tf.constant(1.0)], tf.float32,
@@ -137,3 +139,16 @@ def test_a_function_whose_loading_hangs_times_out_with_the_loading_stack():
         killed = _assert_timed_out(info.value, pf.hang_when_loaded, ["time.sleep"], pool)
         got = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool))
         assert got in pool.pids() and got != killed
+
+
+def test_a_function_s_loading_gets_a_grace_beyond_the_timeout_and_its_call_the_whole():
+    """A load longer than the timeout (a slow import) and then a call almost
+    as long as it: the call succeeds (a worker that timed out would load it
+    again, and so fail every call)."""
+    with pfb.ProcessPool(1, timeout=2.5, name="slow load pool") as pool:
+        for _ in range(2):
+            got = pfb.numpy_function(pf.SlowToLoad(2.0), [tf.constant(1.0)], tf.float32,
+                                     executor=pool)
+            assert float(got) == 1.0
+        assert float(pfb.numpy_function(pf.SlowToLoad(3.0, call_seconds=0.1),
+                                        [tf.constant(2.0)], tf.float32, executor=pool)) == 2.0
