@@ -426,30 +426,24 @@ def total_length(a):
     return np.int64(sum(len(s) for s in np.asarray(a, dtype=object).flat))
 
 
-class HangsWhenLoaded:
-    """A callable whose unpickling sleeps a minute (an import that hangs)."""
+class LoadedBy:
+    """A callable whose unpickling calls `loader` (as an import that hangs
+    or fails would run in the worker)."""
+
+    def __init__(self, loader):
+        self.loader = loader
 
     def __call__(self, x):
         return x
 
     def __reduce__(self):
-        return (hang_when_loaded, ())
+        return (self.loader, ())
 
 
 def hang_when_loaded():
     _mark()
     time.sleep(60)
-    return HangsWhenLoaded()
-
-
-class FailsToLoad:
-    """A callable whose unpickling raises (a module that fails to import)."""
-
-    def __call__(self, x):
-        return x
-
-    def __reduce__(self):
-        return (fail_to_load, ())
+    return identity
 
 
 def fail_to_load():

@@ -201,7 +201,7 @@ def test_a_function_that_fails_to_load_raises_the_same_error_and_keeps_no_input(
     with pfb.ProcessPool(1, arena_bytes=1 << 20, name="failed load pool") as pool:
         full = pool.free_input_bytes
         x = tf.constant(np.ones(65536, np.float32))  # 256 KiB: an input block
-        func = pf.FailsToLoad()
+        func = pf.LoadedBy(pf.fail_to_load)
         graph = tf.function(lambda x: pfb.numpy_function(func, [x], tf.float32,
                                                          executor=pool))
         messages = []

@@ -134,7 +134,7 @@ def test_a_function_whose_loading_hangs_times_out_with_the_loading_stack(monkeyp
     monkeypatch.setattr(timeouts, "LOAD_GRACE_SECONDS", 0.5)
     with pfb.ProcessPool(1, timeout=1.5, name="load timeout pool") as pool:
         with pytest.raises(tf.errors.DeadlineExceededError) as info:
-            pfb.numpy_function(pf.HangsWhenLoaded(), [tf.constant(1.0)], tf.float32,
+            pfb.numpy_function(pf.LoadedBy(pf.hang_when_loaded), [tf.constant(1.0)], tf.float32,
                                executor=pool)
         killed = _assert_timed_out(info.value, pf.hang_when_loaded, ["time.sleep"], pool)
         got = int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool))
