@@ -338,9 +338,7 @@ class ProcessPool(Supervision):
             self._dispatch = None
         if self._deadlines is not None:
             self._deadlines.close()
-        input_fd, self._input_fd = self._input_fd, None  # (as WorkerProcess's doorbell)
-        if input_fd is not None:
-            os.close(input_fd)
+        self._close_input_fd()
         # The input mapping goes with the last reference to it (a Route.call
         # still copying holds the dispatcher); result mappings, see WorkerProcess.ended.
         self._input_map = None

@@ -64,11 +64,16 @@ class Supervision:
                         os.close(fd)  # ... this process's copy, closed here
                     except OSError:
                         pass
-        input_fd, self._input_fd = self._input_fd, None  # (as WorkerProcess's doorbell)
-        if input_fd is not None:
-            os.close(input_fd)
+        self._close_input_fd()
         if self._deadlines is not None:
             self._deadlines.stop.set()
+
+    def _close_input_fd(self):
+        # Taken before it is closed, as WorkerProcess's doorbell: a Ctrl-C in
+        # between leaves nothing for the close that finishes this one.
+        input_fd, self._input_fd = self._input_fd, None
+        if input_fd is not None:
+            os.close(input_fd)
 
     # ------------------------------------------------------ reader threads --
 

@@ -271,7 +271,7 @@ import tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
 from pool_checks import memfds_of
 real_close = os.close
-for where in ("_close_channel", "_finish_close"):
+for where in ("_close_channel", "_close_input_fd"):
     name = f"interrupted in {where}"
     pool = pfb.ProcessPool(1, name=name)
     pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool)
