@@ -226,15 +226,17 @@ class ProcessPool(Supervision):
         traced = conversion.trace_now()  # 0 unless a profiler records (trace.pxi)
         while True:
             if self._broken:
-                self._revive()
-                if self._broken:
-                    raise WorkerError(self._broken)
+                self._revive()  # (past its back-off: it starts the lost workers)
             try:
                 reply, index = route.call(args, self._payloads)
                 break
             except pw.Declined as declined:
                 if declined.errno == errno.EAGAIN and not self._closed:
-                    # No worker attached yet: _attach, _break and close notify.
+                    # No worker attached: a broken pool refuses only then, since
+                    # its live workers serve.  Else _attach, _break and close notify.
+                    broken = self._broken
+                    if broken:
+                        raise WorkerError(broken) from None
                     with self._attached:
                         self._attached.wait(0.05)
                     continue

@@ -288,17 +288,18 @@ class Supervision:
                 self._break(why)
 
     def _break(self, why):
-        """Marks the pool broken (the pool's lock is held): calls fail, saying
-        `why`, until the first one after the back-off (doubled each time, to
-        _RETRY_MAX_SECONDS) starts workers again (_revive).  Callers that
-        wait for a worker (ring_call) wake to see it."""
+        """Marks the pool broken (the pool's lock is held): a call that finds
+        no worker attached fails, saying `why`, until the first call after the
+        back-off (doubled each time, to _RETRY_MAX_SECONDS) starts the lost
+        workers again (_revive); workers still alive go on serving.  Callers
+        that wait for a worker (ring_call) wake to see it."""
         delay = _RETRY_SECONDS if self._retry_delay is None else min(
             2 * self._retry_delay, _RETRY_MAX_SECONDS)
         self._retry_delay = delay
         self._retry_at = time.monotonic() + delay
         self._broken = (f"pyfunc_bridge: {self.name} cannot start worker processes: {why}. "
-                        f"Calls fail until then: the pool tries again on the first call "
-                        f"{delay:g} s after this")
+                        f"Calls that find no worker ready fail until then: the pool tries "
+                        f"again on the first call {delay:g} s after this")
         with self._attached:
             self._attached.notify_all()
 

@@ -143,6 +143,44 @@ def test_a_pool_whose_workers_cannot_start_says_why_and_tries_again_later(tmp_pa
         assert broken.pids() == [pid] and call() == pid  # no longer broken
 
 
+def test_a_broken_pool_s_live_workers_go_on_serving(tmp_path, monkeypatch):
+    """Workers of one slot that keep dying as they start break the pool, but
+    a worker still alive serves every call, eager and in a graph; after the
+    back-off a call starts the lost slot again."""
+    failing = tmp_path / "fails_at_start.py"
+    failing.write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.setattr(supervision, "_RETRY_SECONDS", 1.0)  # the back-off this test waits out
+    broke = threading.Event()
+    real_break = supervision.Supervision._break
+
+    def recording_break(pool, why):
+        real_break(pool, why)
+        broke.set()
+    monkeypatch.setattr(supervision.Supervision, "_break", recording_break)
+    start_worker.pool_module()  # loaded by its real path, before the patch
+    with pfb.ProcessPool(2, name="half broken pool") as half:
+        def call():
+            return int(pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=half))
+
+        @tf.function
+        def graph_call():
+            return pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=half)
+        live, victim = half.pids()
+        monkeypatch.setattr(start_worker, "__file__", str(failing))
+        os.kill(victim, signal.SIGKILL)
+        assert broke.wait(timeout=60)  # three replacements exited
+        monkeypatch.setattr(start_worker, "__file__", _worker_file)  # they can start
+        retry = time.monotonic() + 1.0
+        assert half.pids() == [live]
+        assert [call() for _ in range(3)] == [live] * 3
+        assert int(graph_call()) == live
+        # Past the back-off, a call starts the lost slot's worker again.
+        wait_for(lambda: time.monotonic() >= retry, seconds=10)
+        assert call() == live
+        wait_for(lambda: len(half.pids()) == 2)
+        assert live in half.pids() and victim not in half.pids()
+
+
 def test_a_function_that_exits_its_process_fails_with_the_status():
     with pfb.ProcessPool(1, name="exit pool") as exiting:
         with pytest.raises(tf.errors.UnknownError, match="exited with status 3"):
