@@ -344,6 +344,12 @@ def torch_bfloat16_ones(n):
     return torch.ones(int(n), dtype=torch.bfloat16)
 
 
+def torch_zeros_of(n, dtype):
+    """A fresh torch tensor of the torch dtype named by the string `dtype`."""
+    import torch
+    return torch.zeros(int(n), dtype=getattr(torch, np.asarray(dtype).item().decode()))
+
+
 _SHARED_BFLOAT16 = []
 
 

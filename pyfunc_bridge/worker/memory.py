@@ -49,12 +49,12 @@ class WorkerMemory(CopyFacts):
         _, offset = self.input_blocks.pop(id(ref))
         self.inputs_freed.append(offset)  # INPUTS_BACK names a block by its offset
 
-    def result(self, value, framework, flags):
-        """(the tensor record of `value` in a block of the result arena, with
-        `flags`, or None; `value` as NumPy's, which the caller encodes
-        otherwise when there is no record)."""
+    def result(self, value, framework, flags, index=0):
+        """(the tensor record of `value` (output `index`) in a block of the
+        result arena, with `flags`, or None; `value` as NumPy's, which the
+        caller encodes otherwise when there is no record)."""
         np = self.np
-        value = as_numpy(np, value, framework)
+        value = as_numpy(np, value, framework, index)
         if not isinstance(value, (np.ndarray, np.generic, *CONVERTED_BY_THE_PARENT,
                                   type(None))):
             # An object exporting an array (a memoryview, an mmap, one with

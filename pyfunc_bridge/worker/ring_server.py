@@ -284,7 +284,7 @@ class RingServer:
             except _NoRoom:  # the whole answer goes by the socket, as NumPy values
                 self.hand_back_tensors(tensors)
                 tensors = []
-                converted = [as_numpy(np, value, framework) for value in items]
+                converted = [as_numpy(np, value, framework, i) for i, value in enumerate(items)]
                 answer = (converted[0] if shape_kind == pw.DONE_ONE
                           else converted if shape_kind == pw.DONE_LIST else tuple(converted))
                 status = self.by_socket(message.call_id, True, _pickled(answer), facts)
@@ -339,7 +339,7 @@ class RingServer:
         pw, worker = self.pw, self.worker
         np = worker.np
         fact_bits = pw.facts_flags(facts)
-        record, value = worker.result(value, framework, fact_bits)
+        record, value = worker.result(value, framework, fact_bits, index)
         if record is not None:
             return record
         # A NumPy scalar (numpy_function's usual 0-d result) is memory too:

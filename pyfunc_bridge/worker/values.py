@@ -39,8 +39,9 @@ def _load_adapters():
                      for name in adapter.modules}
 
 
-def as_numpy(np, value, framework):
-    """A framework's array as an ndarray (the parent takes NumPy values)."""
+def as_numpy(np, value, framework, index=0):
+    """A framework's array (output `index`) as an ndarray (the parent takes
+    NumPy values)."""
     if framework == "torch" and type(value).__module__.startswith("torch"):
         import torch
         if isinstance(value, torch.Tensor):
@@ -48,7 +49,14 @@ def as_numpy(np, value, framework):
                 # In-process the bridge exports it by DLPack, which refuses
                 # it (torch's BufferError, "use tensor.detach()"): so here.
                 value.__dlpack__()
-            return _torch_numpy(np, value.detach().cpu().resolve_conj().resolve_neg())
+            try:
+                return _torch_numpy(np, value.detach().cpu().resolve_conj().resolve_neg())
+            except TypeError as exc:  # a dtype NumPy has none for (complex32, float8)
+                # (In the words of the in-process bridge: frameworks.pxi.)
+                raise TypeError(
+                    f"output {index}: the function returned a Tensor of dtype {value.dtype}, "
+                    f"which pyfunc_bridge cannot hand to TensorFlow ({exc}); convert the "
+                    f"result to its declared Tout before returning it") from None
     if framework == "jax" and hasattr(value, "__array__") and hasattr(value, "__dlpack__"):
         return np.asarray(value)
     if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):

@@ -159,7 +159,7 @@ cdef int _check_extent(const DLTensor* t) except -1:
 cdef int _check_dtype(const DLTensor* t) except -1:
     """A numeric dtype NumPy and TensorFlow share (raises via _numpy_dtype)."""
     if t.dtype.code == kDLOpaqueHandle:
-        raise BufferError(
+        raise _unsupported_dtype(
             f"unsupported DLPack dtype (code {t.dtype.code} = opaque handle, bits "
             f"{t.dtype.bits}); foreign tensors must be numeric or bool")
     _numpy_dtype(t.dtype)

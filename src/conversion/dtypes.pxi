@@ -53,15 +53,23 @@ cdef bint _is_string_dtype(DLDataType dt) noexcept nogil:
     return dt.code == PFB_STRING_DTYPE_CODE and dt.bits == PFB_STRING_DTYPE_BITS and dt.lanes == 1
 
 
+cdef object _unsupported_dtype(str message):
+    """The BufferError of a DLPack dtype outside the table, marked, so that a
+    function's result says so in its own words (frameworks.pxi)."""
+    exc = BufferError(message)
+    exc.unsupported_dtype = True
+    return exc
+
+
 cdef cnp.dtype _numpy_dtype(DLDataType dt):
     """The NumPy dtype of a DLPack dtype (object for strings), or BufferError."""
     cdef PyObject* found = NULL
     if dt.lanes != 1:
-        raise BufferError(f"DLPack dtype with {dt.lanes} lanes is not supported")
+        raise _unsupported_dtype(f"DLPack dtype with {dt.lanes} lanes is not supported")
     if dt.code < _NUM_CODES and dt.bits % 8 == 0 and dt.bits // 8 < _NUM_SIZES:
         found = _numpy_by_dl[dt.code][dt.bits // 8]
     if found == NULL:
-        raise BufferError(
+        raise _unsupported_dtype(
             f"unsupported DLPack dtype (code {dt.code}, bits {dt.bits})")
     return <cnp.dtype>found
 

@@ -196,8 +196,20 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
                 f"which reads host memory; return a CPU array (e.g. tensor.cpu())")
         capsule = value
     consumer = <uintptr_t>stream if stream != NULL else None
-    return _export_owner(_adopt_checked(_consume(capsule, not on_host, consumer)), value, index,
-                         spec, copy_mode, foreign, lazy, ranges, counts)
+    cdef DLManagedTensorVersioned* m
+    try:
+        m = _consume(capsule, not on_host, consumer)
+    except BufferError as exc:
+        if not getattr(exc, "unsupported_dtype", False):
+            raise
+        dtype = getattr(value, "dtype", None)
+        raise _OutputError(
+            f"output {index}: the function returned a {tp.__name__}"
+            f"{'' if dtype is None else f' of dtype {dtype}'}, which pyfunc_bridge cannot "
+            f"hand to TensorFlow ({exc}); Tout declares {_dtype_name(spec.dtype)}: convert the "
+            f"result to {_dtype_name(spec.dtype)} before returning it") from None
+    return _export_owner(_adopt_checked(m), value, index, spec, copy_mode, foreign, lazy,
+                         ranges, counts)
 
 
 cdef DLManagedTensorVersioned* _export_owner(

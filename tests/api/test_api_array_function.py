@@ -10,6 +10,7 @@ import tensorflow as tf
 import pyfunc_bridge as pfb
 from pyfunc_bridge import _frameworks
 import dlpack_ctypes as dl
+import process_functions as pf
 from conftest import address, collect
 
 conv = pfb._library.conversion()
@@ -122,6 +123,25 @@ def test_torch_dtype_and_shape_errors_name_the_output(torch):
         pfb.array_function(lambda a: (a, a), [x],
                            [tf.float32, tf.TensorSpec([4, 4], tf.float32)],
                            framework="torch")
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("dtype", ["complex32", "float8_e4m3fn"])
+def test_torch_result_of_a_dtype_the_bridge_cannot_take_names_it(torch, dtype):
+    """A result whose dtype has no DLPack code the bridge converts (torch's
+    complex32, float8) fails as a wrong result does, naming the output, the
+    dtype and the fix, in every mode."""
+    args = [tf.constant(3), tf.constant(dtype)]
+    want = (rf"output 0: the function returned a Tensor of dtype torch\.{dtype}, which "
+            rf"pyfunc_bridge cannot hand to TensorFlow \(unsupported DLPack dtype .*\); Tout "
+            rf"declares complex64: convert the result to complex64 before returning it")
+    for call in (lambda: pfb.array_function(pf.torch_zeros_of, args, tf.complex64,
+                                            framework="torch"),
+                 tf.function(lambda: pfb.array_function(pf.torch_zeros_of, args, tf.complex64,
+                                                        framework="torch")),
+                 lambda: pfb.py_function(pf.torch_zeros_of, args, tf.complex64)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=want):
+            call()
 
 
 def test_torch_mixed_results_and_string_inputs(torch):

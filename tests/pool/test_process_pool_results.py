@@ -128,6 +128,19 @@ def test_torch_bfloat16_inputs_and_results(pool, torch):
             pfb.array_function(pf.shared_torch_bfloat16, [x], tf.bfloat16, framework="torch",
                                copy=False, executor=executor)
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("dtype", ["complex32", "float8_e4m3fn"])
+def test_a_torch_result_of_a_dtype_the_bridge_cannot_take_names_it(pool, torch, dtype):
+    """As in-process (tests/api/test_api_array_function.py): the output, the
+    dtype and the fix, not torch's own words alone."""
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"output 0: the function returned a Tensor of dtype "
+                             rf"torch\.{dtype}, which pyfunc_bridge cannot hand to "
+                             rf"TensorFlow .*; convert the result to its declared Tout"):
+        pfb.array_function(pf.torch_zeros_of, [tf.constant(3), tf.constant(dtype)],
+                           tf.complex64, framework="torch", executor=pool)
+
+
 @pytest.mark.parametrize("shape", [[1000], [0]])
 def test_a_torch_function_that_writes_its_input_fails_as_in_process(pool, shape, torch):
     """Without copy=True a torch input is TensorFlow's memory in-process, and
