@@ -9,9 +9,12 @@ lives as long as TF keeps the tensor: until the gradient has run and the tape
 gradient (no tape watches an eager call, no gradient is wired in a graph) the
 call records nothing.
 """
+import contextlib
 import functools
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2 as _attr_value_pb2
+from tensorflow.python import pywrap_tfe as _pywrap_tfe
 from tensorflow.python.eager import record as _record
 from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.ops import control_flow_util as _control_flow_util
@@ -46,12 +49,100 @@ def _input_grads(op, grads):
     floating = [dtype for dtype in input_dtypes if _floating(dtype)]
     if not floating:
         return [None] * len(input_dtypes)
+    if _built_for_xla(op) and not _being_built(op.graph):
+        return _rerun_grads(op, output_grads)
     grad_op = _library.ops().pyfunc_bridge_py_function_grad
     with _op.BridgeFrames(grad_op):
         input_grads = iter(grad_op(
             forward=op.outputs[-1], grads=output_grads, Tdx=floating,
             name=None if tf.executing_eagerly() else _op.node_name(GRAD_OP)))
     return [next(input_grads) if _floating(dtype) else None for dtype in input_dtypes]
+
+
+# A node attribute (kept in GraphDefs and SavedModels) marking a call built
+# in a graph XLA compiles, whose forward state is an XLA tuple, no TF tensor.
+_XLA_ATTR = "_pyfunc_bridge_xla"
+
+
+def _built_for_xla(op):
+    # A tape's stand-in op (_MockOp) has no node_def: a call outside XLA,
+    # whose gradient _build_for_xla does not record.
+    node_def = getattr(op, "node_def", None)
+    return node_def is not None and _XLA_ATTR in node_def.attr
+
+
+def _being_built(graph):
+    """Whether `graph` is still being traced around this gradient (the same
+    function, or pfor's loop function inlined into it), where the forward
+    state stays in one XLA program.  A while-loop or cond gradient's branch
+    and a tape's backward function are built after the forward graph got
+    its outputs (TF re-enters it as the default graph for the latter)."""
+    if graph is _tf_ops.get_default_graph():
+        return True
+    stack = getattr(_tf_ops._default_graph_stack, "stack", None) or []
+    return not getattr(graph, "outputs", None) and any(g is graph for g in stack)
+
+
+def _forward_function(op):
+    """The caller registered for `op` (flat EagerTensors in, flat results
+    out), resolved from its portable description where this process did not
+    build it."""
+    key = op.get_attr("key").decode()
+    entry = _registry.lookup(key)
+    if entry is None:
+        from pyfunc_bridge import _resolve
+        entry = _resolve.resolve(key, op.get_attr("reference").decode(),
+                                 op.get_attr("pickled"), op.get_attr("framework").decode(),
+                                 True, len(op.outputs) - 1)
+    return entry.func
+
+
+@contextlib.contextmanager
+def _recording():
+    """Tapes record on this thread for the duration, also where TF stopped
+    them (an eager tape's backward pass runs so), as the conversion layer's
+    own recording does (tensors.pxi)."""
+    stopped = _pywrap_tfe.TFE_Py_TapeSetIsStopped()
+    if stopped:
+        _pywrap_tfe.TFE_Py_TapeSetRestartOnThread()
+    try:
+        yield
+    finally:
+        if stopped:
+            _pywrap_tfe.TFE_Py_TapeSetStopOnThread()
+
+
+def _rerun_grads(op, output_grads):
+    """The gradient of an XLA-compiled call taken outside its graph (a tape
+    around the jit_compile=True function, a tf.while_loop or tf.cond
+    gradient), where its forward state, an XLA tuple, cannot travel: a
+    py_function of the inputs and output gradients that reruns the function
+    under a tape, as the gradient custom call does inside one XLA program."""
+    func = _forward_function(op)
+    inputs = list(op.inputs)
+    tracked = [i for i, x in enumerate(inputs) if _floating(x.dtype)]
+    differentiable = [i for i, y in enumerate(op.outputs[:-1]) if _floating(y.dtype)]
+
+    def gradient(*args):
+        xs = list(args[:len(inputs)])
+        sources = [xs[i] for i in tracked]
+        with _recording():
+            with tf.GradientTape() as tape:
+                tape.watch(sources)
+                ys = list(func(*xs))
+        # Results TF did not compute (ndarrays) contribute nothing, as in _Forward.
+        pairs = [(ys[i], g) for i, g in zip(differentiable, args[len(inputs):])
+                 if isinstance(ys[i], tf.Tensor)]
+        if not pairs:
+            return [tf.zeros_like(s) for s in sources]
+        results = tape.gradient([y for y, _ in pairs], sources,
+                                output_gradients=[g for _, g in pairs],
+                                unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return [tf.convert_to_tensor(r) for r in results]  # IndexedSlices -> dense
+
+    specs = [tf.TensorSpec(inputs[i].shape, inputs[i].dtype) for i in tracked]
+    input_grads = iter(py_function(gradient, inputs + output_grads, specs))
+    return [next(input_grads) if _floating(x.dtype) else None for x in inputs]
 
 
 @_tf_ops.RegisterGradient(OP)
@@ -82,6 +173,7 @@ def _build_for_xla(build, inputs):
     with _record.stop_recording():
         outputs, forward = build()
     _not_trainable(forward)
+    forward.op._set_attr(_XLA_ATTR, _attr_value_pb2.AttrValue(b=True))
     if outputs:
         op = forward.op
         _record.record_operation(OP, list(outputs), inputs,
