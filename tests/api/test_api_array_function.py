@@ -194,6 +194,19 @@ def test_jax_function_in_tf_function_and_outputs_zero_copy(jax):
         np.testing.assert_allclose(result.numpy(), np.tanh(X / 16) + 1, rtol=1e-6)
 
 
+def test_jax_inputs_share_tf_memory(jax):
+    """jax.dlpack.from_dlpack shares 64-byte aligned CPU memory, as
+    TensorFlow's is: no copy in, and a pass-through goes back without one."""
+    seen = {}
+
+    def f(a):
+        seen["input"] = a.unsafe_buffer_pointer()
+        return a
+    x = tf.constant(X)
+    result = pfb.array_function(f, [x], tf.float32, framework="jax")
+    assert seen["input"] == address(x) == address(result)
+
+
 def test_jax_copy_true_copies_outputs(jax):
     seen = {}
 

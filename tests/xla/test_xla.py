@@ -144,6 +144,19 @@ def test_array_function_frameworks(framework):
     np.testing.assert_array_equal(jit(f)(x).numpy(), tf.function(f)(x).numpy())
 
 
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_array_function_that_returns_its_input(framework):
+    """A framework's pass-through result is a view of XLA's input buffer: it
+    must be let go of when the call ends (JAX's own DLPack export holds it
+    until jaxlib next collects its garbage)."""
+    pytest.importorskip(framework)
+    x = sample(tf.float32)
+    f = lambda x: pfb.array_function(lambda a: a, [x], tf.TensorSpec([2, 3], tf.float32),  # noqa: E731
+                                     framework=framework)
+    for _ in range(3):
+        np.testing.assert_array_equal(jit(f)(x).numpy(), x.numpy())
+
+
 def test_results_are_copied_into_xla_buffers():
     """A result that keeps the input's memory (a pass-through) reaches the
     output by XLA's copy, and the input is XLA's, read-only to the function."""
