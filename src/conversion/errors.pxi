@@ -64,6 +64,8 @@ cdef str _error_text(exc):
     summary = "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
     if isinstance(exc, _OutputError):
         return "pyfunc_bridge: " + summary.partition(": ")[2]
+    if isinstance(exc, PoolClosedError):
+        return summary  # the pool's state, which the message says: its frames are the pool's
     if isinstance(exc, ValueError) and "read-only" in str(exc):
         summary += "\nHint: " + _READ_ONLY_HINT
     tb = exc.__traceback__

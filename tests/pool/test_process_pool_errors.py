@@ -181,6 +181,8 @@ def test_every_call_on_a_closed_pool_fails_the_same_way():
         with pytest.raises(tf.errors.FailedPreconditionError) as info:
             call()
         assert re.search(closed_text("closed pool"), info.value.message), (how, info.value)
+        # Only the pool's words: TF logs a failed map's message (at exit too).
+        assert "Traceback" not in info.value.message, (how, info.value.message)
 
 
 def test_a_call_that_a_close_meets_fails_as_one_on_a_closed_pool(marks):
@@ -193,6 +195,7 @@ def test_a_call_that_a_close_meets_fails_as_one_on_a_closed_pool(marks):
     assert isinstance(box.get("error"), tf.errors.FailedPreconditionError), box
     how = f"was closed while worker process {held_by} held the call"
     assert re.search(closed_text("closing pool", how), box["error"].message), box["error"]
+    assert "Traceback" not in box["error"].message, box["error"].message
 
 
 def test_a_function_that_fails_to_load_raises_the_same_error_and_keeps_no_input():
