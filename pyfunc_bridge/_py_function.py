@@ -60,7 +60,8 @@ def _input_grads(op, grads):
 
 
 # A node attribute (kept in GraphDefs and SavedModels) marking a call built
-# in a graph XLA compiles, whose forward state is an XLA tuple, no TF tensor.
+# in a graph XLA compiles, whose forward state is an XLA tuple, no TF tensor;
+# the op's shape function (ops.cc) reads it to redo _not_trainable on load.
 _XLA_ATTR = "_pyfunc_bridge_xla"
 
 

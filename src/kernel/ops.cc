@@ -2,6 +2,7 @@
 // in numpy_function.cc and py_function.cc, on the shared bridge.{h,cc}.
 #include <vector>
 
+#include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -52,6 +53,16 @@ absl::Status PyFunctionShapes(InferenceContext* c) {
     c->set_output(i, handle);
   }
   c->set_output(n, c->Scalar());
+  // A call built for XLA (_py_function.py sets the attribute) holds an XLA
+  // tuple there, which must not leave its graph: declared not trainable (as
+  // _not_trainable does in the building process) wherever the graph is rebuilt
+  // from its NodeDefs (a loaded SavedModel), so no gradient asks for its zeros.
+  const tensorflow::AttrValue* xla = c->GetAttr("_pyfunc_bridge_xla");
+  if (xla != nullptr && xla->b()) {
+    c->set_output_handle_shapes_and_types(
+        n, {tensorflow::shape_inference::ShapeAndType(c->Scalar(),
+                                                      tensorflow::DT_INT32)});
+  }
   return absl::OkStatus();
 }
 

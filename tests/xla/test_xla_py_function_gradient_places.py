@@ -1,12 +1,16 @@
 """py_function gradients under XLA taken outside the call's own graph: a tape
-around the jit_compile=True function, tf.cond and tf.while_loop gradients.
-Each is checked against the same computation without XLA."""
+around the jit_compile=True function, tf.cond and tf.while_loop gradients,
+a tape around a loaded SavedModel's function.  Each is checked against the
+same computation without XLA."""
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
-from xla_helpers import jit
+from conftest import TESTS
+from xla_helpers import jit, run_script
 
 
 def square(a):
@@ -91,3 +95,56 @@ def test_jacobian_inside_the_compiled_function_keeps_working():
 
     x = tf.constant([1.0, 2.0, 3.0])
     np.testing.assert_allclose(jit(run)(x).numpy(), np.diag(2 * x.numpy()))
+
+
+def test_tape_around_a_loaded_saved_model_function(tmp_path):
+    """Loaded in a fresh process, a call's graph is rebuilt from its NodeDefs:
+    the gradient there equals the one before saving, with and without XLA."""
+    path = str(tmp_path / "model")
+    before = json.loads(run_script(f"""
+        import json
+        import tensorflow as tf, pyfunc_bridge as pfb
+        import travel_functions as tfn
+        spec = tf.TensorSpec([3], tf.float32)
+        module = tf.Module()
+        for name, xla in (("xla", True), ("plain", False)):
+            setattr(module, name, tf.function(
+                lambda x: pfb.py_function(tfn.cube, [x], spec),
+                input_signature=[spec], jit_compile=xla))
+        x = tf.constant([1.0, 2.0, 3.0])
+        grads = {{}}
+        for name in ("xla", "plain"):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = getattr(module, name)(x)
+            grads[name] = tape.gradient(y, x).numpy().tolist()
+        tf.saved_model.save(module, {path!r})
+        print(json.dumps(grads))
+        """, PYTHONPATH=TESTS)[-1])
+    after = json.loads(run_script(f"""
+        import json
+        import tensorflow as tf, pyfunc_bridge as pfb
+        import travel_functions  # declares the functions portable
+        module = tf.saved_model.load({path!r})
+        x = tf.constant([1.0, 2.0, 3.0])
+
+        def grad(f):
+            def run(x):
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    y = f(x)
+                return tape.gradient(y, x)
+            return run
+
+        result = {{"call": module.xla(x).numpy().tolist()}}
+        for name in ("xla", "plain"):
+            f = getattr(module, name)
+            result[name] = grad(f)(x).numpy().tolist()
+            result[name + " in tf.function"] = tf.function(grad(f))(x).numpy().tolist()
+        print(json.dumps(result))
+        """, PYTHONPATH=TESTS)[-1])
+    analytic = [3.0, 12.0, 27.0]
+    assert before == {"xla": analytic, "plain": analytic}
+    assert after == {"call": [1.0, 8.0, 27.0],
+                     "xla": analytic, "xla in tf.function": analytic,
+                     "plain": analytic, "plain in tf.function": analytic}
