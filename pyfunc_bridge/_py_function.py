@@ -91,10 +91,9 @@ def _forward_function(op):
     key = op.get_attr("key").decode()
     entry = _registry.lookup(key)
     if entry is None:
-        from pyfunc_bridge import _resolve
-        entry = _resolve.resolve(key, op.get_attr("reference").decode(),
-                                 op.get_attr("pickled"), op.get_attr("framework").decode(),
-                                 True, len(op.outputs) - 1)
+        entry = _registry.resolver(key, op.get_attr("reference").decode(),
+                                   op.get_attr("pickled"), op.get_attr("framework").decode(),
+                                   True, len(op.outputs) - 1)
     return entry.func
 
 

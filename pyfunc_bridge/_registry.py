@@ -86,6 +86,11 @@ def lookup(key):
     return ref() if ref is not None else None
 
 
+# pyfunc_bridge._resolve.resolve, set as that module is imported (it sits
+# above the op layer, which may need it: a loaded graph's function).
+resolver = None
+
+
 def owning_graphs(graph):
     """The graphs that must keep an op's function alive.
 

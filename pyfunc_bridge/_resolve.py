@@ -117,3 +117,6 @@ def _dense_caller(func, num_outputs):
     # layer checks each result against the op's dtypes and shapes).
     signature = _py_function._Signature([tf.TensorSpec(None, tf.float32)] * num_outputs)
     return _py_function._caller(func, (), signature)
+
+
+_registry.resolver = resolve
