@@ -9,6 +9,7 @@ from tensorflow.python import pywrap_tfe as _pywrap_tfe
 from tensorflow.python.autograph.core import config as _autograph_config
 from tensorflow.python.eager import context
 from tensorflow.python.eager import core as _eager_core
+from tensorflow.python.eager import executor as _executor
 from tensorflow.python.framework import errors_impl as _errors_impl
 from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.util import tf_stack as _tf_stack
@@ -208,12 +209,12 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     # TF's threads); one key per thread keeps TF's eager kernel cache from
     # growing with every call.
     if context.context().is_async():
-        entry = _registry.register(func, framework, name, eager=True, executor=executor,
-                                   api=api)
-        entry.record = record
-        result = _execute(op_name, wrapper, inputs, entry.key, signature, name, attrs)
-        context.async_wait()  # the entry must outlive the call
-        return result
+        # An async executor would run the function on its own thread, where the
+        # TF ops it runs (queued behind it) or a lock the caller holds wait for
+        # ever; TF's eager numpy_function calls it on this thread.
+        with context.executor_scope(_executor.new_executor(enable_async=False)):
+            return run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs,
+                               framework, record, copy_mode, executor, api)
     conversion = _library.conversion()
     slot = conversion.eager_slot()
     key = slot.key

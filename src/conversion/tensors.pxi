@@ -149,12 +149,39 @@ cdef inline bint _eager_now(object ctx) except -1:
     return ctx._thread_local_data.is_eager
 
 
+cdef tuple _own_sync_executor(object ctx):
+    """Gives this thread a synchronous executor for one call, as TF's
+    EagerPyFunc kernel does: the thread's async executor may be the one running
+    this kernel, and the function's ops queued behind it would wait for ever.
+    Returns (the thread's executor, the new one) for _restore_executor, or None
+    where the thread's executor is synchronous."""
+    handle = ctx._context_handle
+    previous = _tfe.TFE_ContextGetExecutorForThread(handle)
+    if not _tfe.TFE_ExecutorIsAsync(previous):
+        _tfe.TFE_DeleteExecutor(previous)  # only the wrapper: the executor is the context's
+        return None
+    own = _tfe.TFE_NewExecutor(False, True, 0)
+    _tfe.TFE_ContextSetExecutorForThread(handle, own)
+    return previous, own
+
+
+cdef int _restore_executor(object ctx, tuple executors) except -1:
+    previous, own = executors
+    _tfe.TFE_ContextSetExecutorForThread(ctx._context_handle, previous)
+    _tfe.TFE_DeleteExecutor(previous)
+    _tfe.TFE_DeleteExecutor(own)  # synchronous: nothing of it is pending
+    return 0
+
+
 cdef class _Scopes:
-    """Eager mode plus the op's device, entered for one py_function call."""
+    """Eager mode plus the op's device (and a synchronous executor where the
+    thread's is async), entered for one py_function call."""
     cdef list entered
     cdef object eager  # the entered eager_mode(), left at the end of the call
     cdef bint persistent
     cdef bytes device  # the op device it entered
+    cdef tuple executors  # _own_sync_executor's, restored at the end of the call
+    cdef object ctx
 
     def __cinit__(self):
         self.entered = []
@@ -203,6 +230,9 @@ cdef class _Scopes:
         if self.eager is not None:
             manager, self.eager = self.eager, None
             manager.__exit__(None, None, None)
+        if self.executors is not None:
+            executors, self.executors = self.executors, None
+            _restore_executor(self.ctx, executors)
         return 0
 
 
@@ -218,14 +248,22 @@ cdef class _TensorConverter(_Converter):
     cdef object enter(self, PfbCall* call):
         _load_tf()  # enter runs first (bridge.pxi, _run)
         ctx = _tf_context()
-        if call.flags & PFB_CALL_WORKER_THREAD and _eager_now(ctx):
+        # Only a context made async has async executors on the threads that run kernels.
+        executors = _own_sync_executor(ctx) if ctx._default_is_async else None
+        if executors is None and call.flags & PFB_CALL_WORKER_THREAD and _eager_now(ctx):
             # TF's worker thread in eager mode, its device scope entered by an
             # earlier call (_Scopes.enter): nothing to enter, nothing to leave.
             installed = getattr(_worker_scopes, "scopes", None)
             if installed is not None and (<_Scopes>installed).holds(call.device_name):
                 return None
         cdef _Scopes scopes = _Scopes()
-        scopes.enter(call, ctx)
+        scopes.ctx = ctx
+        scopes.executors = executors
+        try:
+            scopes.enter(call, ctx)
+        except BaseException:
+            scopes.leave()
+            raise
         return scopes
 
     cdef object call(self, PfbCall* call, object entry, tuple args, _CallCounts* counts):
