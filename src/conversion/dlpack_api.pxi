@@ -94,7 +94,7 @@ def from_numpy(array, *, copy=None):
             f"from_numpy takes an ndarray, got {type(array).__name__}; use "
             f"pfb.from_dlpack for other DLPack producers")
     kind = array.dtype.kind
-    if kind in "OSU":
+    if kind in "OSUT":  # T: NumPy 2's StringDType
         _load_tf()
         return _tf_convert(array, _tf_string)
     # copy=False shares any array: the caller vouches that nobody writes it.

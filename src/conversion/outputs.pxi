@@ -69,7 +69,7 @@ cdef str _dtype_fix(object value, object got, object want):
         convert = f"return value.astype({_numpy_spelling(want)})"
     else:
         convert = f"return np.asarray(value, dtype={_numpy_spelling(want)})"
-    if got.kind in "SU":
+    if got.kind in "SUT":  # T: NumPy 2's StringDType
         return f"{convert} if it holds numbers as text, or declare Tout=tf.string"
     if got.kind == "O":
         return (f"{convert} if it holds numbers, or declare Tout=tf.string if it "
@@ -286,7 +286,13 @@ cdef cnp.ndarray _as_string_array(object value, int index):
     """An object ndarray of bytes for a string output (str is UTF-8 encoded)."""
     if isinstance(value, np.ndarray):
         kind = value.dtype.kind
-        if kind not in "OSU":
+        # T: NumPy 2's StringDType, whose items are str (TF's py_function takes it).
+        if kind not in "OSUT":
+            if not _has_tf_dtype(value.dtype):  # structured, datetime, raw bytes: as TF
+                raise _UnsupportedOutput(
+                    f"output {index}: the function returned an array of dtype "
+                    f"{value.dtype}, which TensorFlow has no dtype for (Unsupported "
+                    f"numpy data type); return bytes, str or an array of them")
             raise _OutputError(
                 f"output {index}: Tout declares string but the function returned an "
                 f"ndarray of dtype {value.dtype}; return bytes, str or an array of them")
@@ -305,7 +311,7 @@ cdef cnp.ndarray _as_string_array(object value, int index):
         source = np.asarray(value)
         if source.dtype.kind == "O" and source.ndim == 0 and source[()] is value:
             _raise_unsupported_object(value, index)  # a dict, an arbitrary object
-        if source.dtype.kind not in "OSU":
+        if source.dtype.kind not in "OSUT":
             name = type(value).__name__
             fix = ("bytes(value) for one string, or value.decode() for text"
                    if isinstance(value, bytearray) or (

@@ -134,6 +134,22 @@ def test_array_function_numpy_follows_numpy_function(mode):
         assert got == received(mode, tf.numpy_function, x, x.dtype)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("api_name", NUMPY_APIS)
+def test_string_dtype_result_converts_where_tf_has_no_numpy_type(mode, api_name):
+    """NumPy 2's StringDType for Tout=tf.string: TF's numpy_function fails
+    ("Unsupported numpy type: not a numpy type"), its py_function converts it;
+    pfb converts it in every API, as it does 'U' arrays (README: deliberate
+    differences)."""
+    tf_api, pfb_api = NUMPY_APIS[api_name]
+    func = lambda a: np.array(["h\u00e9", "a\x00b"], dtype=np.dtypes.StringDType())
+    x = tf.constant(1.0)
+    with pytest.raises((tf.errors.InternalError, ValueError), match="not a numpy type"):
+        run(mode, tf_api, func, x, tf.string)
+    got = np.asarray(run(mode, pfb_api, func, x, tf.string))
+    assert got.tolist() == ["h\u00e9".encode(), b"a\x00b"]
+
+
 # ---------------------------------------------------------------------------
 # 2. Eager 0-d string input.
 

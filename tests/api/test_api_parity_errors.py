@@ -84,7 +84,7 @@ def test_unsupported_result_raises_tfs_class(mode, api_name, what):
         assert phrase in str(want)
 
 
-@pytest.mark.parametrize("what", ["dict", "object"])
+@pytest.mark.parametrize("what", ["dict", "object", "structured", "datetime"])
 def test_unsupported_string_result_raises_tfs_class(what):
     func, phrase = UNSUPPORTED[what]
     x = tf.constant(["a"])

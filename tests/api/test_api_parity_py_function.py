@@ -1,10 +1,11 @@
 """py_function against TensorFlow's, side by side (api_helpers.py's parity
 harness and modes): what concerns py_function alone."""
+import numpy as np
 import pytest
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
-from api_helpers import MODES, raised
+from api_helpers import MODES, raised, run
 
 
 def _returns_a_new_variable(x):
@@ -50,3 +51,26 @@ def test_eager_py_func_is_py_function_under_tfs_other_name():
         graph = tf.function(
             lambda v: api(func=lambda a: a * 2, inp=[v], Tout=tf.float32, name="twice"))(x)
         assert eager.numpy().tolist() == graph.numpy().tolist() == [2.0, 4.0]
+
+
+STRING_DTYPE_RESULTS = {
+    "1-d": ["h\u00e9", "a\x00b", ""],
+    "0-d": "\U0001F600",
+    "transposed": [["a", "b"], ["c", "d"]],
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("what", STRING_DTYPE_RESULTS)
+def test_string_dtype_result_is_a_string_tensor_as_in_tf(mode, what):
+    """NumPy 2's StringDType arrays for Tout=tf.string: TF's py_function
+    converts them (UTF-8, NUL bytes kept); so does pfb's."""
+    def func(a):
+        out = np.array(STRING_DTYPE_RESULTS[what], dtype=np.dtypes.StringDType())
+        return out.T if what == "transposed" else out
+    x = tf.constant(1.0)
+    want = np.asarray(run(mode, tf.py_function, func, x, tf.string))
+    got = np.asarray(run(mode, pfb.py_function, func, x, tf.string))
+    assert got.shape == want.shape and got.tolist() == want.tolist()
+    encode = np.vectorize(lambda text: text.encode(), otypes=[object])
+    assert want.tolist() == encode(func(None).astype(object)).tolist()

@@ -404,6 +404,8 @@ def test_from_numpy_dtypes_and_strings():
     assert b.dtype == tf.bfloat16 and list(b.numpy()) == [1.5, 2.5]
     s = pfb.from_numpy(np.array(["ä", "b"]))
     assert s.dtype == tf.string and list(s.numpy()) == ["ä".encode(), b"b"]
+    t = pfb.from_numpy(np.array(["ä", "a\x00"], dtype=np.dtypes.StringDType()))
+    assert t.dtype == tf.string and list(t.numpy()) == ["ä".encode(), b"a\x00"]
     with pytest.raises(TypeError, match="from_dlpack"):
         pfb.from_numpy([1, 2])
 

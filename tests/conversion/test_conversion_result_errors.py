@@ -32,7 +32,7 @@ def _error(result, Tout):
 
 
 def _array(dtype):
-    if dtype.kind in "SU":
+    if dtype.kind in "SUT":
         return np.array(["1"], dtype)
     if dtype.kind == "O":
         return np.array([1.0], dtype)
@@ -68,7 +68,7 @@ def test_every_suggested_fix_exists_and_works(got, want):
             _returns(value, getattr(tf, declared[3:]))
 
 
-@pytest.mark.parametrize("got", ["S3", "U2", "O"])
+@pytest.mark.parametrize("got", ["S3", "U2", "O", "T"])
 def test_strings_suggest_tf_string(got):
     message = _error(_array(np.dtype(got)), tf.int32)
     assert "declare Tout=tf.string" in message
