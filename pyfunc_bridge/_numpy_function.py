@@ -24,7 +24,7 @@ def _inputs(inp):
                 raise TypeError(
                     f"inp[{i}] is a {type(value).__name__}; numpy_function takes "
                     f"dense tensors")
-            value = tf.convert_to_tensor(value)
+            value = _op.convert_input(value, f"inp[{i}]")
         tensors.append(value)
     _op.check_input_dtypes(tensors, "inp[{}]")
     return tensors

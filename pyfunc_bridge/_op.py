@@ -60,6 +60,19 @@ def input_list(inp):
     return list(inp)
 
 
+def convert_input(value, what):
+    """`value` as a tensor.  In a graph a value that does not convert is a
+    TypeError, TF's class there (its op builder re-raises the ValueError of
+    None or a ragged list as "... have types [<NOT CONVERTIBLE TO TENSOR>]");
+    eagerly the ValueError stays, as TF's eager py_function raises it."""
+    try:
+        return _tf_ops.convert_to_tensor(value)
+    except ValueError as exc:
+        if context.executing_eagerly():
+            raise
+        raise TypeError(f"{what} is not convertible to a tensor: {exc}") from exc
+
+
 def check_input_dtypes(tensors, what):
     """Raises a TypeError naming the first input (`what.format(i)`) whose
     dtype does not cross the bridge."""

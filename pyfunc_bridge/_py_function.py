@@ -347,12 +347,12 @@ class _Signature:
 def _flat_inputs(inp):
     structure = []
     dense = True
-    for value in _op.input_list(inp):
+    for i, value in enumerate(_op.input_list(inp)):
         if not isinstance(value, tf.Tensor):
             if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
                 dense = False
             else:
-                value = tf.convert_to_tensor(value)
+                value = _op.convert_input(value, f"inp[{i}]")
         structure.append(value)
     flat = structure if dense else _nest.flatten(structure, expand_composites=True)
     _op.check_input_dtypes(flat, "inp (component {})")

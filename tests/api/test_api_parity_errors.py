@@ -234,3 +234,46 @@ def test_scalar_string_input_in_graph_still_counts_as_converted():
     finally:
         pfb.enable_stats(previous)
         pfb.reset_stats()
+
+
+# ---------------------------------------------------------------------------
+# 7. Inputs that do not convert to a tensor.
+
+NOT_CONVERTIBLE = {"None": None, "ragged list": [[1], [1, 2]], "mixed list": [1, None],
+                   "dict": {"a": 1}}
+
+
+def _input_error(api, value, graph):
+    def build():
+        return api(lambda *a: np.float32(1), [tf.constant(1.0), value], tf.float32)
+    with pytest.raises(Exception) as info:
+        if graph == "tf.function":
+            tf.function(build)()
+        elif graph == "graph":
+            with tf.Graph().as_default():
+                build()
+        else:
+            build()
+    return info.value
+
+
+@pytest.mark.parametrize("graph", ["tf.function", "graph"])
+@pytest.mark.parametrize("api_name", ALL_APIS)
+@pytest.mark.parametrize("what", NOT_CONVERTIBLE)
+def test_input_that_does_not_convert_raises_tfs_class(what, api_name, graph):
+    """In a graph TF's op builder raises TypeError ("... have types [<NOT
+    CONVERTIBLE TO TENSOR>] that are invalid"), also for the values whose
+    conversion raises ValueError (None, a ragged list); so does pfb."""
+    tf_api, pfb_api = ALL_APIS[api_name]
+    want = _input_error(tf_api, NOT_CONVERTIBLE[what], graph)
+    got = _input_error(pfb_api, NOT_CONVERTIBLE[what], graph)
+    assert type(want) is TypeError
+    assert type(got) is TypeError
+
+
+@pytest.mark.parametrize("what", ["None", "ragged list"])
+def test_eager_py_function_input_that_does_not_convert_stays_a_value_error(what):
+    """Eagerly TF's py_function raises the conversion's ValueError; so does pfb."""
+    want = _input_error(tf.py_function, NOT_CONVERTIBLE[what], "eager")
+    got = _input_error(pfb.py_function, NOT_CONVERTIBLE[what], "eager")
+    assert type(want) is type(got) is ValueError
