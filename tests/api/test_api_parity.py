@@ -287,3 +287,19 @@ def test_stateless_no_outputs_matches_tf(api_name, mode):
     elif mode == "session":
         assert results["tf"] == ("list", [], [], 0)
 
+
+
+@pytest.mark.parametrize("mode", ["tf.function", "session"])
+@pytest.mark.parametrize("api_name", NUMPY_APIS)
+def test_non_ascii_str_array_result_is_utf8_where_tf_fails(mode, api_name):
+    """A 'U' array of non-ASCII text for Tout=tf.string: TF's numpy_function
+    encodes it as ASCII and fails; pfb encodes it as UTF-8, as both encode a
+    str scalar (README: deliberate differences)."""
+    tf_api, pfb_api = NUMPY_APIS[api_name]
+    func = lambda a: np.array(["h\u00e9", "\U0001F600"])
+    x = tf.constant(1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="UnicodeEncodeError"):
+        run(mode, tf_api, func, x, tf.string)
+    got = run(mode, pfb_api, func, x, tf.string)
+    assert np.asarray(got).tolist() == ["h\u00e9".encode(), "\U0001F600".encode()]
+    assert run(mode, tf_api, lambda a: "h\u00e9", x, tf.string) == "h\u00e9".encode()
