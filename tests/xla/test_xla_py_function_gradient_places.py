@@ -3,6 +3,7 @@ around the jit_compile=True function, tf.cond and tf.while_loop gradients,
 a tape around a loaded SavedModel's function.  Each is checked against the
 same computation without XLA."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import tensorflow as tf
 
 import pyfunc_bridge as pfb
 from conftest import TESTS
-from xla_helpers import jit, run_script
+from xla_helpers import jit, outer_tape, run_script
 
 
 def square(a):
@@ -19,15 +20,6 @@ def square(a):
 
 def cube(a):
     return a * a * a
-
-
-def outer_tape(f):
-    def grad(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = f(x)
-        return tape.gradient(y, x)
-    return grad
 
 
 @pytest.mark.parametrize("mode", ["eager", "tf.function"])
@@ -125,24 +117,16 @@ def test_tape_around_a_loaded_saved_model_function(tmp_path):
         import json
         import tensorflow as tf, pyfunc_bridge as pfb
         import travel_functions  # declares the functions portable
+        from xla_helpers import outer_tape
         module = tf.saved_model.load({path!r})
         x = tf.constant([1.0, 2.0, 3.0])
-
-        def grad(f):
-            def run(x):
-                with tf.GradientTape() as tape:
-                    tape.watch(x)
-                    y = f(x)
-                return tape.gradient(y, x)
-            return run
-
         result = {{"call": module.xla(x).numpy().tolist()}}
         for name in ("xla", "plain"):
             f = getattr(module, name)
-            result[name] = grad(f)(x).numpy().tolist()
-            result[name + " in tf.function"] = tf.function(grad(f))(x).numpy().tolist()
+            result[name] = outer_tape(f)(x).numpy().tolist()
+            result[name + " in tf.function"] = tf.function(outer_tape(f))(x).numpy().tolist()
         print(json.dumps(result))
-        """, PYTHONPATH=TESTS)[-1])
+        """, PYTHONPATH=os.pathsep.join([TESTS, os.path.dirname(__file__)]))[-1])
     analytic = [3.0, 12.0, 27.0]
     assert before == {"xla": analytic, "plain": analytic}
     assert after == {"call": [1.0, 8.0, 27.0],
