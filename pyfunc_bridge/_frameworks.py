@@ -174,9 +174,12 @@ class JaxAdapter(Adapter):
         # lets go of what that export holds only at its next garbage
         # collection, so a result that is an input would keep XLA's buffer
         # in use after an XLA call, which then fails.
+        # (NumPy exports no ml_dtypes type, bfloat16 above all: JAX's export does.)
         self.load()
         if isinstance(a, self._array) and a.__dlpack_device__()[0] == 1:  # kDLCPU
-            return self._asarray(a).__dlpack__(max_version=(1, 0))
+            view = self._asarray(a)
+            if view.dtype.isbuiltin == 1:  # (2: a registered type such as ml_dtypes.bfloat16)
+                return view.__dlpack__(max_version=(1, 0))
         return None
 
     def wrap_input(self, owner, copy):

@@ -224,7 +224,9 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
     if context.context().is_async():
         # An async executor would run the function on its own thread, where the
         # TF ops it runs (queued behind it) or a lock the caller holds wait for
-        # ever; TF's eager numpy_function calls it on this thread.
+        # ever; TF's eager numpy_function calls it on this thread, once the
+        # ops queued before it have run.
+        context.async_wait()
         with context.executor_scope(_executor.new_executor(enable_async=False)):
             return run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs,
                                framework, record, copy_mode, executor, api)

@@ -185,8 +185,11 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
             lazy = True
     cdef bint foreign = (copy_mode != PFB_COPY_TRUE and not lazy
                          and writable_elsewhere(value, outside_refs))
-    capsule = to_capsule(value)
     cdef bint on_host = spec.device.device_type == kDLCPU
+    try:
+        capsule = to_capsule(value)
+    except BufferError as exc:  # the adapter's own export refused it (torch's bit types)
+        _raise_not_exported(value, index, spec, exc)
     if capsule is None:
         device_type, device_id = _dlpack_device(value)
         if on_host and device_type != kDLCPU:
@@ -202,14 +205,22 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
     except BufferError as exc:
         if not getattr(exc, "unsupported_dtype", False):
             raise
-        dtype = getattr(value, "dtype", None)
-        raise _OutputError(
-            f"output {index}: the function returned a {tp.__name__}"
-            f"{'' if dtype is None else f' of dtype {dtype}'}, which pyfunc_bridge cannot "
-            f"hand to TensorFlow ({exc}); Tout declares {_dtype_name(spec.dtype)}: convert the "
-            f"result to {_dtype_name(spec.dtype)} before returning it") from None
+        _raise_not_exported(value, index, spec, exc)
     return _export_owner(_adopt_checked(m), value, index, spec, copy_mode, foreign, lazy,
                          ranges, counts)
+
+
+cdef int _raise_not_exported(object value, int index, const PfbOutputSpec* spec,
+                             object exc) except -1:
+    """Result `value`, whose dtype DLPack or the bridge does not carry (`exc`
+    says which), as the output's error."""
+    dtype = getattr(value, "dtype", None)
+    want = _dtype_name(spec.dtype)
+    raise _OutputError(
+        f"output {index}: the function returned a {type(value).__name__}"
+        f"{'' if dtype is None else f' of dtype {dtype}'}, which pyfunc_bridge cannot hand "
+        f"to TensorFlow ({exc}); Tout declares {want}: convert the result to {want} before "
+        f"returning it") from None
 
 
 cdef DLManagedTensorVersioned* _export_owner(

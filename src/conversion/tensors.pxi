@@ -225,14 +225,16 @@ cdef class _Scopes:
 
     cdef int leave(self) except -1:
         """The end of one call: only Python's threads leave the device scope."""
-        if not self.persistent:
-            self.exit()
-        if self.eager is not None:
-            manager, self.eager = self.eager, None
-            manager.__exit__(None, None, None)
-        if self.executors is not None:
-            executors, self.executors = self.executors, None
-            _restore_executor(self.ctx, executors)
+        try:
+            if not self.persistent:
+                self.exit()
+            if self.eager is not None:
+                manager, self.eager = self.eager, None
+                manager.__exit__(None, None, None)
+        finally:  # (a scope the function left unbalanced raises above)
+            if self.executors is not None:
+                executors, self.executors = self.executors, None
+                _restore_executor(self.ctx, executors)
         return 0
 
 

@@ -144,6 +144,17 @@ def test_torch_result_of_a_dtype_the_bridge_cannot_take_names_it(torch, dtype):
             call()
 
 
+def test_torch_result_its_own_export_refuses_names_it(torch):
+    """torch's own DLPack export refuses bit types: the same words as a dtype
+    the bridge refuses."""
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"output 0: the function returned a Tensor of dtype torch\.bits16, "
+                             r"which pyfunc_bridge cannot hand to TensorFlow \(.*\); Tout "
+                             r"declares int16: convert the result to int16"):
+        pfb.array_function(lambda a: torch.zeros(4, dtype=torch.int16).view(torch.bits16),
+                           [tf.constant(X)], tf.int16, framework="torch")
+
+
 def test_torch_mixed_results_and_string_inputs(torch):
     def f(a, s):
         assert s.dtype == object  # strings arrive as object arrays of bytes
@@ -205,6 +216,20 @@ def test_jax_inputs_share_tf_memory(jax):
     x = tf.constant(X)
     result = pfb.array_function(f, [x], tf.float32, framework="jax")
     assert seen["input"] == address(x) == address(result)
+
+
+def test_jax_bfloat16_results(jax):
+    """NumPy exports no ml_dtypes type by DLPack: a JAX bfloat16 result goes by
+    JAX's own export, eagerly, in a graph and under XLA."""
+    jnp = jax.numpy
+    f = lambda x: pfb.array_function(  # noqa: E731
+        lambda a: (a * 2).astype(jnp.bfloat16), [x], tf.TensorSpec([4], tf.bfloat16),
+        framework="jax")
+    x = tf.constant([1.0, 2.0, 3.0, 4.0])
+    for run in (f, tf.function(f), tf.function(f, jit_compile=True)):
+        result = run(x)
+        assert result.dtype == tf.bfloat16
+        np.testing.assert_array_equal(tf.cast(result, tf.float32).numpy(), [2, 4, 6, 8])
 
 
 def test_jax_copy_true_copies_outputs(jax):
