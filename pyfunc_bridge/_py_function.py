@@ -176,8 +176,13 @@ def _build_for_xla(build, inputs):
     forward.op._set_attr(_XLA_ATTR, _attr_value_pb2.AttrValue(b=True))
     if outputs:
         op = forward.op
-        _record.record_operation(OP, list(outputs), inputs,
-                                 lambda *grads: _input_grads(op, grads))
+        attrs = ("key", op.get_attr("key"))
+        # The forward-mode rule is given explicitly: a hand-recorded op gets
+        # TF's generic one, which would differentiate the gradient op.
+        _record.record_operation(
+            OP, list(outputs), inputs, lambda *grads: _input_grads(op, grads),
+            forward_function=lambda *tangents: _forward_mode(
+                attrs, inputs, list(outputs) + [forward], list(tangents))[:-1])
     return outputs, forward
 
 
@@ -230,19 +235,40 @@ def _forward_mode(attr_tuple, inputs, outputs, tangents):
 
     def jvp(*args):
         xs = list(args[:len(inputs)])
-        with tf.autodiff.ForwardAccumulator([xs[i] for i in tracked],
-                                            list(args[len(inputs):])) as acc:
+        with _recording(), tf.autodiff.ForwardAccumulator(
+                [xs[i] for i in tracked], list(args[len(inputs):])) as acc:
             ys = list(func(*xs))
         return [acc.jvp(ys[i], unconnected_gradients=tf.UnconnectedGradients.ZERO)
                 if isinstance(ys[i], tf.Tensor) else tf.zeros_like(outputs[i])
                 for i in differentiable]
 
+    # Under XLA every output needs its static shape; elsewhere the dtypes
+    # alone (TF's forward-mode dispatch cannot trace an op's shape attribute).
+    xla = (not tf.executing_eagerly() and
+           _control_flow_util.GraphOrParentsInXlaContext(_tf_ops.get_default_graph()))
     products = py_function(jvp, list(inputs) + tangents,
-                           [outputs[i].dtype for i in differentiable])
+                           [tf.TensorSpec(outputs[i].shape, outputs[i].dtype) if xla
+                            else outputs[i].dtype for i in differentiable])
     result = [None] * len(outputs)
     for i, product in zip(differentiable, products):
         result[i] = product
     return result
+
+
+@contextlib.contextmanager
+def _recording():
+    """Records on this thread's tapes and accumulators even where TF stopped
+    them (an XLA custom call runs on the thread that runs the compiled
+    function, whose recording TF stops), as the conversion layer does for a
+    forward call's own tape (tensors.pxi, _TensorConverter.call)."""
+    stopped = _pywrap_tfe.TFE_Py_TapeSetIsStopped()
+    if stopped:
+        _pywrap_tfe.TFE_Py_TapeSetRestartOnThread()
+    try:
+        yield
+    finally:
+        if stopped:
+            _pywrap_tfe.TFE_Py_TapeSetStopOnThread()
 
 
 def _register_forward_mode():

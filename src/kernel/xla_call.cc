@@ -1,20 +1,18 @@
 // The run-time half of the bridge ops under XLA (xla_call.h): the typed-FFI
-// handlers of the custom calls.  Each hands XLA's buffers to the conversion
-// layer's driver (the same call the TF kernels make, bridge.cc) as read-only
-// DLPack views, and copies the results into XLA's output buffers.
+// handlers of the custom calls.  Each hands copies of XLA's input buffers to
+// the conversion layer's driver (the same call the TF kernels make,
+// bridge.cc) as read-only DLPack tensors, and copies the results into XLA's
+// output buffers.
 #include "xla_call.h"
 
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -84,42 +82,62 @@ struct Place {
   std::string device_name;
 };
 
-// A read-only DLPack view of an XLA input buffer.  XLA reuses the memory
-// after the call, so the view must not outlive it: `live` counts the views
-// whose deleter has not run, and a call that returns with one left fails.
-struct InputView {
+// One input of the call, in memory the kernel owns: a copy of XLA's buffer,
+// freed by the DLPack deleter when the last Python reference to it goes.
+// XLA reuses its buffers once the call returns, and a function may keep what
+// it was given (a global, a thread, an EagerTensor), so the function never
+// sees XLA's own memory (design.md, "The life of a call under XLA").
+struct OwnedInput {
   DLManagedTensorVersioned managed;
   std::vector<int64_t> shape;
-  std::shared_ptr<std::atomic<int>> live;  // shared by the call's views
+  void* host = nullptr;  // the copy on the CPU (aligned_alloc), owned
+  GpuMemory device;      // the copy on a GPU, owned
 };
 
-void DeleteInputView(DLManagedTensorVersioned* managed) {
-  auto* view = static_cast<InputView*>(managed->manager_ctx);
-  view->live->fetch_sub(1);
-  delete view;
+void DeleteOwnedInput(DLManagedTensorVersioned* managed) {
+  auto* input = static_cast<OwnedInput*>(managed->manager_ctx);
+  std::free(input->host);
+  GpuFree(input->device);
+  delete input;
 }
 
-DLManagedTensorVersioned* ViewInput(const Buffer& b, DLDevice device,
-                                    const std::shared_ptr<std::atomic<int>>& live) {
-  auto* view = new InputView;
-  view->shape = b.dims;
-  view->live = live;
-  live->fetch_add(1);
-  DLManagedTensorVersioned& m = view->managed;
+absl::Status CopyInput(const Buffer& b, const Place& place,
+                       DLManagedTensorVersioned** out) {
+  auto input = std::make_unique<OwnedInput>();
+  void* data = nullptr;
+  if (b.nbytes > 0 && place.device.device_type == kDLCPU) {
+    // aligned_alloc wants a multiple of the alignment.
+    const size_t size = (b.nbytes + PFB_TENSOR_ALIGNMENT - 1) /
+                        PFB_TENSOR_ALIGNMENT * PFB_TENSOR_ALIGNMENT;
+    input->host = std::aligned_alloc(PFB_TENSOR_ALIGNMENT, size);
+    if (input->host == nullptr) {
+      return absl::ResourceExhaustedError(
+          "pyfunc_bridge: cannot allocate " + std::to_string(b.nbytes) +
+          " bytes for a copy of an XLA input");
+    }
+    std::memcpy(input->host, b.data, b.nbytes);
+    data = input->host;
+  } else if (b.nbytes > 0) {
+    TF_RETURN_IF_ERROR(GpuCopyToOwned(b.data, b.nbytes, place.stream, &input->device));
+    data = reinterpret_cast<void*>(input->device.pointer);
+  }
+  input->shape = b.dims;
+  DLManagedTensorVersioned& m = input->managed;
   m.version = DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
-  m.manager_ctx = view;
-  m.deleter = DeleteInputView;
-  // XLA's buffers are immutable to the function, as TF's tensors are.
-  m.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+  m.manager_ctx = input.get();
+  m.deleter = DeleteOwnedInput;
+  // Read-only as TF's tensors are; IS_COPIED: no one else holds the memory.
+  m.flags = DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_COPIED;
   DLTensor& t = m.dl_tensor;
-  t.data = b.data;
-  t.device = device;
-  t.ndim = static_cast<int32_t>(view->shape.size());
+  t.data = data;
+  t.device = place.device;
+  t.ndim = static_cast<int32_t>(input->shape.size());
   t.dtype = b.dtype;
-  t.shape = view->shape.data();
+  t.shape = input->shape.data();
   t.strides = nullptr;  // row-major: the layout xla_ops.cc asks for
   t.byte_offset = 0;
-  return &m;
+  *out = &input.release()->managed;
+  return absl::OkStatus();
 }
 
 // Owns the conversion layer's results until they are copied; GIL held.
@@ -181,20 +199,6 @@ struct Function {
   int32_t flags = 0;
 };
 
-// Whether every view of the call's inputs is gone, given a moment: a thread
-// the function handed an input to may let go of it just after the call.
-bool Released(const std::atomic<int>& live) {
-  if (live.load() == 0) return true;
-  GilRelease others_run;  // the threads that hold the views need the GIL
-  constexpr auto kGrace = std::chrono::milliseconds(250);
-  const auto deadline = std::chrono::steady_clock::now() + kGrace;
-  while (live.load() != 0) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-  return true;
-}
-
 // One call of the conversion layer's driver over XLA buffers.  With `state`
 // set, PfbCall.state goes in and out (a py_function's recorded forward
 // call); `copy_out`: whether the results go to `outs` (false: they are
@@ -202,13 +206,16 @@ bool Released(const std::atomic<int>& live) {
 absl::Status Run(const Function& f, const std::vector<Buffer>& ins,
                  const std::vector<Buffer>& outs, const Place& place,
                  int32_t flags, void** state, bool copy_out = true) {
-  auto live = std::make_shared<std::atomic<int>>(0);
   absl::InlinedVector<DLManagedTensorVersioned*, 8> inputs;
-  for (const Buffer& b : ins) inputs.push_back(ViewInput(b, place.device, live));
   auto fail = [&](const absl::Status& s) {
-    for (auto* m : inputs) m->deleter(m);  // our own views: no Python
+    for (auto* m : inputs) m->deleter(m);  // our own copies: no Python
     return s;
   };
+  for (const Buffer& b : ins) {
+    DLManagedTensorVersioned* input = nullptr;
+    if (absl::Status s = CopyInput(b, place, &input); !s.ok()) return fail(s);
+    inputs.push_back(input);
+  }
   std::vector<PfbOutputSpec> specs(outs.size());
   for (size_t i = 0; i < outs.size(); ++i) {
     specs[i].dtype = outs[i].dtype;
@@ -268,16 +275,6 @@ absl::Status Run(const Function& f, const std::vector<Buffer>& ins,
                                     outs[i], place));
     }
   }
-  results.Release();  // a result may be a view of an input
-  // A view still held would read memory XLA reuses once the call returns.
-  // (A recorded py_function state holds its inputs: its caller drops it.)
-  if (state == nullptr && !Released(*live)) {
-    return absl::FailedPreconditionError(
-        "pyfunc_bridge: the function for key '" + std::string(f.key) +
-        "' kept a reference to one of its inputs after it returned; under "
-        "XLA an input is a view of XLA's buffer, which XLA reuses after the "
-        "call. Keep a copy instead (np.array(x)), or pass copy=True");
-  }
   return absl::OkStatus();
 }
 
@@ -334,7 +331,7 @@ absl::Status CallImpl(const Place& place, ffi::RemainingArgs args,
 
 // Reruns the forward call under a tape (PFB_CALL_RECORD), then its gradient
 // (PFB_CALL_GRADIENT) from the state it recorded; the state, which holds
-// EagerTensors over XLA's input buffers, is dropped before returning.
+// EagerTensors over copies of the inputs, is dropped before returning.
 absl::Status GradientImpl(const Place& place, ffi::RemainingArgs args,
                           ffi::RemainingRets rets, std::string_view node,
                           int32_t num_forward) {

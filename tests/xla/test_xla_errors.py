@@ -87,22 +87,6 @@ def test_strings_are_refused_at_compile_time():
         f(tf.constant(["a"]))
 
 
-def test_keeping_an_input_past_the_call_is_an_error():
-    kept = []
-
-    def keep(a):
-        kept.append(a)
-        return a + 1
-
-    f = jit(lambda x: pfb.numpy_function(keep, [x], tf.TensorSpec([2], tf.float32)))
-    with pytest.raises(tf.errors.FailedPreconditionError, match="kept a reference"):
-        f(tf.constant([1.0, 2.0]))
-    kept.clear()
-    copied = jit(lambda x: pfb.numpy_function(keep, [x], tf.TensorSpec([2], tf.float32),
-                                              copy=True))
-    np.testing.assert_array_equal(copied(tf.constant([1.0, 2.0])).numpy(), [2, 3])
-
-
 def test_an_input_released_just_after_the_call_by_another_thread_is_no_error():
     """JAX computes asynchronously and drops its hold on an input's buffer on
     its own thread just after the result is ready: a hold let go within a
