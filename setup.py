@@ -13,6 +13,7 @@ The first two use the dlpack.h that ships in TensorFlow's wheel.
 import glob
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tensorflow as tf
@@ -54,11 +55,59 @@ with open(os.path.join(HERE, "pyfunc_bridge", "_build_config.py"), "w") as f:
     f.write(f"TF_VERSION = {tf.__version__!r}\n")
 
 
+# Compile jobs at once: every core unless PFB_BUILD_JOBS says otherwise.
+JOBS = int(os.environ.get("PFB_BUILD_JOBS") or len(os.sched_getaffinity(0)))
+
+
+def _up_to_date(obj, src, depends):
+    """Whether `obj` is newer than its source and every header it may include."""
+    if not os.path.exists(obj):
+        return False
+    built = os.path.getmtime(obj)
+    return all(os.path.getmtime(p) <= built for p in [src, *depends] if os.path.exists(p))
+
+
+def _compile_in_parallel(compiler, sources, output_dir=None, macros=None,
+                         include_dirs=None, debug=0, extra_preargs=None,
+                         extra_postargs=None, depends=None):
+    """CCompiler.compile, one source per job, skipping objects that are up to
+    date (distutils compiles an extension's sources one after another, all of
+    them each time)."""
+    macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+        output_dir, macros, include_dirs, sources, depends, extra_postargs)
+    cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+    stale = [obj for obj in objects
+             if not _up_to_date(obj, build[obj][0], depends or [])]
+
+    def one(obj):
+        src, ext = build[obj]
+        compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+    with ThreadPoolExecutor(max(1, JOBS)) as pool:
+        list(pool.map(one, stale))  # list(): re-raises a failed compile
+    return objects
+
+
 class BuildExt(build_ext):
-    """The kernel library is a plain shared object, not a Python module.  It
+    """Compiles each extension's sources in parallel and incrementally, and
+    without Python's default -g outside debug builds.
+
+    The kernel library is a plain shared object, not a Python module.  It
     keeps the Python-specific suffix (_kernels.cpython-312-x86_64-linux-gnu.so)
     because it calls CPython's thread-state API: one checkout can hold a build
     for each Python."""
+
+    def build_extensions(self):
+        if not DEBUG and not SANITIZE:
+            # Python's sysconfig CFLAGS carry -g: debug info triples the objects.
+            for attr in self.compiler.executables:
+                flags = getattr(self.compiler, attr, None)
+                if isinstance(flags, list):
+                    setattr(self.compiler, attr, [f for f in flags if f != "-g"])
+        compiler = self.compiler
+        compiler.compile = (lambda *args, **kwargs:
+                            _compile_in_parallel(compiler, *args, **kwargs))
+        super().build_extensions()
 
     def get_export_symbols(self, ext):
         if ext.name == "pyfunc_bridge._kernels":
