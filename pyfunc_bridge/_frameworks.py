@@ -22,14 +22,19 @@ class Adapter:
         types are judged by this adapter, whichever framework the op was built for.
     ``load()``
         imports the framework (called at graph construction).
+    ``mutable``
+        whether a function can write the framework's arrays in place: then,
+        under copy=None, an input whose memory TensorFlow shares is handed over
+        as a private copy (an immutable framework's never needs one).
     ``wrap_input(owner, copy)``
         one input as the framework's array.  ``owner`` is a DLPack exporter
         (``__dlpack__(*, stream, max_version, dl_device, copy)`` and
-        ``__dlpack_device__()``) over TensorFlow's read-only memory, consumable
-        once; ``copy=True`` asks for a private writable copy
+        ``__dlpack_device__()``) over TensorFlow's memory, consumable once:
+        read-only, or flagged IS_COPIED where it is the call's alone (then the
+        function may write it); ``copy=True`` asks for a private writable copy
         (``owner.__dlpack__(copy=True)`` makes one without consuming the owner).
     ``check_inputs(args)``
-        after the call (copy=None/False): may raise when the function wrote to an
+        after a call under copy=False: may raise when the function wrote to an
         input that its framework could not make read-only.
     ``writable_elsewhere(obj, outside_refs)``
         whether Python could still write result ``obj``'s memory after the call
@@ -56,6 +61,7 @@ class Adapter:
     name = None
     package = None
     modules = ()
+    mutable = True
 
     def __init__(self):
         self._loaded = False
@@ -96,9 +102,11 @@ class Adapter:
 
 
 class TorchAdapter(Adapter):
-    """torch tensors (CPU).  torch has no read-only tensors: inputs are
-    zero-copy tensors over TensorFlow's memory, and an in-place write to one
-    (seen through torch's version counter) fails the op."""
+    """torch tensors (CPU).  Inputs follow the input policy: zero-copy over
+    memory that is the call's alone, private copies of memory TensorFlow
+    shares.  Under copy=False they are zero-copy tensors over TensorFlow's
+    memory, and since torch has no read-only tensors an in-place write to
+    one (seen through torch's version counter) fails the op."""
 
     name = "torch"
     package = "torch"
@@ -118,10 +126,11 @@ class TorchAdapter(Adapter):
         for i, a in enumerate(args):
             if isinstance(a, self._tensor) and a._version != 0:
                 raise ValueError(
-                    f"the function wrote to input {i} in place; it is a torch tensor "
-                    f"over TensorFlow's memory, which must not change (torch tensors "
-                    f"cannot be read-only, so the write already happened). Use "
-                    f"copy=True to receive private writable copies, or clone() the input")
+                    f"the function wrote to input {i} in place; under copy=False it is a "
+                    f"torch tensor over TensorFlow's memory, which must not change (torch "
+                    f"tensors cannot be read-only, so the write already happened). Use "
+                    f"copy=None (the default) to receive inputs the function may write, "
+                    f"or clone() the input")
 
     def writable_elsewhere(self, t, outside_refs):
         self.load()  # a torch result of an op built for another framework
@@ -160,6 +169,7 @@ class JaxAdapter(Adapter):
 
     name = "jax"
     package = "jax"
+    mutable = False
     modules = ("jax", "jaxlib")
 
     def _import(self):
@@ -212,10 +222,12 @@ class _LegacyExporter:
 
 
 class CupyAdapter(Adapter):
-    """CuPy arrays (GPU only: CuPy cannot hold host memory).  Inputs are
-    zero-copy arrays over TensorFlow's device memory; CuPy has neither
-    read-only arrays nor a write counter, so writing to an input is a bug the
-    bridge cannot see (``copy=True`` gives private writable copies)."""
+    """CuPy arrays (GPU only: CuPy cannot hold host memory).  Inputs follow
+    the input policy (zero-copy where the memory is the call's alone, private
+    copies where TensorFlow shares it); under copy=False they are zero-copy
+    arrays over TensorFlow's device memory, and since CuPy has neither
+    read-only arrays nor a write counter, writing to one is a bug the bridge
+    cannot see."""
 
     name = "cupy"
     package = "cupy-cuda12x"

@@ -82,7 +82,11 @@ typedef struct PfbCall {
   int32_t copy_mode;
   int32_t flags;
   int32_t num_inputs;
-  /* Ownership of every input passes to the callee, on success and on error. */
+  /* Ownership of every input passes to the callee, on success and on error.
+   * Each is flagged DLPACK_FLAG_BITMASK_READ_ONLY (memory others may read:
+   * a TF buffer another tensor shares) or DLPACK_FLAG_BITMASK_IS_COPIED (the
+   * call's alone: a TF buffer nothing else references, or a copy; the
+   * function may write it, and no one else will see the write). */
   DLManagedTensorVersioned* const* inputs;
   int32_t num_outputs;
   const PfbOutputSpec* output_specs;
@@ -90,7 +94,9 @@ typedef struct PfbCall {
    * must call its deleter with the GIL held or takeable.  Each has the
    * declared dtype and device and is either empty (no element) or compact
    * row-major with strides == NULL and data aligned to PFB_TENSOR_ALIGNMENT:
-   * the callee makes every copy, the caller wraps without one. */
+   * the callee makes every copy, the caller wraps without one.  Flagged
+   * DLPACK_FLAG_BITMASK_IS_COPIED when nothing but the tensor reaches its
+   * memory: the caller may then write it in place. */
   DLManagedTensorVersioned** outputs;
   /* The op's TF device, e.g. "/job:localhost/replica:0/task:0/device:CPU:0". */
   const char* device_name;

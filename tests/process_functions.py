@@ -475,3 +475,15 @@ class SlowToLoad:
 def load_slowly(seconds, call_seconds):
     time.sleep(seconds)
     return SlowToLoad(seconds, call_seconds)
+
+
+def normalize_in_place(img):
+    # As augmentation code writes it for tf.numpy_function.
+    img -= 1.0
+    img /= 2.0
+    return img
+
+
+def torch_normalize_in_place(t):
+    t.sub_(1.0).div_(2.0)
+    return t

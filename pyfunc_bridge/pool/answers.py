@@ -40,19 +40,19 @@ ring_answers = RingAnswers()
 _RING_ANSWER_SECONDS = 60.0
 
 
-def native_reply(pool_name, address, writable=False, counters=None):
+def native_reply(pool_name, address, copied=False, counters=None):
     """decode_answer of a call the kernel ran natively (`address`: its
     PfbDispatchCall, DONE) but whose reply it does not turn into outputs
     itself (an error, a pickled value, a result the op does not declare, or
     one copy=False may refuse).  Its route counted the call; `counters` get
     its results' share, as for ring_call's calls."""
-    return decode_answer(pool_name, pool_module().native_reply(address), writable, counters)
+    return decode_answer(pool_name, pool_module().native_reply(address), copied, counters)
 
 
-def decode_answer(pool_name, reply, writable, counters):
+def decode_answer(pool_name, reply, copied, counters):
     """(result, bytes moved, copy facts per result) of a DONE (the worker
     module's Reply, which holds its result blocks until each is claimed;
-    arrays over one hand it back when they go).  `writable`: copy=True,
+    arrays over one hand it back when they go).  `copied`: copy=True,
     which saves no copy."""
     pw = pool_module()
     from pyfunc_bridge import _library
@@ -69,7 +69,7 @@ def decode_answer(pool_name, reply, writable, counters):
 
     def count(bytes_out, saved):
         if counters is not None and statistics.counting():
-            counters.add_results(bytes_out, 0 if writable else saved)
+            counters.add_results(bytes_out, 0 if copied else saved)
 
     if message.status == pw.STATUS_SOCKET:
         ok, data, facts = ring_answers.take(message.call_id, pool_name)

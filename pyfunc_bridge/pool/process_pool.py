@@ -212,11 +212,13 @@ class ProcessPool(Supervision):
 
     # ------------------------------------------------ the converter's side --
 
-    def ring_call(self, func, framework, args, writable, scalars, facts=False):
+    def ring_call(self, func, framework, args, writable, scalars, facts=False, copied=False):
         """Runs `func` on `args` (the values _input_arrays made) in a worker
         over the rings (Route.call; docs/pool.md, "A Python call"): returns
         (the route, which a kernel may keep for its later calls; (result,
-        bytes the worker wrote to shared memory, copy facts per result))."""
+        bytes the worker wrote to shared memory, copy facts per result)).
+        `writable`: the function may write its inputs (PFB_POOL_CALL_WRITABLE);
+        `copied`: copy=True, whose results are copied out of the arena."""
         route = self.native_route(func, framework, writable, scalars, facts)
         if route is None:
             raise self._closed_error()
@@ -250,7 +252,7 @@ class ProcessPool(Supervision):
         if traced:
             conversion.trace_worker(traced, reply.message.stamp, reply.message.ended,
                                     self._workers[index].pid)
-        return route, decode_answer(self.name, reply, writable, self._counters)
+        return route, decode_answer(self.name, reply, copied, self._counters)
 
     def native_route(self, func, framework, writable, scalars, facts=False):
         """The Route of `func`'s calls with these CALL flags (shm_layout.h,
@@ -289,8 +291,8 @@ class ProcessPool(Supervision):
         if dispatch is not None:
             dispatch.forget(token)
 
-    def native_reply(self, address, writable):
-        return native_reply(self.name, address, writable, self._counters)
+    def native_reply(self, address, copied):
+        return native_reply(self.name, address, copied, self._counters)
 
     # --------------------------------------------------------------- close --
 
@@ -393,12 +395,13 @@ class _DefaultPool:
     meanwhile by another thread (closed, then started anew) never sees a
     call that began in the old one."""
 
-    def ring_call(self, func, framework, args, writable, scalars, facts=False):
-        return default_pool().ring_call(func, framework, args, writable, scalars, facts)
+    def ring_call(self, func, framework, args, writable, scalars, facts=False, copied=False):
+        return default_pool().ring_call(func, framework, args, writable, scalars, facts,
+                                        copied)
 
-    def native_reply(self, address, writable):
+    def native_reply(self, address, copied):
         # (Pools of one name share a record: the default pool's, whichever ran it.)
-        return native_reply(repr(self), address, writable,
+        return native_reply(repr(self), address, copied,
                             statistics.record(_DEFAULT_POOL_NAME))
 
     def __repr__(self):

@@ -204,8 +204,8 @@ class RingServer:
 
     def pulled(self, value, flags):
         """An input (pulled over the socket, or a block's numbers) as the
-        function gets it: written only under copy=True, as the bridge's
-        inputs are, and by torch (which has no read-only tensors); 0-d a
+        function gets it: writable unless copy=False (the block is the call's
+        own copy), and always under torch (which has no read-only tensors); 0-d a
         NumPy scalar under PFB_POOL_CALL_SCALARS.  A value the records
         cannot describe stays as it came."""
         pw, np = self.pw, self.worker.np

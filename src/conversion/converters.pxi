@@ -80,7 +80,7 @@ cdef class _FrameworkConverter(_NumpyConverter):
 
     cdef object call(self, PfbCall* call, object entry, tuple args, _CallCounts* counts):
         result = entry.func(*args)
-        if call.copy_mode != PFB_COPY_TRUE:
+        if call.copy_mode == PFB_COPY_FALSE:  # otherwise every input is the call's own
             self.adapter.check_inputs(args)
         return result
 
@@ -121,20 +121,41 @@ cdef object _scalar_input(object view):
     return view[()]
 
 
+cdef bint _own_input(_DLPackOwner owner, int copy_mode):
+    """Whether an input is the call's alone (IS_COPIED, bridge_abi.h: TF's
+    buffer that nothing else references, or a copy), so that under copy=None
+    the function may write it without a copy; marks the owner so."""
+    owner.private = (copy_mode == PFB_COPY_NONE and owner.managed != NULL
+                     and owner.managed.flags & DLPACK_FLAG_BITMASK_IS_COPIED != 0)
+    return owner.private
+
+
+cdef int64_t* _input_counter(_CallCounts* counts, int copy_mode, bint own) noexcept:
+    """Where a numeric input's bytes count under the input policy (_input_arrays)."""
+    if copy_mode == PFB_COPY_NONE and not own:
+        return &counts.copied[_SHARED_INPUT]
+    return _numeric_counter(counts, copy_mode)
+
+
 cdef tuple _input_arrays(tuple args, int copy_mode, bint scalars, _CallCounts* counts):
-    """Swaps each owner for an ndarray: a read-only view, or a private copy
-    (copy=True); with `scalars`, a 0-d input for a NumPy scalar (_scalar_input).
-    Counts each input into `counts` (NULL: not counted) in the same pass."""
+    """Swaps each owner for an ndarray, by the input policy: under copy=None
+    writable, a zero-copy view of memory that is the call's alone and a
+    private copy of memory TF shares ("shared_input"); a private copy under
+    copy=True; a read-only view under copy=False.  With `scalars`, a 0-d input
+    becomes a NumPy scalar (_scalar_input).  Counts each input into `counts`
+    (NULL: not counted) in the same pass."""
     cdef Py_ssize_t i, n = len(args)
-    cdef bint private = copy_mode == PFB_COPY_TRUE
+    cdef bint own
     for i in range(n):
-        view = _view(<_DLPackOwner>args[i], False)
+        own = _own_input(<_DLPackOwner>args[i], copy_mode)
+        view = _view(<_DLPackOwner>args[i], own)
         if scalars and cnp.PyArray_NDIM(view) == 0:
             view = _scalar_input(view)
-        elif private and cnp.PyArray_TYPE(view) != cnp.NPY_OBJECT:
+        elif (copy_mode != PFB_COPY_FALSE and not own and cnp.PyArray_SIZE(view) != 0
+                and cnp.PyArray_TYPE(view) != cnp.NPY_OBJECT):
             view = np.array(view, copy=True)
         if counts != NULL:
-            _count_input(counts, view, _numeric_counter(counts, copy_mode))
+            _count_input(counts, view, _input_counter(counts, copy_mode, own))
         _swap(args, i, view)  # the view (or the scalar) replaces the owner
     return args
 
@@ -144,7 +165,6 @@ cdef list _framework_inputs(tuple args, object adapter, int copy_mode):
     arrays).  Returns the inputs' memory ranges [(start, end), ...]."""
     cdef Py_ssize_t i
     cdef DLTensor* t
-    cdef bint private = copy_mode == PFB_COPY_TRUE
     cdef list ranges = []
     wrap = adapter.wrap_input
     for i in range(len(args)):
@@ -155,7 +175,11 @@ cdef list _framework_inputs(tuple args, object adapter, int copy_mode):
         else:
             start = <uintptr_t>t.data + t.byte_offset
             ranges.append((start, start + _nbytes(t)))
-            value = wrap(owner, private)
+            # The input policy (_input_arrays) for frameworks that can write
+            # their arrays; an immutable framework's (JAX) need no copy.
+            value = wrap(owner, copy_mode == PFB_COPY_TRUE or (
+                copy_mode == PFB_COPY_NONE and adapter.mutable
+                and not _own_input(owner, copy_mode)))
         _swap(args, i, value)
     return ranges
 

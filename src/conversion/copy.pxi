@@ -8,7 +8,7 @@
 # a worker process, executor=); the order of the statistics' counters (stats.pxi)
 # and of pyfunc_bridge.stats()'s bytes_copied.
 COPY_REASONS = ("unaligned", "non_contiguous", "aliasing", "dtype_conversion",
-                "string", "copy_requested", "lazy_view", "worker")
+                "string", "copy_requested", "lazy_view", "worker", "shared_input")
 
 _COPY_REASON_TEXT = {
     "aliasing": "its memory is still reachable from Python after the call (a global, "
@@ -18,6 +18,9 @@ _COPY_REASON_TEXT = {
     "unaligned": "its data is not 64-byte aligned, which TensorFlow needs to share it",
     "lazy_view": "it is a lazy conjugate or negative view (torch), whose memory does not "
                  "hold its values until it is resolved into a new tensor",
+    "shared_input": "TensorFlow shares the input's buffer with other tensors (a constant, "
+                    "an eager tensor Python holds, a slice of a bigger tensor), so the "
+                    "function, which may write its inputs in place, gets a private copy",
 }
 
 # copy= -> (the ops' `copy` attribute, bridge_abi.h's PFB_COPY_*).
@@ -122,12 +125,43 @@ cdef bint _array_writable_elsewhere(PyObject* obj, Py_ssize_t outside_refs):
         last = base
         base = PyArray_BASE(<PyArrayObject*>base)
     if base != NULL:
-        # A view of memory we did not allocate: safe only for read-only input views.
-        exclusive = (Py_TYPE(base) == <PyTypeObject*>_DLPackOwner
-                     and not (<_DLPackOwner>base).writable)
+        # A view of memory we did not allocate: safe for read-only input views
+        # (nobody can write TF's memory through them), and for an input that
+        # is the call's alone when only this private chain reaches it.
+        if Py_TYPE(base) == <PyTypeObject*>_DLPackOwner and not (<_DLPackOwner>base).writable:
+            exclusive = True
+        else:
+            exclusive = exclusive and _private_input(base)
     elif not (PyArray_FLAGS(<PyArrayObject*>last) & NPY_ARRAY_OWNDATA):
         exclusive = False  # foreign memory wrapped without an owner
     return not exclusive
+
+
+cdef bint _private_input(PyObject* base):
+    """Whether `base`, the end of a base chain, is an input that is the call's
+    alone (IS_COPIED, bridge_abi.h) and that the chain is the only referrer of."""
+    if Py_TYPE(base) != <PyTypeObject*>_DLPackOwner:
+        return False
+    # Read before the cast below, which may take a reference.
+    cdef bint sole = Py_REFCNT(base) == 1 and not _weakly_referenced(base)
+    return sole and (<_DLPackOwner>base).private
+
+
+cdef bint _owned_memory(PyObject* obj):
+    """Whether nothing but the array `obj`'s base chain reaches its memory, so
+    TF may write it in place once it is handed over (IS_COPIED): every array
+    on the chain referenced only by its successor, ending at an array that
+    owns its data or at an input that is the call's alone.  Decided after
+    the copy decision made the chain private (_array_writable_elsewhere)."""
+    cdef PyObject* base = PyArray_BASE(<PyArrayObject*>obj)
+    while base != NULL and PyArray_Check(base):
+        if Py_REFCNT(base) != 1 or _weakly_referenced(base):
+            return False
+        obj = base
+        base = PyArray_BASE(<PyArrayObject*>base)
+    if base == NULL:
+        return (PyArray_FLAGS(<PyArrayObject*>obj) & NPY_ARRAY_OWNDATA) != 0
+    return _private_input(base)
 
 
 cdef bint _readonly_memory(object arr):
@@ -179,7 +213,7 @@ cdef DLManagedTensorVersioned* _input_given_back(PyObject* raw, Py_ssize_t outsi
             or Py_REFCNT(base) != 1 or _weakly_referenced(raw)):
         return NULL
     cdef DLManagedTensorVersioned* m = (<_DLPackOwner>base).managed
-    if m == NULL or (<_DLPackOwner>base).writable:
+    if m == NULL or ((<_DLPackOwner>base).writable and not (<_DLPackOwner>base).private):
         return NULL
     cdef DLTensor* t = &m.dl_tensor
     cdef int i

@@ -14,6 +14,9 @@ cdef class _DLPackOwner:
     """
     cdef DLManagedTensorVersioned* managed
     cdef readonly bint writable
+    # A call's input that is the call's alone (IS_COPIED, bridge_abi.h): its
+    # views may be written, and seen by no one once they are gone.
+    cdef bint private
     # A view or an earlier export still uses `managed`: exports share it.
     cdef bint shared
     # Called with the consumer's stream before CUDA memory is exported (None: nothing to wait for).
@@ -163,8 +166,11 @@ cdef DLManagedTensorVersioned* _export(object keep_alive, DLDataType dtype,
     return m
 
 
-cdef DLManagedTensorVersioned* _export_array(cnp.ndarray arr, DLDataType dtype) except NULL:
-    """A DLPack tensor viewing `arr` (strides given only when not C-contiguous)."""
+cdef DLManagedTensorVersioned* _export_array(cnp.ndarray arr, DLDataType dtype,
+                                             bint owned=False) except NULL:
+    """A DLPack tensor viewing `arr` (strides given only when not C-contiguous);
+    `owned`: nothing else reaches its memory (flagged IS_COPIED)."""
     return _export(arr, dtype, arr.ndim, <npy_intp*>cnp.PyArray_DIMS(arr),
                    NULL if cnp.PyArray_IS_C_CONTIGUOUS(arr) else <npy_intp*>cnp.PyArray_STRIDES(arr),
-                   cnp.PyArray_ITEMSIZE(arr), cnp.PyArray_DATA(arr), 0)
+                   cnp.PyArray_ITEMSIZE(arr), cnp.PyArray_DATA(arr),
+                   DLPACK_FLAG_BITMASK_IS_COPIED if owned else 0)

@@ -28,8 +28,9 @@ ERROR_CODES = (
 )
 
 _READ_ONLY_HINT = (
-    "pyfunc_bridge passes inputs as read-only views of TensorFlow's memory; use "
-    "copy=True to receive private writable copies, or copy the array yourself "
+    "under copy=False pyfunc_bridge passes inputs as read-only views of "
+    "TensorFlow's memory; use copy=None (the default) to receive writable inputs "
+    "(copied only where TensorFlow shares them), or copy the array yourself "
     "(arr.copy())")
 
 

@@ -423,4 +423,8 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
     if counts != NULL:
         _count_bytes(counts, reason if reason is not None else converted,
                      cnp.PyArray_NBYTES(checked))
-    return _export_array(checked, spec.dtype)
+    # Memory only this export reaches may be written in place by the ops that
+    # consume it (the next bridge call's input policy, TF's in-place kernels).
+    return _export_array(checked, spec.dtype,
+                         reason is not None or (not foreign and not pooled
+                                                and _owned_memory(<PyObject*>checked)))

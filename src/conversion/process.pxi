@@ -90,22 +90,25 @@ cdef class _ProcessConverter(_NumpyConverter):
     cdef list inputs(self, PfbCall* call, tuple args, _CallCounts* counts):
         # Read-only views suffice: the worker's copy is the call's own (call()
         # counts it).
-        _input_arrays(args, PFB_COPY_NONE, self.scalars, NULL)
+        _input_arrays(args, PFB_COPY_FALSE, self.scalars, NULL)
         return None
 
     cdef object call(self, PfbCall* call, object entry, tuple args, _CallCounts* counts):
-        cdef bint writable = call.copy_mode == PFB_COPY_TRUE
+        # The worker's inputs are the call's own copies: the function may write
+        # them, as in-process it may write what is the call's alone.
+        cdef bint writable = call.copy_mode != PFB_COPY_FALSE
+        cdef bint copied = call.copy_mode == PFB_COPY_TRUE
         if call.reply != NULL:
             # The kernel ran it natively; its reply's result blocks are ours.
             address = <uintptr_t>call.reply
             call.reply = NULL
-            result, moved, facts = self.pool.native_reply(address, writable)
+            result, moved, facts = self.pool.native_reply(address, copied)
         else:
             if counts != NULL:  # numbers: to shared memory
                 _count_inputs(counts, args, &counts.copied[_WORKER])
             facts = call.copy_mode == PFB_COPY_FALSE  # the worker sends its copy facts
             route, answer = self.pool.ring_call(entry.func, self.framework, args, writable,
-                                                self.scalars, facts)
+                                                self.scalars, facts, copied)
             _count_route(entry, route)  # its pool figures: pfb.stats() reads them
             result, moved, facts = answer
             answer = None

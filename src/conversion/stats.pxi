@@ -36,10 +36,11 @@ cdef extern from *:
 
 # _CallCounts.copied is in the order of COPY_REASONS (copy.pxi).
 cdef enum:
-    _NUM_REASONS = 8
+    _NUM_REASONS = 9
     _STRING = 4
     _COPY_REQUESTED = 5
     _WORKER = 7
+    _SHARED_INPUT = 8
 cdef dict _REASON_INDEX = {reason: i for i, reason in enumerate(COPY_REASONS)}
 
 

@@ -111,15 +111,15 @@ absl::Status ReadCopyMode(tensorflow::OpKernelConstruction* ctx, int32_t* mode) 
 }
 
 absl::Status ExportInput(const Tensor& tensor, DLDevice device,
-                         DLManagedTensorVersioned** out) {
+                         DLManagedTensorVersioned** out, bool exclusive) {
   auto* e = new InputExport;
   e->tensor = tensor;  // takes a reference on the buffer
   DLManagedTensorVersioned& m = e->managed;
   m.version = DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
   m.manager_ctx = e;
   m.deleter = DeleteInputExport;
-  // TF tensors are immutable: the consumer must not write through this.
-  m.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+  // TF tensors are immutable to all but their sole holder.
+  m.flags = exclusive ? DLPACK_FLAG_BITMASK_IS_COPIED : DLPACK_FLAG_BITMASK_READ_ONLY;
   DLTensor& t = m.dl_tensor;
   absl::Status s = ToDLDataType(tensor.dtype(), &t.dtype);
   if (!s.ok()) {
@@ -166,8 +166,12 @@ class DLPackBuffer : public tensorflow::TensorBuffer {
     proto->set_allocated_bytes(static_cast<int64_t>(size_));
     proto->set_allocator_name("pyfunc_bridge");
   }
-  // Never let TF forward this buffer to an op that writes in place.
-  bool OwnsMemory() const override { return false; }
+  // Memory the producer gave away (IS_COPIED: nothing else reaches it) may
+  // be written in place by TF's kernels and the next bridge call; any other
+  // may be reachable elsewhere.
+  bool OwnsMemory() const override {
+    return (managed_->flags & DLPACK_FLAG_BITMASK_IS_COPIED) != 0;
+  }
 
  private:
   DLManagedTensorVersioned* managed_;
@@ -417,8 +421,12 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
     const bool host = !on_gpu_ ||
                       ctx->input_memory_type(i) == tensorflow::HOST_MEMORY;
     DLManagedTensorVersioned* managed = nullptr;
-    absl::Status s = ExportInput(ctx->input(i),
-                                 host ? DLDevice{kDLCPU, 0} : device_, &managed);
+    const Tensor& input = ctx->input(i);
+    // TF's own test for writing an input in place (forward_input): nothing
+    // but this call holds its buffer, so a write to it is seen nowhere else.
+    const bool exclusive = input.dtype() != tensorflow::DT_STRING && input.RefCountIsOne();
+    absl::Status s = ExportInput(input, host ? DLDevice{kDLCPU, 0} : device_, &managed,
+                                 exclusive);
     if (!s.ok()) return fail(s);
     inputs.push_back(managed);
   }

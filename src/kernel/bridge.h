@@ -18,11 +18,12 @@ namespace pyfunc_bridge {
 // for a dtype the bridge does not hand over.
 absl::Status ToDLDataType(tensorflow::DataType dtype, DLDataType* out);
 
-// `tensor` as a DLPack tensor (READ_ONLY; strings as PfbStringRef records)
-// that holds a reference on its TF buffer until its deleter runs (no GIL
-// needed); `device`: where its memory is.
+// `tensor` as a DLPack tensor (strings as PfbStringRef records) that holds a
+// reference on its TF buffer until its deleter runs (no GIL needed);
+// `device`: where its memory is.  READ_ONLY, or IS_COPIED when `exclusive`:
+// the caller held the only reference to the buffer (bridge_abi.h, inputs).
 absl::Status ExportInput(const tensorflow::Tensor& tensor, DLDevice device,
-                         DLManagedTensorVersioned** out);
+                         DLManagedTensorVersioned** out, bool exclusive = false);
 
 // The TF tensor behind a DLPack tensor that ExportInput made, or nullptr for
 // any other producer's.

@@ -1,8 +1,8 @@
 // The run-time half of the bridge ops under XLA (xla_call.h): the typed-FFI
 // handlers of the custom calls.  Each hands copies of XLA's input buffers to
 // the conversion layer's driver (the same call the TF kernels make,
-// bridge.cc) as read-only DLPack tensors, and copies the results into XLA's
-// output buffers.
+// bridge.cc) as DLPack tensors the call owns, and copies the results into
+// XLA's output buffers.
 #include "xla_call.h"
 
 #include <dlfcn.h>
@@ -126,8 +126,8 @@ absl::Status CopyInput(const Buffer& b, const Place& place,
   m.version = DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
   m.manager_ctx = input.get();
   m.deleter = DeleteOwnedInput;
-  // Read-only as TF's tensors are; IS_COPIED: no one else holds the memory.
-  m.flags = DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_COPIED;
+  // The call's alone (bridge_abi.h, inputs): the function may write it.
+  m.flags = DLPACK_FLAG_BITMASK_IS_COPIED;
   DLTensor& t = m.dl_tensor;
   t.data = data;
   t.device = place.device;

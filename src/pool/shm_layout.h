@@ -212,7 +212,8 @@ enum {
 
 /* PfbPoolMessage.flags of a CALL. */
 enum {
-  /* copy=True: the worker may write its inputs (they are the call's own). */
+  /* copy=True or None: the worker may write its inputs (they are the call's
+   * own copies); under copy=False they are read-only, as in-process. */
   PFB_POOL_CALL_WRITABLE = 1,
   /* 0-d inputs reach the function as NumPy scalars (numpy_function's and
    * py_func's graph calls), not as 0-d arrays. */

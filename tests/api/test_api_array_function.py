@@ -37,17 +37,24 @@ def test_torch_inputs_share_tf_memory_and_fresh_outputs_come_back_zero_copy(torc
 
     x, y = tf.constant(X), tf.constant(X + 1)
     for result in run_modes(lambda x, y: pfb.array_function(
-            f, [x, y], tf.float32, framework="torch"), x, y):
+            f, [x, y], tf.float32, framework="torch", copy=False), x, y):
         assert seen["inputs"] == (torch.Tensor, address(x), address(y))
         assert address(result) == seen["output"]
+        np.testing.assert_array_equal(result.numpy(), X * (X + 1))
+    # By default an input TF shares (x, held here) is a private copy the function may write.
+    for result in run_modes(lambda x, y: pfb.array_function(
+            f, [x, y], tf.float32, framework="torch"), x, y):
+        assert seen["inputs"][0] is torch.Tensor
+        assert address(x) not in seen["inputs"] and address(y) not in seen["inputs"]
         np.testing.assert_array_equal(result.numpy(), X * (X + 1))
 
 
 def test_torch_identity_and_view_of_input_alias_the_input(torch):
     x = tf.constant(X)
-    same = pfb.array_function(lambda a: a, [x], tf.float32, framework="torch")
+    same = pfb.array_function(lambda a: a, [x], tf.float32, framework="torch", copy=False)
     assert address(same) == address(x)
-    half = pfb.array_function(lambda a: a[:8], [x], tf.float32, framework="torch")
+    half = pfb.array_function(lambda a: a[:8], [x], tf.float32, framework="torch",
+                              copy=False)
     assert address(half) == address(x)
 
 
@@ -101,14 +108,18 @@ def test_torch_copy_true_gives_private_inputs_and_copied_outputs(torch):
     np.testing.assert_array_equal(x.numpy(), X)
 
 
-def test_torch_in_place_write_to_an_input_fails_the_op(torch):
+def test_torch_in_place_write_to_an_input_fails_the_op_under_copy_false(torch):
     def f(a):
         a.mul_(2)
         return a
 
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match="wrote to input 0 in place.*copy=True"):
-        pfb.array_function(f, [tf.constant(X)], tf.float32, framework="torch")
+                       match="wrote to input 0 in place.*copy=None"):
+        pfb.array_function(f, [tf.constant(X)], tf.float32, framework="torch", copy=False)
+    x = tf.constant(X)
+    np.testing.assert_array_equal(
+        pfb.array_function(f, [x], tf.float32, framework="torch").numpy(), X * 2)
+    np.testing.assert_array_equal(x.numpy(), X)
 
 
 def test_torch_dtype_and_shape_errors_name_the_output(torch):
@@ -368,7 +379,7 @@ def test_cuda_result_is_a_clear_error_on_the_cpu_kernel(torch):
 
 def test_numpy_framework_is_numpy_function():
     x = tf.constant(X)
-    result = pfb.array_function(lambda a: a, [x], tf.float32, framework="numpy")
+    result = pfb.array_function(lambda a: a, [x], tf.float32, framework="numpy", copy=False)
     assert address(result) == address(x)
 
 

@@ -138,8 +138,10 @@ def test_graph_calls_are_events_whose_metadata_is_the_statistics(tmp_path, stats
         assert call.stats["stats_name"] == "scale_node"
         assert call.stats["bytes_in"] == 256 * 4 + 3
         assert call.stats["bytes_out"] == 2 * 256 * 4 + 4
-        assert copied(call.stats) == {"non_contiguous": 256 * 4, "string": 3 + 4}
-        assert call.stats["copy_reasons"] == "non_contiguous string"
+        # (`values`, an argument Python holds, is shared: copied on the way in)
+        assert copied(call.stats) == {"non_contiguous": 256 * 4, "string": 3 + 4,
+                                      "shared_input": 256 * 4}
+        assert call.stats["copy_reasons"] == "non_contiguous string shared_input"
         assert "error" not in call.stats
         # Inside the kernel's own event (TF's executor records the op by node name).
         assert any(e.name.startswith("scale_node") for e in events
@@ -164,7 +166,7 @@ def test_eager_calls_are_events_on_the_calling_thread(tmp_path, stats_on):
     assert unnamed.stats["stats_name"] == "returns_global" and named.stats["stats_name"] == "named"
     for call, entry in ((unnamed, "returns_global"), (named, "named")):
         check_against_stats([call], events, pfb.stats().functions[entry])
-        assert copied(call.stats) == {"aliasing": 64 * 4}
+        assert copied(call.stats) == {"aliasing": 64 * 4, "shared_input": 64 * 4}
 
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])

@@ -13,7 +13,7 @@ import tensorflow as tf
 import pyfunc_bridge as pfb
 
 REASONS = {"unaligned", "non_contiguous", "aliasing", "dtype_conversion", "string",
-           "copy_requested", "lazy_view", "worker"}
+           "copy_requested", "lazy_view", "worker", "shared_input"}
 X = np.arange(256, dtype=np.float32)  # 1 KiB
 KIB = 1024
 GLOBAL = np.zeros(256, np.float32)
@@ -44,8 +44,9 @@ def test_aligned_fresh_output_is_zero_copy(mode):
     _run(lambda a: a * 2, [X], tf.float32, mode, name="double")
     entry = pfb.stats().functions["double"]
     assert entry.calls == 1 and entry.errors == 0
-    assert entry.bytes_zero_copy == 2 * KIB  # the input view and the fresh output
-    assert _copied(entry) == {}
+    assert entry.bytes_zero_copy == KIB  # the fresh output
+    # The input is a constant TF shares: copied, so that the function may write it.
+    assert _copied(entry) == {"shared_input": KIB}
     assert set(entry.bytes_copied) == REASONS
 
 
@@ -76,10 +77,17 @@ def test_global_array_is_copied_as_aliasing():
 
 
 def test_pass_through_of_an_input_is_zero_copy():
-    pfb.numpy_function(lambda a: a, [X], tf.float32, name="identity")
+    pfb.numpy_function(lambda a: a, [X], tf.float32, name="identity", copy=False)
     entry = pfb.stats().functions["identity"]
     assert entry.bytes_zero_copy == 2 * KIB
     assert _copied(entry) == {}
+
+
+def test_pass_through_of_a_shared_input_copies_it_once():
+    pfb.numpy_function(lambda a: a, [X], tf.float32, name="identity")
+    entry = pfb.stats().functions["identity"]
+    assert entry.bytes_zero_copy == KIB  # the private copy, handed on
+    assert _copied(entry) == {"shared_input": KIB}
 
 
 def test_python_values_count_as_dtype_conversion():
@@ -100,8 +108,8 @@ def test_several_outputs_and_inputs_add_up():
     pfb.numpy_function(lambda a, b: (a + b, b[::2]), [X, X], [tf.float32, tf.float32],
                        name="pair")
     entry = pfb.stats().functions["pair"]
-    assert entry.bytes_zero_copy == 3 * KIB  # two inputs and a + b
-    assert _copied(entry) == {"non_contiguous": KIB // 2}
+    assert entry.bytes_zero_copy == KIB  # a + b
+    assert _copied(entry) == {"non_contiguous": KIB // 2, "shared_input": 2 * KIB}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -160,8 +168,8 @@ def test_total_sums_the_functions():
     pfb.numpy_function(lambda a: a, [X], tf.float32, name="two", copy=True)
     snapshot = pfb.stats()
     assert snapshot.total.calls == 2
-    assert snapshot.total.bytes_zero_copy == 2 * KIB
-    assert _copied(snapshot.total) == {"copy_requested": 2 * KIB}
+    assert snapshot.total.bytes_zero_copy == KIB
+    assert _copied(snapshot.total) == {"copy_requested": 2 * KIB, "shared_input": KIB}
     assert snapshot.total.seconds_in_function == pytest.approx(
         sum(e.seconds_in_function for e in snapshot.functions.values()))
 
@@ -203,8 +211,8 @@ def test_counting_is_on_by_default():
                          timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     on, copied, previous, off = run.stdout.split("\n")[-5:-1]
-    assert on == "True 1 48 1"  # 24 bytes in and 24 out, without a copy
-    assert copied == "{'non_contiguous': 24}"  # the transposed result
+    assert on == "True 1 24 1"  # 24 bytes out without a copy (the input is shared)
+    assert copied == "{'non_contiguous': 24, 'shared_input': 24}"  # the transposed result
     assert previous == "True"
     assert off == "False False"
 

@@ -124,15 +124,16 @@ def test_call_converts_and_consumes_inputs(api, registered):
 
     def func(a):
         seen["a"] = a.copy()
-        seen["readonly"] = not a.flags.writeable
+        seen["address"] = a.ctypes.data
         return a * 2
 
     producer = dl.Producer()
     x = np.arange(4, dtype=np.float32)
-    code, message, outs = dl.call(api, registered(func), [producer.tensor(x)], [dl.spec()])
+    code, message, outs = dl.call(api, registered(func), [producer.tensor(x, flags=0)],
+                                  [dl.spec()])
     assert (code, message) == (0, None)
     assert producer.deleted == 1
-    assert seen["readonly"] and (seen["a"] == x).all()
+    assert (seen["a"] == x).all()
     out = outs[0].contents
     t = out.dl_tensor
     assert (t.ndim, t.shape[0], t.dtype.code, t.dtype.bits) == (1, 4, dl.kDLFloat, 32)

@@ -28,8 +28,9 @@ def site():
 
 
 def _identity_call(api, key, site, producer, array=X):
+    # copy=False: the zero-copy views whatever the input's flags
     m = producer.tensor(array)
-    code, message, outs = dl.call(api, key, [m], [dl.spec()], site=site)
+    code, message, outs = dl.call(api, key, [m], [dl.spec()], site=site, copy_mode=2)
     return code, message, outs
 
 
@@ -206,9 +207,13 @@ def test_parallel_map_counts_add_up_exactly(stats_on):
     assert total == n * 4.0
     assert stats["hot_identity"].calls == n and stats["hot_plus"].calls == n
     assert stats["hot_identity"].errors == 0
-    assert stats["hot_identity"].bytes_zero_copy == n * 2 * X.nbytes  # in and out
+    # The dataset's one tensor is shared by every element: copied on the way
+    # in, so that the function may write it; that copy goes on zero-copy, and
+    # the next call holds it alone (IS_COPIED): zero-copy both ways.
+    assert stats["hot_identity"].bytes_zero_copy == n * X.nbytes
+    assert stats["hot_identity"].bytes_copied_total == n * X.nbytes
+    assert stats["hot_identity"].bytes_copied["shared_input"] == n * X.nbytes
     assert stats["hot_plus"].bytes_zero_copy == n * 2 * X.nbytes
-    assert stats["hot_identity"].bytes_copied_total == 0
     assert stats["hot_identity"].seconds_in_function > 0
 
 
@@ -272,16 +277,49 @@ def test_statistics_times_are_seconds(stats_on):
 
 # A result that is the bridge's whole view of an input, referenced by nothing
 # else, hands the input's own tensor back (the kernel then outputs TF's input
-# tensor itself): the output struct is the input struct.
+# tensor itself): the output struct is the input struct.  The input is a
+# read-only view (copy=False, or any input TF shares), or one that is the
+# call's alone (IS_COPIED) under the default.
 
-def _given_back(func, dtype_spec=None):
+def _given_back(func, dtype_spec=None, flags=dl.READ_ONLY, copy_mode=2, array=X):
     entry = pfb._registry.register(func)
     producer = dl.Producer()
-    m = producer.tensor(X)
+    m = producer.tensor(array, flags=flags)
     api = dl.bridge_api(conv._bridge_api)
-    code, message, outs = dl.call(api, entry.key, [m], [dtype_spec or dl.spec()])
+    code, message, outs = dl.call(api, entry.key, [m], [dtype_spec or dl.spec()],
+                                  copy_mode=copy_mode)
     assert code == 0, message
     return producer, m, outs
+
+
+def test_an_input_that_is_the_calls_alone_is_given_back_as_the_input_tensor():
+    def write_and_pass(a):
+        a += 1  # in place: the memory is the call's alone
+        return a
+
+    with conv.aligned_allocation():
+        own = np.arange(256, dtype=np.float32)
+    producer, m, outs = _given_back(write_and_pass, flags=dl.IS_COPIED, copy_mode=0,
+                                    array=own)
+    assert ctypes.addressof(outs[0].contents) == ctypes.addressof(m)  # the same struct
+    np.testing.assert_array_equal(own, np.arange(256) + 1)  # written where it lives
+    dl.release(outs)
+    assert producer.deleted == 1
+
+
+def test_a_kept_view_of_an_input_that_is_the_calls_alone_is_copied_out():
+    kept = []
+
+    def keep(a):
+        kept.append(a[:])  # Python could write it after the call
+        return a
+
+    producer, m, outs = _given_back(keep, flags=dl.IS_COPIED, copy_mode=0)
+    assert outs[0].contents.dl_tensor.data != X.ctypes.data
+    dl.release(outs)
+    del kept[:]
+    collect()
+    assert producer.deleted == 1
 
 
 def test_whole_input_view_is_given_back_as_the_input_tensor(stats_on):
@@ -351,7 +389,7 @@ def test_input_returned_twice_is_not_given_back_and_freed_once():
     producer = dl.Producer()
     m = producer.tensor(X)
     api = dl.bridge_api(conv._bridge_api)
-    code, message, outs = dl.call(api, entry.key, [m], [dl.spec(), dl.spec()])
+    code, message, outs = dl.call(api, entry.key, [m], [dl.spec(), dl.spec()], copy_mode=2)
     assert code == 0, message
     assert all(ctypes.addressof(o.contents) != ctypes.addressof(m) for o in outs)
     assert all(o.contents.dl_tensor.data == X.ctypes.data for o in outs)
@@ -379,7 +417,7 @@ def test_input_freed_once_when_an_output_fails():
 
 
 def test_graph_identity_outputs_the_input_tensor_itself():
-    run = tf.function(lambda x: pfb.numpy_function(lambda a: a, [x], tf.float32))
+    run = tf.function(lambda x: pfb.numpy_function(lambda a: a, [x], tf.float32, copy=False))
     x = tf.constant(X)
     for _ in range(3):
         y = run(x)

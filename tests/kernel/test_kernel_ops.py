@@ -35,12 +35,21 @@ class Recorder:
 
 # ------------------------------------------------------------- zero-copy --
 
-def test_inputs_are_zero_copy_read_only_views():
+def test_copy_false_inputs_are_zero_copy_read_only_views():
+    x = tf.constant(np.arange(1024, dtype=np.float32))
+    rec = Recorder(lambda a: a.sum(keepdims=True))
+    run(rec, [x], tf.float32, copy=False)
+    assert rec.inputs == [address(x)]
+    assert rec.writable == [False]
+
+
+def test_inputs_tf_shares_are_writable_private_copies():
+    """An eager tensor Python holds is shared: the input policy copies it."""
     x = tf.constant(np.arange(1024, dtype=np.float32))
     rec = Recorder(lambda a: a.sum(keepdims=True))
     run(rec, [x], tf.float32)
-    assert rec.inputs == [address(x)]
-    assert rec.writable == [False]
+    assert rec.inputs != [address(x)]
+    assert rec.writable == [True]
 
 
 def test_fresh_output_is_zero_copy():
@@ -70,22 +79,20 @@ def test_private_view_chain_of_fresh_array_is_zero_copy():
 
 def test_output_that_views_an_input_shares_tf_memory():
     x = tf.constant(np.arange(16, dtype=np.float32))
-    y = run(lambda a: a.reshape(4, 4), [x], tf.float32)
+    y = run(lambda a: a.reshape(4, 4), [x], tf.float32, copy=False)
     assert address(y) == address(x)
     del x
     collect()
     np.testing.assert_array_equal(y.numpy().ravel(), np.arange(16))
 
 
-# ------------------------------------------------------------ copy policy --
-
-def test_writing_to_an_input_is_an_error_that_mentions_copy_true():
+def test_writing_to_an_input_under_copy_false_is_an_error_that_mentions_copy_none():
     def write(a):
         a[0] = 1
         return a
 
-    with pytest.raises(tf.errors.InvalidArgumentError, match="copy=True"):
-        run(write, [tf.constant([0.0, 0.0])], tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="copy=None"):
+        run(write, [tf.constant([0.0, 0.0])], tf.float32, copy=False)
 
 
 def test_input_views_cannot_be_made_writable():
@@ -94,7 +101,18 @@ def test_input_views_cannot_be_made_writable():
         return a
 
     with pytest.raises(tf.errors.InvalidArgumentError, match="WRITEABLE"):
-        run(unlock, [tf.constant([0.0, 0.0])], tf.float32)
+        run(unlock, [tf.constant([0.0, 0.0])], tf.float32, copy=False)
+
+
+def test_writing_to_an_input_under_the_default_changes_no_tensor():
+    x = tf.constant([0.0, 0.0])
+
+    def write(a):
+        a[0] = 1
+        return a
+
+    np.testing.assert_array_equal(run(write, [x], tf.float32).numpy(), [1, 0])
+    np.testing.assert_array_equal(x.numpy(), [0, 0])
 
 
 def test_copy_true_gives_private_writable_inputs_and_copied_outputs():
@@ -213,7 +231,7 @@ def test_every_numeric_dtype_round_trips_zero_copy(dtype):
         values[-1] = np.iinfo(dtype).max
     x = tf.constant(values)
     rec = Recorder(lambda a: a.copy())
-    y = run(rec, [x], x.dtype)
+    y = run(rec, [x], x.dtype, copy=False)
     assert rec.inputs == [address(x)]
     assert address(y) == rec.output
     assert y.dtype == x.dtype

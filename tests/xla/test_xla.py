@@ -159,16 +159,19 @@ def test_array_function_that_returns_its_input(framework):
 
 def test_results_are_copied_into_xla_buffers():
     """A result that keeps the input's memory (a pass-through) reaches the
-    output by XLA's copy, and the input is XLA's, read-only to the function."""
-    seen = {}
+    output by XLA's copy; the input is the call's own copy, writable to the
+    function (read-only under copy=False)."""
+    seen = []
 
     def keep(a):
-        seen["writeable"] = a.flags.writeable
+        seen.append(a.flags.writeable)
         return a
 
-    f = jit(lambda x: pfb.numpy_function(keep, [x + 0], tf.TensorSpec([3], tf.float32)) * 2)
-    np.testing.assert_array_equal(f(tf.constant([1.0, 2.0, 3.0])).numpy(), [2, 4, 6])
-    assert seen["writeable"] is False
+    for copy in (None, False):
+        f = jit(lambda x: pfb.numpy_function(keep, [x + 0], tf.TensorSpec([3], tf.float32),
+                                             copy=copy) * 2)
+        np.testing.assert_array_equal(f(tf.constant([1.0, 2.0, 3.0])).numpy(), [2, 4, 6])
+    assert seen == [True, False]
 
 
 
