@@ -2,13 +2,16 @@
 
 A key is ``module:qualname@<uuid>``: unique for the life of the process (never
 a reused counter) and carrying an importable reference to the function.  Each
-graph that contains a bridge op holds the function's entry; the registry itself
-holds only a weak reference, so an entry goes when its last graph goes.
+graph that contains a bridge op holds the function's entry (and the Defun
+definition a graph is traced for); the registry itself holds only a weak
+reference, so an entry goes when its last holder goes.
 """
+import functools
+import sys
 import uuid
 import weakref
 
-from tensorflow.python.framework import func_graph as _func_graph
+from tensorflow.python.framework import function as _function
 from tensorflow.python.framework import ops as _tf_ops
 
 from pyfunc_bridge import _library
@@ -76,7 +79,9 @@ def register(func, framework=None, name=None, eager=False, executor=None, api=No
     functions = _library.conversion().registry()
     key = f"{function_reference(func)}@{uuid.uuid4().hex}"
     entry = Entry(func, key, framework, name=name, eager=eager, executor=executor, api=api)
-    functions[key] = weakref.ref(entry, lambda ref: _forget(functions, key, ref))
+    # A partial, not a lambda: it holds _forget itself, which the module's
+    # globals no longer do when entries still held at exit are collected.
+    functions[key] = weakref.ref(entry, functools.partial(_forget, functions, key))
     return entry
 
 
@@ -95,7 +100,8 @@ def owning_graphs(graph):
     """The graphs that must keep an op's function alive.
 
     That is `graph` and every graph it is nested in (while-loop bodies, cond
-    branches, tf.function bodies), except the global graph behind eager
+    branches, tf.function bodies, the graphs of the older ``Defun`` functions
+    that tf.data's legacy map builds), except the global graph behind eager
     execution, which lives forever.  Holding it in all of them keeps it alive
     as long as any of them can still run the op.
     """
@@ -104,15 +110,45 @@ def owning_graphs(graph):
         graphs.append(graph)
         graph = getattr(graph, "outer_graph", None)
     if _tf_ops.executing_eagerly_outside_functions():
-        graphs = [g for g in graphs if isinstance(g, _func_graph.FuncGraph)]
+        graphs = [g for g in graphs if g.building_function]
     return graphs
 
 
+def _defun_owner(graph):
+    """The ``_DefinedFunction`` (framework/function.py) whose graph `graph` is
+    while it is being traced, or None.
+
+    Such a graph is dropped once its function definition is made, and the
+    definition object lives on (in a dataset's map function, a Defun's
+    callers; TensorFlow removes the definition from the eager context when it
+    goes), so it is that object which must hold the functions.  Found on the
+    stack: the tracing frame names the graph it builds, its caller the
+    definition."""
+    if not isinstance(graph, _function._FuncGraph):
+        return None
+    frame = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_code is _function.func_graph_from_py_func.__code__
+                and frame.f_locals.get("func_graph") is graph):
+            caller = frame.f_back
+            if caller is not None and caller.f_code is _CREATE_DEFINITION:
+                return caller.f_locals.get("self")
+            return None
+        frame = frame.f_back
+    return None
+
+
+_CREATE_DEFINITION = _function._DefinedFunction._create_definition_if_needed_impl.__code__
+
+
 def keep_alive(entry, graph):
-    """Makes `graph` and its outer graphs hold `entry`."""
-    for g in owning_graphs(graph):
-        held = getattr(g, _GRAPH_ATTR, None)
+    """Makes `graph`, its outer graphs and the Defun definitions they are being
+    traced for hold `entry`."""
+    graphs = owning_graphs(graph)
+    owners = graphs + [d for d in map(_defun_owner, graphs) if d is not None]
+    for owner in owners:
+        held = getattr(owner, _GRAPH_ATTR, None)
         if held is None:
             held = []
-            setattr(g, _GRAPH_ATTR, held)
+            setattr(owner, _GRAPH_ATTR, held)
         held.append(entry)

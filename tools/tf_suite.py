@@ -3,8 +3,11 @@
     python -m tools.tf_suite PATH/TO/py_func_test.py [--tf1] [--json OUT] [--logs DIR]
 
 PATH is ``tensorflow/python/kernel_tests/py_func_test.py`` (or
-``tensorflow/python/ops/script_ops_test.py``) of a TensorFlow 2.21 source
-checkout (neither is in the wheel, and this project keeps no copy).
+``tensorflow/python/ops/script_ops_test.py``, or tf.data's
+``tensorflow/python/data/kernel_tests/map_test.py``) of a TensorFlow 2.21
+source checkout (none is in the wheel, and this project keeps no copy; the
+test helpers map_test.py imports are).  A module a file imports under a name
+TensorFlow has since moved (MOVED_MODULES) is aliased to its new one.
 The file runs twice, each in a fresh interpreter: once as it is (TensorFlow's
 result), once with TensorFlow's functions replaced by pfb's (``script_ops``'
 ``py_func``, ``numpy_function`` and ``eager_py_func``, and the ``tf.*`` and
@@ -33,6 +36,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,6 +64,13 @@ TF_V1_NAMES = {"py_func": "py_func", "numpy_function": "numpy_function",
                "py_function": "eager_py_func"}
 
 STATUSES = ("pass", "fail", "error", "skip", "timeout", "crash", "not run")
+
+# Modules TensorFlow moved since a test file was written (old name -> new): the
+# file imports the old name, which the children make an alias of the new.
+MOVED_MODULES = {
+    # map_test.py's trackable_utils (TensorFlow 2.21 has only the new module).
+    "tensorflow.python.training.tracking.util": "tensorflow.python.checkpoint.checkpoint",
+}
 
 
 # ----- the child: runs the file's tests and writes one JSON line per event -----
@@ -91,6 +102,34 @@ def patch_with_pfb():
     for name, ours in TF_V1_NAMES.items():
         setattr(tf.compat.v1, name, getattr(pfb, ours))
     script_ops._py_funcs = _PfbRegistrySize()
+
+
+def alias_moved_modules(moved=None):
+    """Makes each old name of `moved` (default MOVED_MODULES) that no longer
+    imports an alias of its new module, so that the file loads as written.
+
+    A missing parent package becomes an empty package; a name that still
+    imports is left alone."""
+    for old, new in (MOVED_MODULES if moved is None else moved).items():
+        try:
+            importlib.import_module(old)
+            continue
+        except ModuleNotFoundError:
+            pass
+        parts = old.split(".")
+        for i in range(1, len(parts)):
+            name = ".".join(parts[:i])
+            try:
+                importlib.import_module(name)
+            except ModuleNotFoundError:
+                package = types.ModuleType(name)
+                package.__path__ = []
+                sys.modules[name] = package
+                if i > 1:
+                    setattr(sys.modules[".".join(parts[:i - 1])], parts[i - 1], package)
+        module = importlib.import_module(new)
+        sys.modules[old] = module
+        setattr(sys.modules[".".join(parts[:-1])], parts[-1], module)
 
 
 def missing_package(exc):
@@ -189,6 +228,7 @@ def run_child(side, path, out_path, exclude, tf1=False):
                 tensorflow.compat.v1.disable_v2_behavior()
             from absl import flags
             flags.FLAGS(sys.argv[:1], known_only=True)  # test_util reads flags
+            alias_moved_modules()
             if side == "pfb":
                 patch_with_pfb()
             spec = importlib.util.spec_from_file_location(name, path)

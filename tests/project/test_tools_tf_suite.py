@@ -67,6 +67,20 @@ def test_missing_package_follows_the_chain():
     assert tf_suite.missing_package(ValueError("x")) is None
 
 
+def test_moved_modules_import_under_their_old_names():
+    import json as new_module
+    moved = {"pfb_moved_pkg.old.mod": "json", "textwrap": "json"}
+    try:
+        tf_suite.alias_moved_modules(moved)
+        from pfb_moved_pkg.old import mod
+        import pfb_moved_pkg.old.mod as mod_again
+        assert mod is mod_again is new_module
+        assert sys.modules["textwrap"] is textwrap  # it still imports: left alone
+    finally:
+        for name in ("pfb_moved_pkg", "pfb_moved_pkg.old", "pfb_moved_pkg.old.mod"):
+            sys.modules.pop(name, None)
+
+
 SUITE = textwrap.dedent('''
     import os
     import unittest
