@@ -151,9 +151,9 @@ cdef tuple _input_arrays(tuple args, int copy_mode, bint scalars, _CallCounts* c
         view = _view(<_DLPackOwner>args[i], own)
         if scalars and cnp.PyArray_NDIM(view) == 0:
             view = _scalar_input(view)
-        elif (copy_mode != PFB_COPY_FALSE and not own and cnp.PyArray_SIZE(view) != 0
+        elif (copy_mode != PFB_COPY_FALSE and not own
                 and cnp.PyArray_TYPE(view) != cnp.NPY_OBJECT):
-            view = np.array(view, copy=True)
+            view = cnp.PyArray_NewCopy(<cnp.ndarray>view, cnp.NPY_CORDER)
         if counts != NULL:
             _count_input(counts, view, _input_counter(counts, copy_mode, own))
         _swap(args, i, view)  # the view (or the scalar) replaces the owner

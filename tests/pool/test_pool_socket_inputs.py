@@ -40,12 +40,14 @@ def test_an_input_larger_than_the_arena_is_pulled(small):
     input_arena_whole(small)
 
 
-def test_pulled_inputs_are_writable_only_under_copy_true(small):
+@pytest.mark.parametrize("copy", [None, True])
+def test_pulled_inputs_are_writable_unless_copy_false(small, copy):
     x = tf.constant(np.ones(BIG, np.float32))
-    assert not pfb.numpy_function(pf.is_writable, [x], tf.bool, executor=small).numpy()
-    assert pfb.numpy_function(pf.is_writable, [x], tf.bool, copy=True,
+    assert not pfb.numpy_function(pf.is_writable, [x], tf.bool, copy=False,
+                                  executor=small).numpy()
+    assert pfb.numpy_function(pf.is_writable, [x], tf.bool, copy=copy,
                               executor=small).numpy()
-    got = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=True,
+    got = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=copy,
                              executor=small)
     np.testing.assert_array_equal(got.numpy(), np.full(BIG, 2.0, np.float32))
     np.testing.assert_array_equal(x.numpy(), np.ones(BIG, np.float32))  # the caller's stays

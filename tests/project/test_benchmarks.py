@@ -246,6 +246,19 @@ def test_xla_loop_compares_a_call_under_xla_with_a_plain_tf_function():
                      run.stdout), run.stdout
 
 
+def test_input_routes_reports_the_zero_copy_share_of_each_pipeline():
+    """The input policy's figure: inputs the call holds alone are zero-copy,
+    inputs TF shares are copied (shared_input), a pool's go to shared memory."""
+    run = subprocess.run([sys.executable, "-m", "benchmarks.input_routes", "--mode", "smoke"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {line[:42].strip(): line[42:].split() for line in run.stdout.splitlines()[1:]}
+    assert rows["range + map (tf.fill, then the call)"][0] == "100%"
+    assert rows["tf.function (x * 2, then the call)"][0] == "100%"
+    assert rows["eager calls (tensors Python holds)"][:3] == ["0%", "copied:", "shared_input"]
+    assert rows["pool call (executor=)"][:3] == ["0%", "copied:", "worker"]
+
+
 def test_gpu_overhead_says_it_needs_a_gpu_where_there_is_none():
     # On a GPU machine the conftest hides the GPU from fresh interpreters;
     # tests/gpu/test_gpu.py runs the scenario where it sees one.
