@@ -121,6 +121,19 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
       ``[]`` in a graph with ``stateful=False`` (TF's too: nothing keeps such
       an op, so the graph prunes it).
 
+    Raises:
+      The TF error class of the function's exception (``ValueError`` ->
+      ``tf.errors.InvalidArgumentError``, ...), its message with the Python
+      traceback.  Eagerly the error is also of the function's own class, as
+      ``tf.numpy_function`` raises it eagerly, so both ``except`` clauses
+      catch it:
+
+      >>> try:
+      ...     numpy_function(lambda a: {}["key"], [tf.constant(1.0)], tf.float32)
+      ... except KeyError as err:
+      ...     (err.args, isinstance(err, tf.errors.UnknownError))
+      (('key',), True)
+
     Without ``func`` it is a decorator, which also declares a module-level
     function portable:
 

@@ -243,13 +243,14 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
                                            copy_mode)
         return _execute(op_name, wrapper, inputs, key, signature, name, attrs)
     except _errors_impl.OpError:
-        # The function's own SystemExit, KeyboardInterrupt or TF error leaves
-        # an eager numpy_function / py_func / array_function as it is, as it
-        # leaves TF's.  Either path left it in this thread's slot (the conversion
-        # layer's _failure, errors.pxi's _raised_as_is decides).
+        # The function's own exception leaves an eager numpy_function / py_func
+        # / array_function as TF's leaves: as it is, or (as an instance of its
+        # class and of the TF error) combined.  Either path left it in this
+        # thread's slot (the conversion layer's _failure, errors.pxi's
+        # _eager_raised decides); its own cause stays, the OpError's context goes.
         raised = conversion.take_raised()
         if raised is None:
             raise
-        raise raised from None
+        raise raised from raised.__cause__
     finally:
         slot.entry = previous

@@ -457,7 +457,11 @@ def py_function(func=None, inp=None, Tout=None, name=None, *, portable=False,
         input memory without a copy (host inputs report CPU:0 on any CPU, as
         TF's do).  It may run TF ops, placed under the op's device scope, and
         returns EagerTensors, NumPy arrays, Python scalars, RaggedTensors or
-        SparseTensors as Tout declares (None when Tout declares nothing).
+        SparseTensors as Tout declares (None when Tout declares nothing).  A
+        NumPy result of another numeric dtype converts where no value
+        changes (ints in range, floats narrowed as ``astype`` rounds them);
+        otherwise, and for floats declared as ints, it is an
+        InvalidArgumentError naming the value.
       inp: a list of tensors, RaggedTensors or SparseTensors.
       Tout: a dtype, a ``tf.TensorSpec`` (declares, and checks, the static
         shape), a ``tf.RaggedTensorSpec``/``tf.SparseTensorSpec``, or a list
@@ -493,6 +497,9 @@ def py_function(func=None, inp=None, Tout=None, name=None, *, portable=False,
     ...     return tf.RaggedTensor.from_row_lengths(a, [1, 2])
     >>> split(tf.constant([1, 2, 3])).to_list()
     [[1], [2, 3]]
+    >>> import numpy as np
+    >>> py_function(lambda a: np.array([1, 2]), [x], tf.int32).numpy()  # int64 in range
+    array([1, 2], dtype=int32)
     """
     if executor is not None:
         raise ValueError(

@@ -49,7 +49,8 @@ class FunctionStats:
     - ``unaligned``: an output whose data is not 64-byte aligned;
     - ``non_contiguous``: an output that is not C-contiguous;
     - ``aliasing``: an output whose memory Python can still reach;
-    - ``dtype_conversion``: Python scalars and lists converted to the declared dtype;
+    - ``dtype_conversion``: Python scalars and lists converted to the declared
+      dtype, and py_function's NumPy results of another dtype converted to it;
     - ``string``: tf.string data (always converted, both ways);
     - ``copy_requested``: ``copy=True`` inputs and outputs;
     - ``lazy_view``: torch's lazy conjugate / negative views, resolved into

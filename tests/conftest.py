@@ -187,9 +187,14 @@ EXCEPTION_TABLE = [
 ]
 
 
-def assert_mapped_with_traceback(err, tf_error, exc_type, marker, function_name):
-    """`err` is the TF error of `exc_type(marker)` raised in `function_name`."""
-    assert type(err) is tf_error
+def assert_mapped_with_traceback(err, tf_error, exc_type, marker, function_name,
+                                 combined=False):
+    """`err` is the TF error of `exc_type(marker)` raised in `function_name`;
+    `combined`: an eager NumPy API's, which is an `exc_type` as well."""
+    if combined:
+        assert isinstance(err, tf_error) and isinstance(err, exc_type), type(err).__mro__
+    else:
+        assert type(err) is tf_error
     assert marker in err.message
     assert exc_type.__name__ in err.message
     assert "Traceback (most recent call last)" in err.message

@@ -87,6 +87,18 @@ def raises_unpicklable(_):
     raise Unpicklable("one", "two")
 
 
+class WorkerCustomError(Exception):
+    """A function's own exception that pickles, with an attribute of its own."""
+
+    def __init__(self, message, code=0):
+        super().__init__(message, code)
+        self.code = code
+
+
+def raises_custom(_):
+    raise WorkerCustomError("custom error from the worker", 7)
+
+
 def exits(code):
     os._exit(int(code))
 

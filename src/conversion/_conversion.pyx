@@ -42,8 +42,9 @@ The kernel hands every call over through the PfbBridgeApi capsule
    ``_stats_end``.  On error ``_delete_outputs`` frees the
    outputs made so far and ``_bridge_call`` fills the PfbStatus
    (``_failure``, bridge.pxi; ``_status_of``, errors.pxi); ``call_eagerly``
-   raises it as TF's error.  An eager call also leaves in its thread's slot the
-   exception the op layer re-raises as it is (``_raised_as_is``, errors.pxi;
+   raises it as TF's error.  An eager call also leaves in its thread's slot
+   what the op layer raises in its place: the function's exception as it is
+   or combined with the TF error's class (``_eager_raised``, errors.pxi;
    ``take_raised``).
 8. Back in ``RunBridge``, ``MakeOutput`` wraps each output without a copy
    (``DLPackBuffer``, or ``AliasBuffer`` for a view of an input; a TF tensor

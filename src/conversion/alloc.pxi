@@ -183,11 +183,12 @@ cdef class aligned_allocation:
         return False
 
 
-cdef cnp.ndarray _aligned_copy(object arr):
-    """A C-contiguous copy of `arr` in aligned memory: every copy that the
-    bridge hands to TensorFlow is made here, so the kernel never copies again."""
+cdef cnp.ndarray _aligned_copy(object arr, object dtype=None):
+    """A C-contiguous copy of `arr` in aligned memory (as `dtype`, cast as
+    astype casts: the caller judged the values): every copy that the bridge
+    hands to TensorFlow is made here, so the kernel never copies again."""
     previous = cnp.PyDataMem_SetHandler(_aligned_handler_capsule)
     try:
-        return np.array(arr, order="C", copy=True)
+        return np.array(arr, dtype=dtype, order="C", copy=True)
     finally:
         cnp.PyDataMem_SetHandler(previous)

@@ -265,20 +265,22 @@ cdef tuple _failure(PfbCall* call, object exc):
     status; never raises.  Both eager paths (an eager op's kernel, and
     call_eagerly) run under the eager key: for such a call this also leaves
     on the thread what the op layer raises in place of the status's TF error
-    (take_raised): `exc` itself where _raised_as_is says so, else None."""
+    (take_raised): _eager_raised's answer."""
+    status = _status_of(exc)
     if _is_eager_key(call):
         try:
             slot = _slot_of(call)
             if slot is not None:
-                slot.raised = exc if _raised_as_is(call, exc) else None
+                slot.raised = None
+                slot.raised = _eager_raised(call, exc, status[0], status[1])
         except BaseException:
             pass  # the status alone then reports the error
-    return _status_of(exc)
+    return status
 
 
 def take_raised():
     """The exception the last failed eager call made by this thread left to be
-    re-raised as it is (see _failure), or None; clears it.  The op layer's
+    raised in place of its TF error (see _failure), or None; clears it.  The op layer's
     eager calls (pyfunc_bridge/_op.py, run_eagerly) raise it in place of the
     TF error, whichever path the call took."""
     slot = eager_slot()

@@ -1,6 +1,7 @@
 # Errors, mapped in one place: Python exception -> TensorFlow error code
-# (ERROR_CODES, the one table in this direction, for every kernel), the
-# exceptions eager calls re-raise as they are instead (_raised_as_is) and,
+# (ERROR_CODES, the one table in this direction, for every kernel), what
+# eager calls raise instead (_eager_raised: the function's exception, as it
+# is or combined with the TF error class of its code) and,
 # for the eager paths, status code -> TF's exception (_tf_error).  Codes are
 # TensorFlow's (tensorflow/core/protobuf/error_codes.proto).
 
@@ -87,22 +88,109 @@ cdef tuple _status_of(object exc):
 cdef object _OpError = None  # tf.errors.OpError, on first use
 
 
-cdef bint _raised_as_is(PfbCall* call, object exc) except -1:
-    """Whether an eager call re-raises `exc`, the function's own exception, as
-    it is instead of the TF error of its code, as TensorFlow's eager
-    numpy_function and py_func do for the exceptions the table above would
-    turn into another class: a BaseException that is no Exception (SystemExit,
-    KeyboardInterrupt) and a TF error (which keeps its class).  py_function
-    calls and their gradients map them, as TF's eager py_function does."""
+cdef object _eager_raised(PfbCall* call, object exc, int code, str message):
+    """What an eager call raises in place of the TF error of `code` (None:
+    that error itself).  TensorFlow's eager numpy_function and py_func raise
+    the function's own exception as it is; a graph raises the TF error of its
+    code.  So an eager numpy_function / py_func / array_function (pooled or
+    not) raises the function's exception as an instance of both its class and
+    that TF error class (_combined_error), which code written for either
+    catches; a BaseException that is no Exception (SystemExit,
+    KeyboardInterrupt) and a TF error (a nested call's combined one too) as
+    they are; an error of the bridge's own (a result that does not match its
+    declaration, a pool's error: classes of pyfunc_bridge) as the TF error.
+    py_function calls and their gradients raise the TF error, as TF's eager
+    py_function does."""
     global _OpError
     if call.flags & (PFB_CALL_TENSORS | PFB_CALL_GRADIENT):
-        return False
+        return None
     if not isinstance(exc, Exception):
-        return True
+        return exc
     if _OpError is None:
         from tensorflow.python.framework.errors_impl import OpError
         _OpError = OpError
-    return isinstance(exc, _OpError)
+    if isinstance(exc, _OpError):
+        return exc
+    if type(exc).__module__.partition(".")[0] == "pyfunc_bridge":
+        return None
+    return _combined_error(exc, code, message)
+
+
+# (function's exception class, TF error class) -> their combined class, or
+# None where they cannot be combined; one class per pair, made on first use.
+cdef dict _combined_classes = {}
+
+
+cdef object _combined_class(type exc_type, type tf_type):
+    """The class that subclasses both `exc_type` (first: its methods and
+    attributes win) and `tf_type`, or None where Python refuses to make it
+    (incompatible instance layouts, a metaclass conflict, a class that
+    refuses subclasses, as an __init_subclass__ that raises)."""
+    key = (exc_type, tf_type)
+    try:
+        return _combined_classes[key]
+    except KeyError:
+        pass
+    if issubclass(tf_type, exc_type):
+        return None  # (Exception) the TF error is an instance of both already
+    import types
+    name = f"{exc_type.__name__}[{tf_type.__name__}]"
+
+    def body(ns):
+        ns["__module__"] = "pyfunc_bridge"
+        ns["__qualname__"] = name
+        ns["__doc__"] = (f"{exc_type.__qualname__} raised by the function of an eager "
+                         f"pyfunc_bridge call, also a tf.errors.{tf_type.__name__}.")
+        # str() is TensorFlow's: the message, which holds the Python traceback.
+        ns["__str__"] = _OpError.__str__
+    try:
+        made = types.new_class(name, (exc_type, tf_type), exec_body=body)
+    except Exception:  # noqa: BLE001 - any refusal: the TF error alone
+        made = None
+    return _combined_classes.setdefault(key, made)
+
+
+cdef object _combined_error(object exc, int code, str message):
+    """`exc` as an instance of its class and of the TF error class of `code`,
+    with TF's attributes (message, node_def, op, error_code) and `exc`'s own
+    (args, slots, __dict__), `exc` as its __cause__; None where the classes
+    cannot be combined or the instance cannot be made.  The class's
+    __init__ is not called: a function's exception may require arguments
+    that its args do not give back."""
+    _load_tf()
+    tf_type = _error_types(code)
+    cls = _combined_class(type(exc), tf_type)
+    if cls is None:
+        return None
+    try:
+        # __new__ with the args, as the class's own raise made it (OSError's
+        # reads errno, strerror and filename from them).
+        made = cls.__new__(cls, *exc.args)
+        _copy_fields(exc, made)
+        tf_type.__init__(made, None, None, message)
+        made.args = exc.args  # OpError's __init__ cleared them
+    except Exception:  # noqa: BLE001 - a __new__ that refuses these args
+        return None
+    made.__cause__ = exc
+    return made
+
+
+cdef int _copy_fields(object exc, object made) except -1:
+    """Copies `exc`'s attributes onto `made`: its slots (builtin exceptions
+    keep theirs there: StopIteration.value, OSError.errno, a UnicodeError's
+    fields, AttributeError.name), then its __dict__."""
+    import types
+    for klass in type(exc).__mro__:
+        if klass is BaseException or klass is object:
+            continue
+        for name, member in vars(klass).items():
+            if isinstance(member, types.MemberDescriptorType):
+                try:
+                    setattr(made, name, getattr(exc, name))
+                except AttributeError:
+                    pass  # unset, or read-only
+    made.__dict__.update(exc.__dict__)
+    return 0
 
 
 cdef void _set_status(PfbStatus* status, object code, object message) noexcept:

@@ -159,20 +159,23 @@ cdef DLManagedTensorVersioned* _consume_owner(_DLPackOwner owner) except NULL:
 
 cdef DLManagedTensorVersioned* _export_dlpack_output(
         PyObject* raw, Py_ssize_t outside_refs, int index, const PfbOutputSpec* spec,
-        int copy_mode, list ranges, _CallCounts* counts, void* stream) except NULL:
+        int copy_mode, list ranges, _CallCounts* counts, void* stream,
+        bint convert=False) except NULL:
     """One result of an array_function or py_function -> a DLPack tensor for
     the kernel (`stream`: the kernel's CUDA stream, or NULL).
 
     Objects exporting __dlpack__ go through the validated import: handed over
     as they are when the copy decision allows (nothing in Python can write
     the memory afterwards, aligned and compact), else copied once.  Everything
-    else (ndarrays, scalars, lists, strings) takes the NumPy path.
+    else (ndarrays, scalars, lists, strings) takes the NumPy path
+    (`convert`: _export_output's, for py_function).
     """
     value = <object>raw
     tp = type(value)
     if (_is_string_dtype(spec.dtype) or PyArray_Check(raw)
             or getattr(tp, "__dlpack__", None) is None or isinstance(value, np.generic)):
-        return _export_output(raw, outside_refs, index, spec, copy_mode, counts)
+        return _export_output(raw, outside_refs, index, spec, copy_mode, counts,
+                              False, False, None, convert)
     writable_elsewhere, to_capsule, resolve = _handler(tp)
     # A lazy view (torch's conjugate / negative views) is a fact: its memory
     # does not hold the values, so its adapter's resolved tensor, fresh and

@@ -282,6 +282,64 @@ cdef cnp.ndarray _coerce(object value, cnp.dtype want, int index):
     return arr
 
 
+cdef str _number_kind(object dt):
+    """The kind of a numeric NumPy dtype ("b", "i", "u", "f", "c"; ml_dtypes'
+    floats are "f"), or "" for any other."""
+    kind = dt.kind
+    if kind == "V" and dt.type.__module__.startswith("ml_dtypes"):
+        return "f"
+    return kind if kind in "biufc" else ""
+
+
+cdef object _converted(cnp.ndarray arr, cnp.dtype want, int index, object raw):
+    """A py_function result `arr` of another numeric dtype, as `want`, where no
+    value changes (TF's convert_to_tensor converts it even where one does):
+    the one rule on which such conversions happen.  Converted: any safe cast
+    (np.can_cast), ints to ints in range, ints to floats held exactly, and
+    floats (complex) narrowed, rounded as astype rounds, unless a finite value
+    would become inf.  Out of range, inexact or overflowing: an _OutputError
+    naming the value.  None: no conversion (floats to ints, to bool, complex
+    to real): the caller's dtype error."""
+    got = arr.dtype
+    src, dst = _number_kind(got), _number_kind(want)
+    if not src or not dst or not got.isnative:
+        return None
+    if np.can_cast(got, want, "safe"):
+        return _aligned_copy(arr, want)
+    bad = None
+    if src in "iu" and dst in "iu":
+        info = np.iinfo(want)
+        bad = (arr < info.min) | (arr > info.max)
+        why = f"which is out of range for {want.name} ({info.min} to {info.max})"
+    elif src in "iu" and dst == "f":
+        # Exact where the odd part of |value| fits the significand and the
+        # value stays below the largest finite one.
+        finfo = ml_dtypes.finfo(want)
+        magnitude = np.abs(arr.astype(np.int64)).view(np.uint64) if src == "i" else arr.astype(np.uint64)
+        lowest_bit = magnitude & (~magnitude + np.uint64(1))
+        odd = magnitude // np.maximum(lowest_bit, np.uint64(1))
+        bad = (odd >= np.uint64(2 ** (finfo.nmant + 1))) | (magnitude > float(finfo.max))
+        why = f"which {want.name} cannot hold exactly"
+    elif src in "fc" and dst == src or (src == "f" and dst == "c"):
+        with np.errstate(over="ignore", invalid="ignore"):
+            made = _aligned_copy(arr, want)
+        bad = np.isinf(made) & np.isfinite(arr)
+        why = f"which overflows {want.name} (it would become inf)"
+        if not bad.any():
+            return made
+    else:
+        return None
+    if bad.any():
+        what = _returned_text(raw, got)
+        if not isinstance(raw, np.generic):  # (a NumPy scalar's text shows its value)
+            value = arr.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]].item()
+            what = f"{what} holding {value!r}"
+        raise _OutputError(
+            f"output {index}: Tout declares {want.name} but the function returned "
+            f"{what}, {why}; {_dtype_fix(raw, got, want)}")
+    return _aligned_copy(arr, want)
+
+
 cdef cnp.ndarray _as_string_array(object value, int index):
     """An object ndarray of bytes for a string output (str is UTF-8 encoded)."""
     if isinstance(value, np.ndarray):
@@ -351,7 +409,8 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
                                               int index, const PfbOutputSpec* spec,
                                               int copy_mode, _CallCounts* counts,
                                               bint sole=False, bint pooled=False,
-                                              object refused=None) except NULL:
+                                              object refused=None,
+                                              bint convert=False) except NULL:
     """One result -> a DLPack tensor for the kernel.
 
     `raw` is borrowed; `outside_refs` counts the references to it that the
@@ -365,6 +424,8 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
     returned instead, `refused` (the reason the copy decision gave on the
     worker's facts, or None), and a copy the pool's own array needs (an
     unpickled array may be unaligned) is the transport's, made under any policy.
+    `convert`: a NumPy value of another numeric dtype converts where no value
+    changes (_converted; py_function, as TF converts its results).
     """
     cdef DLManagedTensorVersioned* exported
     if _is_string_dtype(spec.dtype):
@@ -397,6 +458,12 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
     reason = _array_copy_reason(<PyArrayObject*>arr, copy_mode, foreign)
 
     cdef cnp.ndarray checked = arr
+    if checked.descr is not want and checked.dtype != want and convert:
+        made = _converted(checked, want, index, <object>raw)
+        if made is not None:
+            checked = made  # fresh: nothing else refers to it
+            reason = _array_copy_reason(<PyArrayObject*>checked, copy_mode, False)
+            converted = "dtype_conversion"
     if checked.descr is not want and checked.dtype != want:
         if not _has_tf_dtype(checked.dtype):
             raise _UnsupportedOutput(

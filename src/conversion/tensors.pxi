@@ -104,7 +104,8 @@ cdef int _export_results(PfbCall* call, object results, _CallCounts* counts) exc
     EagerTensors are TF's immutable memory: handed over without a copy (in
     host memory, the kernel's own TF tensor where it has call.eager).  The
     list holds other results too, so NumPy arrays count as referenced
-    elsewhere and are copied."""
+    elsewhere and are copied; one of another dtype is converted where no
+    value changes (_converted, outputs.pxi)."""
     cdef int i
     cdef const PfbOutputSpec* spec
     cdef DLManagedTensorVersioned* m
@@ -123,9 +124,12 @@ cdef int _export_results(PfbCall* call, object results, _CallCounts* counts) exc
                                                 PFB_COPY_NONE, False, False, None, counts)
                 continue
         try:
+            # NumPy results of another dtype convert where no value changes;
+            # EagerTensors do not (TF's convert_to_tensor refuses them too).
             call.outputs[i] = _export_dlpack_output(<PyObject*>value, 1, i,
                                                     &call.output_specs[i],
-                                                    PFB_COPY_NONE, [], counts, call.stream)
+                                                    PFB_COPY_NONE, [], counts, call.stream,
+                                                    True)
         except _UnsupportedOutput as exc:
             # TF's py_function reports a result without a tensor form as
             # InvalidArgument (its numpy_function: INTERNAL).

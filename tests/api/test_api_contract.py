@@ -276,7 +276,8 @@ def test_exception_mapping(api, exc_type, tf_error, mode):
 
     err = _run_error(api, user_function_that_raises, tf.float32, mode)
     assert_mapped_with_traceback(err, tf_error, exc_type, "marker-text-1234",
-                                 "user_function_that_raises")
+                                 "user_function_that_raises",
+                                 combined=mode == "eager" and api.name != "py_function")
     if mode == "tf_function":  # TF's builtin maps the same way
         with pytest.raises(tf.errors.OpError) as ref:
             tf.function(lambda x: api.reference(user_function_that_raises, [x],
