@@ -41,7 +41,9 @@ def tokenize_for_numpy_function(text):
 
 def decode_png(data):
     from PIL import Image
-    return np.asarray(Image.open(io.BytesIO(bytes(data))).convert("RGB")).copy()
+    if isinstance(data, np.ndarray):  # eagerly a 0-d object array, in graphs bytes
+        data = data.item()
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).copy()
 
 
 def parse_int(text):
