@@ -303,3 +303,17 @@ def test_non_ascii_str_array_result_is_utf8_where_tf_fails(mode, api_name):
     got = run(mode, pfb_api, func, x, tf.string)
     assert np.asarray(got).tolist() == ["h\u00e9".encode(), "\U0001F600".encode()]
     assert run(mode, tf_api, lambda a: "h\u00e9", x, tf.string) == "h\u00e9".encode()
+
+
+@pytest.mark.parametrize("api", ["numpy_function", "py_func"])
+def test_a_one_entry_tout_list_gives_tf_structure_in_each_mode(api):
+    """Eagerly TF's numpy_function and py_func return a tensor for
+    Tout=[dtype]; in a graph a list of one: pfb's the same."""
+    ours, theirs = getattr(pfb, api), {"numpy_function": tf.numpy_function,
+                                      "py_func": tf.compat.v1.py_func}[api]
+    x = tf.constant(1.0)
+    for run in (lambda f: f(lambda a: a * 2, [x], [tf.float32]),
+                lambda f: tf.function(lambda: f(lambda a: a * 2, [x], [tf.float32]))()):
+        got, want = run(ours), run(theirs)
+        assert type(got) is type(want)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

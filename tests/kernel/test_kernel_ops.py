@@ -249,7 +249,7 @@ def test_every_numeric_dtype_round_trips_zero_copy(dtype):
     ([[1.5, 2], [3, 4]], tf.float16, [[1.5, 2], [3, 4]]),
 ])
 def test_python_values_convert_to_the_declared_dtype(value, tout, expected):
-    y = run(lambda: (value,), [], [tout])[0]
+    y = run(lambda: (value,), [], [tout])  # eagerly: a tensor, as TF's
     assert y.dtype == tout
     np.testing.assert_array_equal(y.numpy(), np.asarray(expected, tout.as_numpy_dtype))
 
