@@ -10,8 +10,8 @@ on (it is on by default); these functions switch, read and clear the counters.
 >>> _ = pfb.numpy_function(lambda a: a * 2, [tf.zeros([256])], tf.float32, name="double")
 >>> snapshot = pfb.stats()
 >>> entry = snapshot.functions["double"]
->>> entry.calls, entry.bytes_zero_copy, entry.bytes_copied["aliasing"]
-(1, 2048, 0)
+>>> entry.calls, entry.bytes_zero_copy, entry.bytes_copied["shared_input"]
+(1, 1024, 1024)
 >>> snapshot.total.calls
 1
 >>> _ = pfb.enable_stats(previous)
