@@ -281,6 +281,8 @@ class RingServer:
             try:
                 for index, (value, value_facts) in enumerate(zip(items, facts)):
                     tensors.append(self.encode(value, framework, value_facts, index))
+                if not self.channel.fits(tensors):
+                    raise _NoRoom
             except _NoRoom:  # the whole answer goes by the socket, as NumPy values
                 self.hand_back_tensors(tensors)
                 tensors = []
@@ -324,9 +326,10 @@ class RingServer:
                 self.worker.arena.hand_back(tensor[4])
 
     def by_socket(self, call_id, ok, data, facts):
-        """An answer the result arena has no room for goes pickled on the
-        socket, before its DONE (shm_layout.h, PFB_POOL_STATUS_SOCKET), with
-        its results' copy facts."""
+        """An answer the result arena has no room for, or with more records
+        than the reply ring (Channel.fits), goes pickled on the socket,
+        before its DONE (shm_layout.h, PFB_POOL_STATUS_SOCKET), with its
+        results' copy facts."""
         send(self.worker.sock, pickle.dumps(("ring", call_id, ok, data, facts),
                                             protocol=PICKLE_PROTOCOL))
         return self.pw.STATUS_SOCKET
@@ -376,7 +379,8 @@ class RingServer:
 
 
 class _NoRoom(Exception):
-    """A ring call's result does not fit the result arena."""
+    """A ring call's answer does not fit the result arena, or its DONE the
+    reply ring (Channel.fits)."""
 
 
 def _pickled(value):

@@ -236,9 +236,10 @@ enum {
    * only copy=False uses). */
   PFB_POOL_CALL_FACTS = 16,
   /* A call whose input records would not fit its ring (more inputs than
-   * its slots): its one record is a PFB_POOL_TENSOR_SOCKET input whose
-   * payload is the pickled list of all its inputs, each as a pulled input
-   * (src/pool/route.pxi, _packed), which the function gets as its arguments. */
+   * its slots: pfb_pool_message_fits, records.h): its one record is a
+   * PFB_POOL_TENSOR_SOCKET input whose payload is the pickled list of all
+   * its inputs, each as a pulled input (src/pool/route.pxi, _packed), which
+   * the function gets as its arguments. */
   PFB_POOL_CALL_PACKED = 64
 };
 
@@ -261,7 +262,8 @@ enum {
 enum {
   PFB_POOL_STATUS_OK = 0,
   PFB_POOL_STATUS_ERROR = 1,  /* the function raised: see PFB_POOL_MSG_DONE */
-  /* The answer (results or error) did not fit the result arena: it went
+  /* The answer (results or error) did not fit the result arena, or its
+   * records the reply ring (pfb_pool_message_fits, records.h): it went
    * pickled on the worker's socket, as ("ring", call_id, ok, payload, facts),
    * before this DONE (count 0, no block). */
   PFB_POOL_STATUS_SOCKET = 2
