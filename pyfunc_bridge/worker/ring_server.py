@@ -347,14 +347,15 @@ class RingServer:
             return record
         # A NumPy scalar (numpy_function's usual 0-d result) is memory too:
         # its bytes in a block, so that the parent's kernel takes it without
-        # Python.  (A Python number stays a value: the parent's checks
-        # convert it, as in-process.)
+        # Python, marked a scalar for the parent's checks (TENSOR_SCALAR).
+        # (A Python number stays a value: the parent's checks convert it,
+        # as in-process.)
         dl = pw.dl_dtype(value.dtype) if isinstance(value, np.generic) else None
         if dl is not None:
             data = value.tobytes()
             block = self.place(data)
             if block is not None:
-                return (*dl, fact_bits, block[0], len(data), ())
+                return (*dl, fact_bits | pw.TENSOR_SCALAR, block[0], len(data), ())
         try:
             data = _pickled(value)
         except Exception as exc:  # noqa: BLE001 - the call's error
