@@ -91,6 +91,9 @@ def decode_answer(pool_name, reply, copied, counters):
         if flags & pw.TENSOR_PICKLED:
             values.append(loads(read_block(offset, size)))
             bytes_out += statistics.data_bytes(values[-1])
+        elif flags & pw.TENSOR_SCALAR:  # a scalar again: the checks judge and word it so
+            values.append(np.frombuffer(read_block(offset, size), pw.np_dtype(code, bits))[0])
+            bytes_out += values[-1].nbytes
         else:  # numbers: a view of the block (strings come back pickled)
             dtype = pw.np_dtype(code, bits)
             values.append(reply.view(result_view, offset, size, dtype, tuple(shape))

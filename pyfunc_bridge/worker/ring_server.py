@@ -281,6 +281,8 @@ class RingServer:
             try:
                 for index, (value, value_facts) in enumerate(zip(items, facts)):
                     tensors.append(self.encode(value, framework, value_facts, index))
+                if not self.channel.fits(tensors):
+                    raise _NoRoom
             except _NoRoom:  # the whole answer goes by the socket, as NumPy values
                 self.hand_back_tensors(tensors)
                 tensors = []
@@ -324,9 +326,10 @@ class RingServer:
                 self.worker.arena.hand_back(tensor[4])
 
     def by_socket(self, call_id, ok, data, facts):
-        """An answer the result arena has no room for goes pickled on the
-        socket, before its DONE (shm_layout.h, PFB_POOL_STATUS_SOCKET), with
-        its results' copy facts."""
+        """An answer the result arena has no room for, or with more records
+        than the reply ring (Channel.fits), goes pickled on the socket,
+        before its DONE (shm_layout.h, PFB_POOL_STATUS_SOCKET), with its
+        results' copy facts."""
         send(self.worker.sock, pickle.dumps(("ring", call_id, ok, data, facts),
                                             protocol=PICKLE_PROTOCOL))
         return self.pw.STATUS_SOCKET
@@ -344,14 +347,15 @@ class RingServer:
             return record
         # A NumPy scalar (numpy_function's usual 0-d result) is memory too:
         # its bytes in a block, so that the parent's kernel takes it without
-        # Python.  (A Python number stays a value: the parent's checks
-        # convert it, as in-process.)
+        # Python, marked a scalar for the parent's checks (TENSOR_SCALAR).
+        # (A Python number stays a value: the parent's checks convert it,
+        # as in-process.)
         dl = pw.dl_dtype(value.dtype) if isinstance(value, np.generic) else None
         if dl is not None:
             data = value.tobytes()
             block = self.place(data)
             if block is not None:
-                return (*dl, fact_bits, block[0], len(data), ())
+                return (*dl, fact_bits | pw.TENSOR_SCALAR, block[0], len(data), ())
         try:
             data = _pickled(value)
         except Exception as exc:  # noqa: BLE001 - the call's error
@@ -376,7 +380,8 @@ class RingServer:
 
 
 class _NoRoom(Exception):
-    """A ring call's result does not fit the result arena."""
+    """A ring call's answer does not fit the result arena, or its DONE the
+    reply ring (Channel.fits)."""
 
 
 def _pickled(value):

@@ -1013,7 +1013,7 @@ static void end_queued(PfbDispatch* d, Queued* list) {
  * now); `post` held.  0, or an errno: the CALL was not posted. */
 static int post_call(PfbDispatch* d, Worker* w, Queued* q, int64_t deadline) {
   uint32_t slots = q->message[0].message.slots;
-  if (slots > w->requests.capacity) return E2BIG;
+  if (!pfb_pool_message_fits(slots, w->requests.capacity)) return E2BIG;
   int load = words_find(&w->known, q->fn->token) < 0;
   post_back(w, slots + (uint32_t)load);
   if (deadline == NOW && pfb_ring_room(&w->requests) < slots + (uint32_t)load) return EAGAIN;
@@ -1138,19 +1138,24 @@ static void post_unlock(Worker* w) {
   if (__atomic_load_n(&w->wanted, SC)) pump_async(w);
 }
 
+/* The slots of a CALL of these inputs, its header included. */
+static uint64_t call_slots(const PfbDispatchInput* inputs, uint32_t count) {
+  uint64_t slots = 1;
+  for (uint32_t i = 0; i < count; ++i) slots += pfb_pool_tensor_slots(inputs[i].ndim);
+  return slots;
+}
+
 static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
                   const PfbDispatchInput* inputs, uint32_t count, int64_t timeout_ns,
                   PfbDispatchCall* call) {
   int64_t deadline = pfb_deadline_ns(timeout_ns);
-  if (count > PFB_POOL_MAX_MESSAGE_SLOTS) return E2BIG;
-  uint32_t slots = 1;
-  for (uint32_t i = 0; i < count; ++i) {
+  for (uint32_t i = 0; i < count; ++i)
     if (inputs[i].ndim < 0 || inputs[i].ndim > PFB_POOL_MAX_NDIM) return EINVAL;
-    slots += pfb_pool_tensor_slots(inputs[i].ndim);
-  }
   uint32_t ring_slots = __atomic_load_n(&d->ring_slots, SC);
   if (ring_slots == 0) return EAGAIN;  /* no worker was ever attached */
-  if (slots > ring_slots || slots > PFB_POOL_MAX_MESSAGE_SLOTS) return E2BIG;
+  uint64_t call_length = call_slots(inputs, count);
+  if (!pfb_pool_message_fits(call_length, ring_slots)) return E2BIG;
+  uint32_t slots = (uint32_t)call_length;  /* fits: at most PFB_POOL_MAX_MESSAGE_SLOTS */
   pthread_mutex_lock(&d->tokens_lock);
   Token* fn = find_token(d, token);
   if (fn != NULL) __atomic_add_fetch(&fn->refs, 1, SC);  /* a forget meanwhile: LOADed still */
@@ -1362,8 +1367,8 @@ uint64_t pfb_dispatch_free_bytes(PfbDispatch* d) {
   return n;
 }
 
-uint32_t pfb_dispatch_ring_slots(PfbDispatch* d) {
-  return __atomic_load_n(&d->ring_slots, SC);
+int pfb_dispatch_fits(PfbDispatch* d, const PfbDispatchInput* inputs, uint32_t count) {
+  return pfb_pool_message_fits(call_slots(inputs, count), __atomic_load_n(&d->ring_slots, SC));
 }
 
 /* -------------------------------------------------------------- routes -- */

@@ -179,9 +179,11 @@ void pfb_dispatch_reply_hand_back(PfbDispatchCall* call);
 /* The input arena's free bytes now. */
 uint64_t pfb_dispatch_free_bytes(PfbDispatch* d);
 
-/* The slots of a worker's request ring (0 until a worker was attached): a
- * CALL of more slots is E2BIG, and travels packed (PFB_POOL_CALL_PACKED). */
-uint32_t pfb_dispatch_ring_slots(PfbDispatch* d);
+/* Whether a CALL of these inputs fits the workers' request rings (before a
+ * worker was attached: a message), by pfb_pool_message_fits (records.h).
+ * pfb_dispatch_call declines one that does not (E2BIG); it travels packed
+ * (PFB_POOL_CALL_PACKED, src/pool/route.pxi). */
+int pfb_dispatch_fits(PfbDispatch* d, const PfbDispatchInput* inputs, uint32_t count);
 
 /* Counters, for tests and statistics. */
 typedef struct PfbDispatchCounts {

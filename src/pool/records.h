@@ -20,6 +20,16 @@ extern "C" {
  * many tensors of many dimensions spans several batches of words. */
 #define PFB_POOL_MAX_MESSAGE_SLOTS 1024
 
+/* Whether a message of `slots` slots travels on a ring of `ring_slots`
+ * (0: none known yet, so only the longest message counts): the one rule for
+ * both directions.  A CALL that does not goes packed (PFB_POOL_CALL_PACKED,
+ * dispatch.c and src/pool/route.pxi), a DONE by the worker's socket
+ * (PFB_POOL_STATUS_SOCKET, Channel.fits and worker/ring_server.py), so that
+ * a pool call takes as many inputs and outputs as an in-process one. */
+static inline int pfb_pool_message_fits(uint64_t slots, uint32_t ring_slots) {
+  return slots <= PFB_POOL_MAX_MESSAGE_SLOTS && (ring_slots == 0 || slots <= ring_slots);
+}
+
 /* Starts a message of `kind` (every other header field zero) in out[0]. */
 void pfb_msg_init(PfbPoolSlot* out, uint16_t kind);
 

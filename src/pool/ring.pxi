@@ -266,6 +266,15 @@ cdef class Channel:
                                      f"message")
         return self._write(ring, timeout)
 
+    def fits(self, tensors):
+        """Whether a CALL or DONE of these tensor records (post's items)
+        travels on this channel's rings (pfb_pool_message_fits, the rule the
+        dispatcher's CALLs follow too); one that does not goes by the socket."""
+        cdef uint64_t slots = 1
+        for tensor in tensors:
+            slots += pfb_pool_tensor_slots(len(tensor[6]))
+        return pfb_pool_message_fits(slots, self._slots)
+
     def notify(self, int ring):
         """Wakes the consumer of `ring` if it sleeps (once for everything
         posted since): whether a FUTEX_WAKE was made."""

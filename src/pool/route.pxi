@@ -81,26 +81,13 @@ cdef _put_payload(object value, PfbDispatchInput* item, dict payloads, list ids)
     item.ndim = 0
 
 
-cdef bint _too_long(PfbDispatchInput* inputs, Py_ssize_t n, uint32_t ring_slots) noexcept:
-    """Whether a CALL of these records would not fit a ring of `ring_slots`
-    (0: not known yet) or a message."""
-    cdef uint64_t slots = 1
-    cdef Py_ssize_t i
-    cdef uint64_t most = PFB_POOL_MAX_MESSAGE_SLOTS
-    if ring_slots and ring_slots < most:
-        most = ring_slots
-    for i in range(n):
-        slots += pfb_pool_tensor_slots(inputs[i].ndim)
-    return slots > most
-
-
 cdef bint _packed(object values, PfbDispatchInput* inputs, uint32_t* count, uint32_t* flags,
-                  uint32_t ring_slots, dict payloads, list ids) except -1:
-    """Packs a call whose records would not fit the ring (PFB_POOL_CALL_PACKED):
-    inputs[0] becomes its one record, whose payload is the list of every
-    input as a pulled one (those pulled alone so far are dropped).  Whether
-    it did."""
-    if payloads is None or count[0] < 2 or not _too_long(inputs, count[0], ring_slots):
+                  PfbDispatch* d, dict payloads, list ids) except -1:
+    """Packs a call whose records would not fit the ring (pfb_dispatch_fits;
+    PFB_POOL_CALL_PACKED): inputs[0] becomes its one record, whose payload
+    is the list of every input as a pulled one (those pulled alone so far
+    are dropped).  Whether it did."""
+    if payloads is None or count[0] < 2 or pfb_dispatch_fits(d, inputs, count[0]):
         return False
     for payload_id in ids:
         payloads.pop(payload_id, None)
@@ -262,7 +249,7 @@ cdef class Route:
         try:
             records = _Inputs(values, payloads, ids)
             inputs = records.items
-            _packed(values, inputs, &count, &flags, pfb_dispatch_ring_slots(r.d), payloads, ids)
+            _packed(values, inputs, &count, &flags, r.d, payloads, ids)
             while True:
                 part = _SLICE_NS if left < 0 or left > _SLICE_NS else left
                 with nogil:
@@ -276,8 +263,8 @@ cdef class Route:
                                                f"within {wait} s (abandoned)")
                     PyErr_CheckSignals()
                 elif (rc == ENOSPC or rc == E2BIG) and payloads is not None and (
-                        _packed(values, inputs, &count, &flags, pfb_dispatch_ring_slots(r.d),
-                                payloads, ids)  # (the ring's size came meanwhile)
+                        # (the rings' size may have come meanwhile)
+                        _packed(values, inputs, &count, &flags, r.d, payloads, ids)
                         or _move_to_socket(values, inputs, count,
                                            pfb_dispatch_free_bytes(r.d)
                                            if rc == ENOSPC and not moves else 0,

@@ -149,8 +149,9 @@
  * 4: a CALL's input, and a LOAD's function, may be pulled over the socket
  * (PFB_POOL_TENSOR_SOCKET, PFB_POOL_LOAD_SOCKET); PFB_POOL_CALL_CUPY.
  * 5: no socket calls (socket_calls_started is gone); PFB_POOL_CALL_PACKED.
- * 6: consumer_sleeping holds PFB_POOL_SLEEPER_* bits, woken by bitset. */
-#define PFB_POOL_LAYOUT_VERSION 6
+ * 6: consumer_sleeping holds PFB_POOL_SLEEPER_* bits, woken by bitset.
+ * 7: PFB_POOL_TENSOR_SCALAR. */
+#define PFB_POOL_LAYOUT_VERSION 7
 
 /* PfbPoolRingWords.consumer_sleeping: who of the consumer's threads sleeps
  * on `items_wake` (its FUTEX_WAIT_BITSET bitset). */
@@ -237,9 +238,10 @@ enum {
    * only copy=False uses). */
   PFB_POOL_CALL_FACTS = 16,
   /* A call whose input records would not fit its ring (more inputs than
-   * its slots): its one record is a PFB_POOL_TENSOR_SOCKET input whose
-   * payload is the pickled list of all its inputs, each as a pulled input
-   * (src/pool/route.pxi, _packed), which the function gets as its arguments. */
+   * its slots: pfb_pool_message_fits, records.h): its one record is a
+   * PFB_POOL_TENSOR_SOCKET input whose payload is the pickled list of all
+   * its inputs, each as a pulled input (src/pool/route.pxi, _packed), which
+   * the function gets as its arguments. */
   PFB_POOL_CALL_PACKED = 64
 };
 
@@ -262,7 +264,8 @@ enum {
 enum {
   PFB_POOL_STATUS_OK = 0,
   PFB_POOL_STATUS_ERROR = 1,  /* the function raised: see PFB_POOL_MSG_DONE */
-  /* The answer (results or error) did not fit the result arena: it went
+  /* The answer (results or error) did not fit the result arena, or its
+   * records the reply ring (pfb_pool_message_fits, records.h): it went
    * pickled on the worker's socket, as ("ring", call_id, ok, payload, facts),
    * before this DONE (count 0, no block). */
   PFB_POOL_STATUS_SOCKET = 2
@@ -304,7 +307,12 @@ enum {
    * stopped waiting) fails the call.  Pulled, not pushed, so that any worker
    * may run the call, a resent one included.  Writability, scalars and the
    * framework apply to it as to a block's input. */
-  PFB_POOL_TENSOR_SOCKET = 128
+  PFB_POOL_TENSOR_SOCKET = 128,
+  /* A DONE's result the function returned as a NumPy scalar (np.generic),
+   * not as an array: the record holds its 0-d bytes.  The parent's Python
+   * path takes it back as a NumPy scalar (pyfunc_bridge/pool/answers.py),
+   * so that its checks see, and word, what they see in-process. */
+  PFB_POOL_TENSOR_SCALAR = 256
 };
 
 /* The first slot of every message. */

@@ -272,10 +272,24 @@ def one_result(a):
     return np.copy(a)
 
 
+def float64_scalar(a):
+    return np.float64(2.0)
+
+
+def bool_scalar_and_an_array(a):
+    return np.copy(a), np.True_
+
+
 # (function, Tout, a phrase the in-process error's first line has)
 ERROR_CASES = {
     "exception": (raises_value_error, tf.float32, "no use for [1.0, 2.0]"),
     "dtype": (wrong_dtype, tf.float32, "Tout declares float32"),
+    # A NumPy scalar is named as one, though it travels as a 0-d block.
+    "scalar dtype": (float64_scalar, tf.float32,
+                     "returned np.float64(2.0), a NumPy scalar of dtype float64"),
+    "scalar dtype among results": (bool_scalar_and_an_array, [tf.float32, tf.int32],
+                                   "output 1: Tout declares int32 but the function returned "
+                                   "np.True_, a NumPy scalar of dtype bool"),
     "static shape": (one_result, tf.TensorSpec([3], tf.float32), "Tout declares shape (3,)"),
     "too many outputs": (two_results, tf.float32, "returned 2 value(s)"),
     "too few outputs": (one_result, [tf.float32, tf.float32], "returned 1 value(s)"),
@@ -321,6 +335,22 @@ def test_errors_match_in_process(pool, case, mode):
     assert phrase in text, want.message
     assert type(got) is type(want), (got, want)
     assert error_text(got.message) == text, got.message
+
+
+def test_a_wrong_scalar_is_named_alike_under_xla(pool):
+    """Under XLA too (a pool call from the custom call's handler), a NumPy
+    scalar of the wrong dtype is named as in-process."""
+    texts = []
+    for executor in (None, pool):
+        f = tf.function(lambda x: pfb.numpy_function(float64_scalar, [x],
+                                                      tf.TensorSpec([], tf.float32),
+                                                      executor=executor), jit_compile=True)
+        with pytest.raises(tf.errors.InvalidArgumentError) as info:
+            f(tf.constant([1.0, 2.0]))
+        # (without TF's " [Op:__inference_<lambda>_N]", which names each function)
+        texts.append(error_text(info.value.message).split(" [Op:")[0])
+    assert "returned np.float64(2.0), a NumPy scalar of dtype float64" in texts[0], texts
+    assert texts[1] == texts[0]
 
 
 # -------------------------------------------------------------- statistics --

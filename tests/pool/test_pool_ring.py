@@ -50,6 +50,17 @@ def test_messages_cross_the_end_of_the_ring_intact(channel):
     assert channel.available(R) == 0 and channel.room(R) == 8
 
 
+def test_fits_counts_a_message_in_slots_against_the_ring(channel):
+    """Channel.fits (pfb_pool_message_fits): a header and each record's
+    slots; what passes it posts, what does not would never have room."""
+    record = lambda ndim: (2, 32, 1, 0, 0, 0, (1,) * ndim)  # noqa: E731
+    assert channel.fits([record(4)] * 7) and not channel.fits([record(0)] * 8)
+    assert channel.fits([record(5)] * 3) and not channel.fits([record(5)] * 4)
+    assert channel.post(Q, pw.MSG_DONE, [record(5)] * 3)
+    with pytest.raises(ValueError, match="cannot fit a ring of 8"):
+        channel.post(Q, pw.MSG_DONE, [record(0)] * 8)
+
+
 def test_a_full_ring_refuses_until_the_consumer_reads(channel):
     assert all(channel.post(R, pw.MSG_WORDS, [i], call_id=i) for i in range(4))  # 2 slots each
     assert channel.room(R) == 0

@@ -92,4 +92,4 @@ cdef extern from "dispatch.h" nogil:
     void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call)
     void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out)
     uint64_t pfb_dispatch_free_bytes(PfbDispatch* d)
-    uint32_t pfb_dispatch_ring_slots(PfbDispatch* d)
+    bint pfb_dispatch_fits(PfbDispatch* d, const PfbDispatchInput* inputs, uint32_t count)

@@ -43,6 +43,7 @@ cdef extern from "shm_layout.h" nogil:
         PFB_POOL_TENSOR_LAZY
         PFB_POOL_TENSOR_REFUSED_MASK
         PFB_POOL_TENSOR_SOCKET
+        PFB_POOL_TENSOR_SCALAR
 
     ctypedef struct PfbPoolMessage:
         uint16_t kind
