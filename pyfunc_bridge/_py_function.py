@@ -99,9 +99,10 @@ def _forward_function(op):
 
 @contextlib.contextmanager
 def _recording():
-    """Tapes record on this thread for the duration, also where TF stopped
-    them (an eager tape's backward pass runs so), as the conversion layer's
-    own recording does (tensors.pxi)."""
+    """Tapes and accumulators record on this thread for the duration, also
+    where TF stopped them (an eager tape's backward pass runs so, and an XLA
+    custom call on the thread that runs the compiled function), as the
+    conversion layer's own recording does (tensors.pxi)."""
     stopped = _pywrap_tfe.TFE_Py_TapeSetIsStopped()
     if stopped:
         _pywrap_tfe.TFE_Py_TapeSetRestartOnThread()
@@ -253,22 +254,6 @@ def _forward_mode(attr_tuple, inputs, outputs, tangents):
     for i, product in zip(differentiable, products):
         result[i] = product
     return result
-
-
-@contextlib.contextmanager
-def _recording():
-    """Records on this thread's tapes and accumulators even where TF stopped
-    them (an XLA custom call runs on the thread that runs the compiled
-    function, whose recording TF stops), as the conversion layer does for a
-    forward call's own tape (tensors.pxi, _TensorConverter.call)."""
-    stopped = _pywrap_tfe.TFE_Py_TapeSetIsStopped()
-    if stopped:
-        _pywrap_tfe.TFE_Py_TapeSetRestartOnThread()
-    try:
-        yield
-    finally:
-        if stopped:
-            _pywrap_tfe.TFE_Py_TapeSetStopOnThread()
 
 
 def _register_forward_mode():

@@ -68,18 +68,10 @@ def many_inputs(count, executor):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("count", COUNTS)
-def test_many_outputs_match_in_process(pool, count, mode):
-    in_process = run(mode, *many_outputs(count, None))
-    in_pool = run(mode, *many_outputs(count, pool))
-    assert in_pool.shape[-2:] == (count, WIDTH)
-    np.testing.assert_array_equal(in_pool, in_process)
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("count", COUNTS)
-def test_many_inputs_match_in_process(pool, count, mode):
-    in_process = run(mode, *many_inputs(count, None))
-    in_pool = run(mode, *many_inputs(count, pool))
+@pytest.mark.parametrize("many", [many_outputs, many_inputs], ids=["outputs", "inputs"])
+def test_many_values_match_in_process(pool, many, count, mode):
+    in_process = run(mode, *many(count, None))
+    in_pool = run(mode, *many(count, pool))
     assert in_pool.shape[-2:] == (count, WIDTH)
     np.testing.assert_array_equal(in_pool, in_process)
 
