@@ -450,7 +450,7 @@ def py_function(func=None, inp=None, Tout=None, name=None, *, portable=False,
       inp: a list of tensors, RaggedTensors or SparseTensors.
       Tout: a dtype, a ``tf.TensorSpec`` (declares, and checks, the static
         shape), a ``tf.RaggedTensorSpec``/``tf.SparseTensorSpec``, or a list
-        of those; ``[]`` or None for no outputs.
+        of those; ``[]`` for no outputs (required, as for TensorFlow).
       name: the op's name.
       portable: as for :func:`numpy_function`: also embed the function (with
         what the op needs around it), serialized by cloudpickle, in graph ops.
@@ -492,6 +492,9 @@ def py_function(func=None, inp=None, Tout=None, name=None, *, portable=False,
             f"EagerTensors and records gradients on a tape, which live in this process "
             f"only. Use pfb.numpy_function or pfb.array_function with executor= to run "
             f"a function in worker processes")
+    if Tout is None:  # before `func`, as TF: `@py_function(tf.int32)` forgot the name
+        raise TypeError(_tout.MISSING_TOUT.replace("numpy_function", "py_function"))
     if func is None:
         return _op.decorator(_py_function, "py_function", inp, Tout, name, portable)
+    _op.require_inp(inp, "py_function")
     return _py_function(func, inp, Tout, name, portable)

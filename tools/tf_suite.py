@@ -49,11 +49,6 @@ EXPECTED = {
         "reads TensorFlow's private script_ops.tape_cache, where TF's eager py_function keeps "
         "a call's tape; pfb keeps what a call records for its gradient in a variant tensor "
         "and never touches that dict (the gradient itself: testEagerGradientTape, equal)",
-    # script_ops_test.py
-    "ArgsAndDecoratorsTest.test_bad_args":
-        "four of its py_function cases leave out Tout or inp, which pfb's py_function takes "
-        "as no outputs or no inputs (README, differences: kept from the first release); its "
-        "other cases raise TF's TypeError (tests/api/test_api_contract.py checks them against TF)",
 }
 
 # The names the pfb side replaces: script_ops' and their public exports.

@@ -336,7 +336,7 @@ BAD_ARGS = {
 }
 
 
-# numpy_function only: pfb's py_function takes Tout=None for no outputs (README).
+# numpy_function (py_function's: test_api_py_function.py).
 NO_TOUT = {
     "bare_decorator": lambda api: api(lambda a, b: a + b),
     "dtype_not_by_name": lambda api: api(tf.int32),

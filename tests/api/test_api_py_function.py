@@ -305,7 +305,7 @@ def test_one_element_list_for_single_tout():
     _assert_same(_numpy(got), _numpy(want))
 
 
-@pytest.mark.parametrize("Tout", [[], None], ids=["empty_list", "none"])
+@pytest.mark.parametrize("Tout", [[], ()], ids=["empty_list", "empty_tuple"])
 @pytest.mark.parametrize("mode", ["eager", "tf_function"])
 def test_no_outputs_runs_the_function(Tout, mode):
     calls = []
@@ -328,7 +328,16 @@ def test_no_outputs_runs_the_function(Tout, mode):
 
 def test_no_inputs():
     assert float(pfb.py_function(lambda: 2.5, [], tf.float32)) == 2.5
-    assert float(pfb.py_function(lambda: 2.5, None, tf.float64)) == 2.5
+
+
+@pytest.mark.parametrize("kwargs", [dict(inp=None, Tout=tf.float64), dict(inp=[], Tout=None)],
+                         ids=["no inp", "no Tout"])
+def test_inp_and_tout_are_required_as_tf_requires_them(kwargs):
+    for api in (tf.py_function, pfb.py_function):  # TF's is the oracle
+        with pytest.raises(TypeError, match=r"Missing (required )?argument"):
+            api(lambda: 2.5, **kwargs)
+        with pytest.raises(TypeError, match=r"Missing (required )?argument"):
+            tf.function(lambda: api(lambda: 2.5, **kwargs))()
 
 
 def test_unsupported_tout_is_type_error():
