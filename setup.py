@@ -97,6 +97,16 @@ class BuildExt(build_ext):
     because it calls CPython's thread-state API: one checkout can hold a build
     for each Python."""
 
+    def finalize_options(self):
+        super().finalize_options()
+        if self.inplace:
+            # pip install -e gives each build a fresh temporary build_temp: the
+            # checkout's own keeps the objects for the next build, which then
+            # compiles only what changed (the folder `setup.py build_ext` uses).
+            build = self.get_finalized_command("build")
+            self.build_temp = os.path.join(
+                HERE, "build", f"temp.{build.plat_name}-{sys.implementation.cache_tag}")
+
     def build_extensions(self):
         if not DEBUG and not SANITIZE:
             # Python's sysconfig CFLAGS carry -g: debug info triples the objects.

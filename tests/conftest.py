@@ -43,6 +43,13 @@ except ImportError:  # the fuzz tests skip without hypothesis
 # interpreters they start and pool workers import by name; the checkout above it.
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
+# The wheel CI leg (tools/test_wheel.sh) runs the suite from a copy of the
+# checkout without pyfunc_bridge/: the package must be the installed one.
+if os.environ.get("PFB_TEST_INSTALLED") == "1" and (
+        os.path.realpath(os.path.dirname(os.path.dirname(pfb.__file__)))
+        == os.path.realpath(ROOT)):
+    raise RuntimeError(f"PFB_TEST_INSTALLED=1, but pyfunc_bridge was imported from the "
+                       f"checkout ({pfb.__file__}), not from the installed wheel")
 
 _GPUS = tf.config.list_physical_devices("GPU")
 # The environment as the run began: a `gpu` test's fresh interpreter that must see the GPU.
