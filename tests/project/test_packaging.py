@@ -71,7 +71,7 @@ def test_readme_commands_install_the_cpu_extra(readme):
         assert "cpu" in extras, command
 
 
-def test_ci_runs_the_readme_test_command_on_two_pythons(readme):
+def test_ci_runs_the_readme_test_command_and_the_wheel(readme):
     (test_command,) = [c for c in _readme_commands(readme) if "pytest" in c]
     with open(os.path.join(ROOT, ".ci", "run")) as f:
         script = f.read()
@@ -82,8 +82,10 @@ def test_ci_runs_the_readme_test_command_on_two_pythons(readme):
     assert '-m venv "$venv"' in script
     assert '"$venv/bin/pip" install -e ".[cpu,test]"' in script
     assert '"$venv/bin/python" -m pytest' in script
-    legs = re.findall(r"^leg (3\.\d+) (2\.\d+)$", script, re.M)
-    assert legs == [("3.11", "2.4"), ("3.12", "2.5")]
+    # One leg runs it; the other tests what users install, the wheel.
+    legs = re.findall(r"^(leg|wheel_leg) (3\.\d+) (2\.\d+)$", script, re.M)
+    assert legs == [("leg", "3.11", "2.4"), ("wheel_leg", "3.12", "2.5")]
+    assert 'tools/test_wheel.sh "$1" "$2"' in script
     assert "3.11" in readme and "3.12" in readme
 
 
