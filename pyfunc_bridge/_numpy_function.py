@@ -67,7 +67,7 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=F
         result = _op.build_graph_op(op_name, op, func, inputs, signature, name,
                                     (("copy", copy_attr),), framework, portable,
                                     executor=pool, api=api)
-    if signature.single or (eager and len(signature.dtypes) == 1):
+    if signature.single or (eager and framework is None and len(signature.dtypes) == 1):
         # Eagerly TF's numpy_function and py_func return a one-entry Tout
         # list's result as a tensor, not a list of one (in graphs a list).
         return result[0]

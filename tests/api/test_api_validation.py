@@ -166,6 +166,6 @@ def test_python_values_convert(value, Tout, want):
 
 
 def test_nested_python_list_converts():
-    (y,) = pfb.numpy_function(lambda a: ([[1, 2], [3, 4]],), [X], [tf.float64])
+    y = pfb.numpy_function(lambda a: ([[1, 2], [3, 4]],), [X], [tf.float64])  # eagerly a tensor
     assert y.dtype == tf.float64
     np.testing.assert_array_equal(y.numpy(), [[1.0, 2.0], [3.0, 4.0]])

@@ -178,7 +178,7 @@ SHARED_RESULT = (np.arange(4, dtype=np.int64),)
 
 
 def test_arrays_in_a_container_someone_else_holds_are_copied():
-    (y,) = pfb.numpy_function(lambda: SHARED_RESULT, [], [tf.int64])
+    y = pfb.numpy_function(lambda: SHARED_RESULT, [], [tf.int64])  # eagerly a tensor, as TF's
     assert not np.shares_memory(np.asarray(y), SHARED_RESULT[0])
     SHARED_RESULT[0][:] = -1
     np.testing.assert_array_equal(y.numpy(), [0, 1, 2, 3])

@@ -143,13 +143,18 @@ def test_a_torch_result_of_a_dtype_the_bridge_cannot_take_names_it(pool, torch, 
 
 @pytest.mark.parametrize("shape", [[1000], [0]])
 def test_a_torch_function_that_writes_its_input_fails_as_in_process(pool, shape, torch):
-    """Without copy=True a torch input is TensorFlow's memory in-process, and
+    """Under copy=False a torch input is TensorFlow's memory in-process, and
     a write to it fails the call; in a worker the block is the call's own,
-    but the function is as wrong."""
+    but the function is as wrong.  Under the default both may write."""
     for executor in (None, pool):
         with pytest.raises(tf.errors.InvalidArgumentError, match="wrote to input 0 in place"):
             pfb.array_function(pf.briefly_double_in_place, [tf.ones(shape)], tf.float32,
-                               framework="torch", executor=executor)
+                               framework="torch", executor=executor, copy=False)
+        x = tf.ones(shape)
+        got = pfb.array_function(pf.briefly_double_in_place, [x], tf.float32,
+                                 framework="torch", executor=executor)
+        np.testing.assert_array_equal(got.numpy(), np.full(shape, 2.0, np.float32))
+        np.testing.assert_array_equal(x.numpy(), np.ones(shape, np.float32))
 
 def test_a_torch_result_that_requires_grad_fails_as_in_process(pool, torch):
     for executor in (None, pool):
