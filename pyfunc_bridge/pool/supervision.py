@@ -192,8 +192,7 @@ class Supervision:
         try:
             code = worker.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # it closed its socket but lives on
-            worker.proc.kill()
-            code = worker.proc.wait()
+            code = worker.kill_and_reap()
         if unreadable:
             return unreadable
         if code < 0:
@@ -275,8 +274,7 @@ class Supervision:
         try:
             worker.reader.start()
         except BaseException as exc:
-            worker.proc.kill()
-            worker.proc.wait()
+            worker.kill_and_reap()
             with self._lock:
                 worker.alive = False
             why = f"a worker's reader thread could not be started ({type(exc).__name__}: {exc})"
@@ -338,9 +336,8 @@ class Supervision:
         for w in workers:
             try:
                 w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                w.proc.kill()  # still in a function
-                w.proc.wait()
+            except subprocess.TimeoutExpired:  # still in a function (or its wait lock is stuck)
+                w.kill_and_reap()
         for w in workers:
             if w.reader.ident is not None and w.reader is not threading.current_thread():
                 w.reader.join(timeout=5)  # (one that never started: _watch)

@@ -93,8 +93,7 @@ class WorkerProcess:
             # No reader will see this worker end (the hello failed, or its
             # start): it is ended here, and what it held closed.
             if self.proc is not None:
-                self.proc.kill()
-                self.proc.wait()
+                self.kill_and_reap()
             for sock in (parent, child):
                 if sock is not None:
                     sock.close()
@@ -106,6 +105,22 @@ class WorkerProcess:
             for fd in (result_fd, control_fd):
                 if fd is not None:
                     os.close(fd)  # mapped here, and passed to the worker
+
+    def kill_and_reap(self):
+        """SIGKILL, then the exit code, waited for with os.waitpid: Popen.wait
+        takes a lock that a KeyboardInterrupt between its acquire and its
+        try leaves held, and every later wait on the process then hangs."""
+        proc = self.proc
+        proc.kill()
+        while proc.returncode is None:
+            try:
+                _, status = os.waitpid(proc.pid, 0)
+            except ChildProcessError:  # another wait reaped it first
+                if proc.returncode is None:
+                    proc.returncode = -9
+            else:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+        return proc.returncode
 
     def ended(self):
         """Lets go of what the parent holds of this worker once it has ended:

@@ -402,3 +402,26 @@ print("done")
 
 def test_close_on_the_spawning_thread_during_a_start_does_not_hang(failing_start):
     run_script(_CLOSED_BY_ITS_SPAWNER_SCRIPT, failing_start)
+
+
+STUCK_WAIT_LOCK = """
+import tensorflow as tf, pyfunc_bridge as pfb
+import process_functions as pf
+pool = pfb.ProcessPool(2, name="stuck wait lock")
+pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool)
+# What a KeyboardInterrupt between Popen.wait's acquire and its try leaves:
+# the process's wait lock held for good.
+workers = list(pool._workers)
+assert len(workers) == 2
+for worker in workers:
+    worker.proc._waitpid_lock.acquire()
+pool.close()  # kills and reaps the workers without Popen.wait
+assert all(w.proc.returncode is not None for w in workers)
+print("done")
+"""
+
+
+def test_a_close_reaps_workers_whose_wait_lock_an_interrupt_left_held():
+    """The Ctrl-C test above hung once in Popen.wait(): an interrupt had left
+    the process's wait lock held.  Workers are reaped with os.waitpid."""
+    run_script(STUCK_WAIT_LOCK)
