@@ -1,4 +1,5 @@
 """``numpy_function`` and ``py_func``: the public op-building API."""
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops
 
@@ -16,7 +17,11 @@ for _op_type in (STATEFUL_OP, STATELESS_OP, ARRAY_OP, ARRAY_STATELESS_OP):
     _tf_ops.no_gradient(_op_type)
 
 
-def _inputs(inp):
+# Python values that TF's eager numpy_function passes through np.array.
+_PYTHON_VALUES = (bool, int, float, complex, str, bytes, list, tuple)
+
+
+def _inputs(inp, eager):
     tensors = []
     for i, value in enumerate(_op.input_list(inp)):
         if not isinstance(value, tf.Tensor):
@@ -24,10 +29,24 @@ def _inputs(inp):
                 raise TypeError(
                     f"inp[{i}] is a {type(value).__name__}; numpy_function takes "
                     f"dense tensors")
+            if eager and isinstance(value, _PYTHON_VALUES):
+                # TF's eager numpy_function calls func(*map(np.array, inp)):
+                # 1.5 is float64 there and 3 int64, not convert_to_tensor's 32 bits.
+                value = _numpy_input(value)
             value = _op.convert_input(value, f"inp[{i}]")
         tensors.append(value)
     _op.check_input_dtypes(tensors, "inp[{}]")
     return tensors
+
+
+def _numpy_input(value):
+    """`value` as np.array makes it, where that has a tensor form; otherwise
+    `value` itself, whose conversion error names it."""
+    try:
+        array = np.array(value)
+    except ValueError:  # a ragged list
+        return value
+    return value if array.dtype == object else array
 
 
 def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=False,
@@ -43,9 +62,9 @@ def _bridge_op(func, inp, Tout, stateful, name, copy, framework=None, portable=F
         pool = process_pool.executor(executor, api)
     copy_attr, copy_mode = _library.conversion().copy_policy(copy)
     signature = _tout.normalize(Tout)
-    inputs = _inputs(inp)
-    lib = _library.ops()
     eager = tf.executing_eagerly()
+    inputs = _inputs(inp, eager)
+    lib = _library.ops()
     # TF runs a dispatched eager op as a function, which prunes a stateless op
     # without outputs: eagerly such a call runs once, stateful or not.
     stateful = stateful or (eager and not signature.dtypes)

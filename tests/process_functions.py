@@ -499,3 +499,8 @@ def normalize_in_place(img):
 def torch_normalize_in_place(t):
     t.sub_(1.0).div_(2.0)
     return t
+
+
+def keyed_results(a):
+    """A dict result: TF's eager numpy_function returns its values by sorted key."""
+    return {"b": a, "a": {"c": a + 1}}

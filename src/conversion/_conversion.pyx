@@ -80,6 +80,7 @@ from includes.numpy_c cimport (
     PyArray_DIMS, PyArray_NDIM, npy_intp,
 )
 
+from collections.abc import Mapping
 import threading
 import traceback
 import weakref

@@ -47,6 +47,10 @@ cdef class _NumpyConverter(_Converter):
         _input_arrays(args, call.copy_mode, self.scalars, counts)
         return None
 
+    cdef object call(self, PfbCall* call, object entry, tuple args, _CallCounts* counts):
+        result = entry.func(*args)
+        return _flat_mapping(result) if not self.scalars else result
+
     cdef object enter(self, PfbCall* call):
         # Fresh NumPy arrays must be aligned to be handed over.  On TF's worker
         # threads (no user Python runs there) the handler stays installed; on
@@ -59,7 +63,11 @@ cdef class _NumpyConverter(_Converter):
 
     cdef int outputs(self, PfbCall* call, object result, Py_ssize_t outside_refs,
                      list ranges, _CallCounts* counts) except -1:
-        return _export_outputs(call, result, outside_refs, False, None, counts)
+        # Eagerly a result of another dtype converts where no value changes:
+        # TF's eager numpy_function returns it unchecked (its inputs are
+        # np.array's, int64 for a Python int, whatever Tout says).
+        return _export_outputs(call, result, outside_refs, False, None, counts, None,
+                               not self.scalars)
 
     cdef int leave(self, PfbCall* call, object entered) except -1:
         if entered is not None:
@@ -87,6 +95,16 @@ cdef class _FrameworkConverter(_NumpyConverter):
     cdef int outputs(self, PfbCall* call, object result, Py_ssize_t outside_refs,
                      list ranges, _CallCounts* counts) except -1:
         return _export_outputs(call, result, outside_refs, True, ranges, counts)
+
+
+cdef object _flat_mapping(object result):
+    """An eager NumPy function's result as TF's eager numpy_function takes it:
+    a mapping as nest.flatten gives it (its values by sorted key), anything
+    else as it is (in graphs a mapping has no tensor form: INTERNAL, as TF)."""
+    if not isinstance(result, Mapping):
+        return result
+    from tensorflow.python.util import nest
+    return nest.flatten(result)
 
 
 cdef _NumpyConverter _NUMPY = _NumpyConverter()
@@ -195,7 +213,7 @@ cdef inline int _swap(tuple args, Py_ssize_t i, object value) except -1:
 
 cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
                          bint dlpack, list ranges, _CallCounts* counts,
-                         list refused=None) except -1:
+                         list refused=None, bint convert=False) except -1:
     """Checks the results against the declaration and exports them.
 
     `outside_refs`: references to `result` that the bridge does not hold.
@@ -205,13 +223,15 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
     `refused`: for a worker process's result (executor=), per value the
     reason copy=False refuses what the function returned (None: none), which
     replaces the decision on the pool's own copy (_export_output's `pooled`).
+    `convert`: results of another dtype convert where no value changes
+    (eager NumPy functions; _export_output's).
     """
     cdef int i, n = call.num_outputs
     cdef Py_ssize_t held
     cdef PyObject* item
     if n == 1 and result is not None and not isinstance(result, (list, tuple)):
         _export_result(call, 0, <PyObject*>result, outside_refs, dlpack, ranges, counts, True,
-                       refused)
+                       refused, convert)
         return 0
     items = None
     if isinstance(result, (list, tuple)):
@@ -234,7 +254,7 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
                 outside.append(Py_REFCNT(item) - held + (1 if outside_refs > 0 else 0))
             for i in range(n):
                 _export_result(call, i, PyTuple_GET_ITEM(items, i), outside[i], dlpack,
-                               ranges, counts, False, refused)
+                               ranges, counts, False, refused, convert)
             return 0
     # Raises unless n == 0 and result is None (None is 0 values); counts
     # what iteration yielded.
@@ -259,14 +279,15 @@ cdef Py_ssize_t _stored(object container, PyObject* item):
 
 cdef inline int _export_result(PfbCall* call, int i, PyObject* item, Py_ssize_t refs,
                                bint dlpack, list ranges, _CallCounts* counts,
-                               bint sole=False, list refused=None) except -1:
+                               bint sole=False, list refused=None,
+                               bint convert=False) except -1:
     if refused is not None:  # a worker's result: an ndarray or a Python value
         call.outputs[i] = _export_output(item, refs, i, &call.output_specs[i],
                                          call.copy_mode, counts, sole, True,
-                                         refused[i] if i < len(refused) else None)
+                                         refused[i] if i < len(refused) else None, convert)
     elif not dlpack or PyArray_Check(item):
         call.outputs[i] = _export_output(item, refs, i, &call.output_specs[i],
-                                         call.copy_mode, counts, sole)
+                                         call.copy_mode, counts, sole, False, None, convert)
     else:
         call.outputs[i] = _export_dlpack_output(item, refs, i, &call.output_specs[i],
                                                 call.copy_mode, ranges, counts, call.stream)

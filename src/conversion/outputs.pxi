@@ -81,6 +81,20 @@ cdef str _dtype_fix(object value, object got, object want):
     return f"{convert} or declare Tout=tf.{declared}"
 
 
+cdef int _raise_unsupported_item(cnp.ndarray arr, str text) except -1:
+    """Raises `text` as _UnsupportedOutput where object array `arr` holds an
+    item that is neither bytes nor str: TensorFlow has no tensor of it
+    (INTERNAL, "Unsupported object type float"), where an array of strings
+    for a numeric Tout is only a wrong dtype (InvalidArgument)."""
+    if arr.dtype.kind != "O":
+        return 0
+    for item in arr.reshape(-1):
+        if not isinstance(item, (bytes, str)):
+            raise _UnsupportedOutput(
+                f"{text} (Unsupported object type {type(item).__name__})")
+    return 0
+
+
 cdef int _raise_unsupported_object(object value, int index) except -1:
     name = type(value).__name__
     raise _UnsupportedOutput(
@@ -390,9 +404,10 @@ cdef cnp.ndarray _as_string_array(object value, int index):
         elif isinstance(item, str):
             flat_out[i] = (<str>item).encode("utf-8")
         else:
-            raise _OutputError(
+            raise _UnsupportedOutput(
                 f"output {index}: Tout declares string but element {i} (flat index) "
-                f"is {type(item).__name__}; string outputs hold bytes or str")
+                f"is {type(item).__name__}, which has no tensor form (Unsupported "
+                f"object type {type(item).__name__}); string outputs hold bytes or str")
         i += 1
     return out
 
@@ -470,9 +485,10 @@ cdef DLManagedTensorVersioned* _export_output(PyObject* raw, Py_ssize_t outside_
                 f"output {index}: the function returned an array of dtype "
                 f"{checked.dtype}, which TensorFlow has no dtype for (Unsupported "
                 f"numpy data type); return an array of the declared dtype {want.name}")
-        raise _OutputError(
-            f"output {index}: Tout declares {want.name} but the function returned "
-            f"{_returned_text(<object>raw, arr.dtype)}; {_dtype_fix(<object>raw, arr.dtype, want)}")
+        text = (f"output {index}: Tout declares {want.name} but the function returned "
+                f"{_returned_text(<object>raw, arr.dtype)}; {_dtype_fix(<object>raw, arr.dtype, want)}")
+        _raise_unsupported_item(checked, text)
+        raise _OutputError(text)
     _check_shape(checked, spec, index)
     if pooled and refused is not None and copy_mode == PFB_COPY_FALSE:
         _raise_copy_forbidden(index, refused)

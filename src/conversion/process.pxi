@@ -120,6 +120,9 @@ cdef class _ProcessConverter(_NumpyConverter):
                 call.route[0] = <void*><uintptr_t>route.share()
         if counts != NULL:
             counts.copied[_WORKER] += moved
+        if not self.scalars and self.framework is None and isinstance(result, Mapping):
+            result = _flat_mapping(result)  # it came pickled: fresh, no copy facts
+            facts = [None] * len(result)
         cdef _PoolResult made = _PoolResult.__new__(_PoolResult)
         made.value = result
         if call.copy_mode == PFB_COPY_FALSE:
@@ -136,7 +139,7 @@ cdef class _ProcessConverter(_NumpyConverter):
         value = pooled.value
         pooled.value = None  # the references to `value` are now its own and ours
         return _export_outputs(call, value, Py_REFCNT(<PyObject*>value) - 1, False, None,
-                               counts, pooled.refused)
+                               counts, pooled.refused, not self.scalars)
 
 
 def process_converter(object adapter, bint eager, object pool):
