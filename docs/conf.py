@@ -37,6 +37,8 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+# The docstrings' "Raises:" sections are prose with examples, not "Type: text" lists.
+napoleon_custom_sections = ["Raises"]
 
 html_theme = "furo"
 html_title = "pyfunc_bridge"
