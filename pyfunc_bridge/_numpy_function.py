@@ -98,7 +98,7 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
     """Wraps a Python function taking and returning NumPy arrays as a TF op.
 
     A drop-in for ``tf.numpy_function``: same arguments, same results, the
-    same error classes in graphs, on pyfunc_bridge's own kernel (the README
+    same error classes in graphs, on pyfunc_bridge's own kernel (docs/differences.md
     lists the deliberate differences).
 
     Args:

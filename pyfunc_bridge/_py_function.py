@@ -433,7 +433,7 @@ def py_function(func=None, inp=None, Tout=None, name=None, *, portable=False,
     """Wraps a Python function of EagerTensors as a once-differentiable TF op.
 
     A drop-in for ``tf.py_function``: same arguments, same results, the same
-    error classes, on pyfunc_bridge's own kernel (the README lists the
+    error classes, on pyfunc_bridge's own kernel (docs/differences.md lists the
     deliberate differences).
 
     Args:

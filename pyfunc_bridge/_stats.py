@@ -112,19 +112,18 @@ class StatsSnapshot:
     pools: dict = dataclasses.field(default_factory=dict)
 
     def __str__(self):
-        rows = sorted(self.functions.items()) + [("(total)", self.total)]
-        width = min(max(len(name) for name, _ in rows), 48) + 2
-        header = (f"{'function':<{width}}{'calls':>9}{'errors':>8}{'zero-copy':>12}"
-                  f"{'copied':>12}  {'in function':>12}{'marshalling':>13}  copied by reason")
-        lines = [header, "-" * len(header)]
-        for name, s in rows:
+        columns = [("function", "<"), ("calls", ">"), ("errors", ">"), ("zero-copy", ">"),
+                   ("copied", ">"), ("in function", ">"), ("marshalling", ">"),
+                   ("copied by reason", "<")]
+        rows = []
+        for name, s in sorted(self.functions.items()) + [("(total)", self.total)]:
             reasons = ", ".join(f"{r} {_bytes(n)}" for r, n in s.bytes_copied.items() if n)
             per_call = 1e6 / s.calls if s.calls else 0.0
-            lines.append(
-                f"{name[:width - 2]:<{width}}{s.calls:>9}{s.errors:>8}{_bytes(s.bytes_zero_copy):>12}"
-                f"{_bytes(s.bytes_copied_total):>12}  "
-                f"{s.seconds_in_function * per_call:>9.2f} us"
-                f"{s.seconds_marshalling * per_call:>10.2f} us  {reasons or '-'}")
+            rows.append([name[:48], str(s.calls), str(s.errors), _bytes(s.bytes_zero_copy),
+                         _bytes(s.bytes_copied_total),
+                         f"{s.seconds_in_function * per_call:.2f} us",
+                         f"{s.seconds_marshalling * per_call:.2f} us", reasons or "-"])
+        lines = _table(columns, rows)
         lines.append("(times are per call; statistics are "
                      f"{'on' if self.enabled else 'off'})")
         if self.pools:
@@ -136,19 +135,32 @@ class StatsSnapshot:
 
 
 def _pool_table(pools):
-    width = min(max(len(name) for name in pools), 48) + 2
-    header = (f"{'pool':<{width}}{'calls':>9}{'queued':>12}{'in worker':>12}"
-              f"{'bytes in':>12}{'bytes out':>12}{'copies saved':>14}{'replaced':>10}"
-              f"{'timeouts':>10}")
-    lines = ["", header, "-" * len(header)]
+    columns = [("pool", "<"), ("calls", ">"), ("queued", ">"), ("in worker", ">"),
+               ("bytes in", ">"), ("bytes out", ">"), ("copies saved", ">"),
+               ("replaced", ">"), ("timeouts", ">")]
+    rows = []
     for name, p in sorted(pools.items()):
         per_call = 1e6 / p.calls if p.calls else 0.0
-        lines.append(f"{name[:width - 2]:<{width}}{p.calls:>9}"
-                     f"{p.seconds_queued * per_call:>9.1f} us{p.seconds_in_workers * per_call:>9.1f} us"
-                     f"{_bytes(p.bytes_in):>12}{_bytes(p.bytes_out):>12}{p.copies_saved:>14}"
-                     f"{p.workers_replaced:>10}{p.timeouts:>10}")
-    lines.append("(pool times are per call)")
-    return lines
+        rows.append([name[:48], str(p.calls), f"{p.seconds_queued * per_call:.1f} us",
+                     f"{p.seconds_in_workers * per_call:.1f} us", _bytes(p.bytes_in),
+                     _bytes(p.bytes_out), str(p.copies_saved), str(p.workers_replaced),
+                     str(p.timeouts)])
+    return ["", *_table(columns, rows), "(pool times are per call)"]
+
+
+def _table(columns, rows):
+    """The lines of a table of `columns` ((title, "<" or ">") pairs) and `rows`
+    (lists of strings): each column as wide as its widest cell, two spaces
+    between columns, so that wide numbers never run together."""
+    widths = [max(len(title), *(len(row[i]) for row in rows))
+              for i, (title, _) in enumerate(columns)]
+
+    def line(cells):
+        return "  ".join(f"{cell:{align}{width}}" for cell, (_, align), width
+                         in zip(cells, columns, widths)).rstrip()
+
+    header = line([title for title, _ in columns])
+    return [header, "-" * len(header), *(line(row) for row in rows)]
 
 
 def stats():

@@ -1,5 +1,7 @@
 """Launchers for a tf.data service that runs pipelines with pyfunc_bridge ops.
 
+Usage::
+
     python -m pyfunc_bridge.service dispatcher --port 5050
     python -m pyfunc_bridge.service worker --dispatcher HOST:5050 [--port P]
         [--worker-address ADDRESS] [--import MODULE ...] [--trust-pickled]

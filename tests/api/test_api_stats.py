@@ -2,6 +2,8 @@
 
 Counts and byte categories are exact for known inputs and outputs.
 """
+import dataclasses
+import re
 import subprocess
 import sys
 import time
@@ -237,6 +239,20 @@ def test_str_is_a_table():
     assert row.split()[1:3] == ["1", "0"]
     assert "non_contiguous 64 B" in row
     assert any(line.startswith("(total)") for line in lines)
+
+
+def test_str_keeps_wide_numbers_apart():
+    # Columns of fixed width ran together once a number outgrew them.
+    pfb.numpy_function(lambda a: a, [X], tf.float32, name="wide")
+    snapshot = pfb.stats()
+    entry = dataclasses.replace(snapshot.functions["wide"], calls=10**12,
+                                seconds_in_function=1.5515456e12,
+                                seconds_marshalling=1.2345678e12)
+    lines = str(dataclasses.replace(snapshot, functions={"wide": entry})).splitlines()
+    row = next(line for line in lines if line.startswith("wide"))
+    cells = re.split(r"\s{2,}", row)
+    assert len(cells) == len(re.split(r"\s{2,}", lines[0]))
+    assert cells[1] == str(10**12) and cells[5:7] == ["1551545.60 us", "1234567.80 us"]
 
 
 # ------------------------------------------------------------ py_function --

@@ -1,6 +1,8 @@
 """Process workers (executor=): statistics per pool in pfb.stats().pools,
 one test per counter."""
+import dataclasses
 import os
+import re
 import signal
 import threading
 import time
@@ -178,3 +180,21 @@ def test_an_unanswered_call_is_not_counted():
         wait_for(lambda: pfb.stats().pools.get("dying stats pool") is not None, 20)
     s = pool_stats("dying stats pool")
     assert (s.calls, s.workers_replaced) == (0, 1)
+
+
+def test_the_pool_table_keeps_wide_numbers_apart(pool):
+    # A new user's table read "1736.0 us1551545.6 us": columns ran together
+    # once a number outgrew its fixed width.
+    call(pf.double, [tf.constant([1])], tf.int32, pool)
+    snapshot = pfb.stats()
+    counted = snapshot.pools["stats pool"]
+    wide = dataclasses.replace(counted, seconds_queued=1736.0e-6 * counted.calls,
+                               seconds_in_workers=1.5515456 * counted.calls,
+                               bytes_in=1023 * 2**30, copies_saved=10**15)
+    lines = str(dataclasses.replace(snapshot, pools={"stats pool": wide})).splitlines()
+    header = next(line for line in lines if line.startswith("pool"))
+    row = next(line for line in lines if line.startswith("stats pool"))
+    cells = re.split(r"\s{2,}", row)
+    assert len(cells) == len(re.split(r"\s{2,}", header))
+    assert cells[2:4] == ["1736.0 us", "1551545.6 us"]
+    assert cells[6] == str(10**15)

@@ -80,8 +80,11 @@ def test_ci_runs_the_readme_test_command_and_the_wheel(readme):
              for step in test_command.split("&&")]
     assert steps == ["python3 -m venv", 'pip install -e ".[cpu,test]"', "python -m pytest"]
     assert '-m venv "$venv"' in script
-    assert '"$venv/bin/pip" install -e ".[cpu,test]"' in script
+    # (with the docs extra, for the site's build and its examples)
+    assert '"$venv/bin/pip" install -e ".[cpu,test,docs]"' in script
     assert '"$venv/bin/python" -m pytest' in script
+    assert '"$venv/bin/python" -m sphinx -W -b html docs docs/_build/html' in script
+    assert '"$venv/bin/python" -m sphinx -W -b doctest docs docs/_build/doctest' in script
     # One leg runs it; the other tests what users install, the wheel.
     legs = re.findall(r"^(leg|wheel_leg) (3\.\d+) (2\.\d+)$", script, re.M)
     assert legs == [("leg", "3.11", "2.4"), ("wheel_leg", "3.12", "2.5")]
