@@ -115,11 +115,14 @@ def numpy_function(func=None, inp=None, Tout=None, stateful=True, name=None, *,
       stateful: whether the function has side effects; stateless ops may be
         merged or pruned by TF's optimizers.
       name: the op's name.
-      copy: the copy policy.  ``None`` (default): inputs are read-only zero-copy
-        views, outputs are zero-copy unless Python could still change their
+      copy: the copy policy.  ``None`` (default): inputs are writable, as
+        with TensorFlow, and zero-copy where the call holds TensorFlow's
+        buffer alone, else a private copy, so no write is seen outside the
+        call; outputs are zero-copy unless Python could still change their
         memory after the call, then copied once.  ``True``: private writable
         input copies, outputs always copied.  ``False``: never copy numeric
-        data; an output that would need a copy is an InvalidArgument error.
+        data: read-only input views, and an output that would need a copy is
+        an InvalidArgument error.
       portable: also embed the function, serialized by cloudpickle, in graph
         ops, so that another process can run it (a SavedModel, a tf.data
         service worker) where it trusts pickles (:func:`trust_pickled`).  For
