@@ -13,9 +13,11 @@ def array_function(func, inp, Tout, *, framework, stateful=True, name=None, copy
     return any object exporting ``__dlpack__`` (a torch tensor, a JAX array,
     ...), an ndarray or Python values.
 
-    Inputs: torch tensors share TensorFlow's memory (torch has no read-only
-    tensors; an in-place write fails the op, use ``copy=True`` to write); JAX
-    copies them on import.  Results exporting ``__dlpack__`` come back
+    Inputs: torch tensors share TensorFlow's memory where the call holds it
+    alone, else they are the call's private copy, so an in-place write is
+    never seen outside the call (``copy=False``: always shared, and a write
+    fails the op, since torch has no read-only tensors); JAX copies them on
+    import.  Results exporting ``__dlpack__`` come back
     without a copy when nothing in Python can write their memory afterwards
     (a fresh torch tensor, any JAX array) and they are 64-byte aligned and
     C-contiguous; otherwise they are copied once (``copy=False``: an error).
