@@ -22,6 +22,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.join(HERE, "src")
 TF_COMPILE_FLAGS = tf.sysconfig.get_compile_flags()
 TF_LINK_FLAGS = tf.sysconfig.get_link_flags()
 TF_CC_LINK_FLAGS = ["-l:libtensorflow_cc.so.2"]
@@ -60,11 +61,17 @@ JOBS = int(os.environ.get("PFB_BUILD_JOBS") or len(os.sched_getaffinity(0)))
 
 
 def _up_to_date(obj, src, depends):
-    """Whether `obj` is newer than its source and every header it may include."""
+    """Whether `obj` is newer than its source and every file of src/ it may
+    include.  Installed packages' headers (NumPy's, TensorFlow's) do
+    not count: pip's isolated build environment unpacks them afresh, newer
+    than every object, at each install, and they change only with a version
+    (NumPy's names the folder of the Cython objects, CYTHON_BUILD_DIR; the
+    kernel builds against one TensorFlow minor version, 2.21)."""
     if not os.path.exists(obj):
         return False
     built = os.path.getmtime(obj)
-    return all(os.path.getmtime(p) <= built for p in [src, *depends] if os.path.exists(p))
+    ours = [p for p in depends if os.path.abspath(p).startswith(SRC + os.sep)]
+    return all(os.path.getmtime(p) <= built for p in [src, *ours] if os.path.exists(p))
 
 
 def _compile_in_parallel(compiler, sources, output_dir=None, macros=None,
