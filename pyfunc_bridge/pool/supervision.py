@@ -10,10 +10,9 @@ import subprocess
 import threading
 import time
 
-from pyfunc_bridge._errors import CallTimeoutError
 from pyfunc_bridge.pool.answers import ring_answers
 from pyfunc_bridge.pool.errors import (DEADLINE_EXCEEDED, FAILED_PRECONDITION, UNKNOWN,
-                                       PoolClosedError, WorkerError)
+                                       CallTimeoutError, PoolClosedError, WorkerError)
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.pool.worker_process import WorkerProcess
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL, FrameReader, send

@@ -6,7 +6,7 @@ import threading
 import time
 import weakref
 
-from pyfunc_bridge._errors import CallTimeoutError
+from pyfunc_bridge.pool.errors import CallTimeoutError
 from pyfunc_bridge.worker import start_worker
 
 _STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then SIGKILL

@@ -73,7 +73,7 @@ def test_a_forked_child_gets_a_clear_error_and_the_parent_pool_is_unaffected():
     for how, error in (("api", child["api"]), ("run", child["run"])):
         assert "'forked pool'" in error or "forked pool " in error, (how, error)
         assert "is a fork of it" in error and "Start a ProcessPool in this process" in error
-    assert child["api"].startswith("FailedPreconditionError")
+    assert child["api"].startswith("PoolClosedError[FailedPreconditionError]")  # (eager)
     assert child["run"].startswith("PoolClosedError")
     # The child's default pool is its own; the parent's workers are the same ones.
     assert child["default"] in child["default_pids"]
