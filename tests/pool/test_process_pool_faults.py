@@ -16,7 +16,8 @@ import process_functions as pf
 from conftest import wait_for
 from pool_checks import worker_alive
 import pyfunc_bridge as pfb
-from pyfunc_bridge.pool import process_pool as _process, supervision, worker_process
+from pyfunc_bridge.pool import process_pool as _process, worker_process
+from pyfunc_bridge.pool.supervision import Supervisor
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.worker import start_worker
 from process_pool_helpers import call_in_thread, marked_pid, open_sockets, run_script
@@ -109,7 +110,7 @@ def test_a_pool_whose_workers_cannot_start_says_why_and_tries_again_later(tmp_pa
     workers again."""
     failing = tmp_path / "fails_at_start.py"
     failing.write_text("import sys\nsys.exit(3)\n")
-    monkeypatch.setattr(supervision, "_RETRY_SECONDS", 1.0)  # the back-off this test waits out
+    monkeypatch.setattr(Supervisor, "retry_seconds", 1.0)  # the back-off this test waits out
     start_worker.pool_module()  # loaded by its real path, before the patch
     monkeypatch.setattr(start_worker, "__file__", str(failing))
 
@@ -149,14 +150,7 @@ def test_a_broken_pool_s_live_workers_go_on_serving(tmp_path, monkeypatch):
     back-off a call starts the lost slot again."""
     failing = tmp_path / "fails_at_start.py"
     failing.write_text("import sys\nsys.exit(3)\n")
-    monkeypatch.setattr(supervision, "_RETRY_SECONDS", 1.0)  # the back-off this test waits out
-    broke = threading.Event()
-    real_break = supervision.Supervision._break
-
-    def recording_break(pool, why):
-        real_break(pool, why)
-        broke.set()
-    monkeypatch.setattr(supervision.Supervision, "_break", recording_break)
+    monkeypatch.setattr(Supervisor, "retry_seconds", 1.0)  # the back-off this test waits out
     start_worker.pool_module()  # loaded by its real path, before the patch
     with pfb.ProcessPool(2, name="half broken pool") as half:
         def call():
@@ -168,7 +162,7 @@ def test_a_broken_pool_s_live_workers_go_on_serving(tmp_path, monkeypatch):
         live, victim = half.pids()
         monkeypatch.setattr(start_worker, "__file__", str(failing))
         os.kill(victim, signal.SIGKILL)
-        assert broke.wait(timeout=60)  # three replacements exited
+        wait_for(lambda: half._supervisor.broken, 60)  # three replacements exited
         monkeypatch.setattr(start_worker, "__file__", _worker_file)  # they can start
         retry = time.monotonic() + 1.0
         assert half.pids() == [live]
@@ -236,7 +230,7 @@ def victim(worker):
 
 def tracer(frame, event, arg):
     name, where = frame.f_code.co_name, frame.f_locals
-    if name == "_attach" and victim(where.get("worker")):
+    if name == "attach" and victim(where.get("worker")):
         seen.add("attach")
         if where["worker"].reader.ident is not None:  # its death may be handled first
             assert detached.wait(60), "the reader never handled the worker's death"
@@ -318,23 +312,24 @@ def test_a_worker_whose_reader_cannot_start_is_ended_and_the_pool_breaks():
 
 
 # A broken pool revived while one of its dead workers is still being handled
-# (its _lost reaps it, for up to 5 s): held `before` the dead worker's slot is
+# (its lost reaps it, for up to 5 s): held `before` the dead worker's slot is
 # detached, or `after`.  The revival and the dead worker's own replacement
 # start one worker for its slot between them, and the pool knows every worker.
 _REVIVAL_DURING_A_DEATH_SCRIPT = r"""
 import os, signal, sys, threading, time
 import tensorflow as tf, pyfunc_bridge as pfb
 from pool_checks import call_pid, worker_alive
-from pyfunc_bridge.pool import supervision
+from pyfunc_bridge.pool.supervision import Supervisor
 from pyfunc_bridge.worker import start_worker
 
 failing, window = sys.argv[1:]
-supervision._RETRY_SECONDS = 0.2  # the back-off this script waits out
+Supervisor.retry_seconds = 0.2  # the back-off this script waits out
 pool = pfb.ProcessPool(2, name="revived during a death")
+supervisor = pool._supervisor
 slow, other = pool.pids()
 handling, go_on, handler = threading.Event(), threading.Event(), []
-step = "_death" if window == "before" else "_replace"
-real_step = getattr(pool, step)
+step = "death" if window == "before" else "replace"
+real_step = getattr(supervisor, step)
 
 def slow_step(worker, *args):
     if worker.pid == slow:
@@ -350,14 +345,14 @@ def workers():  # this process's live workers (children of its spawning thread)
             found.update(int(pid) for pid in f.read().split())
     return {pid for pid in found if worker_alive(pid)}
 
-setattr(pool, step, slow_step)
+setattr(supervisor, step, slow_step)
 os.kill(slow, signal.SIGKILL)
 assert handling.wait(120), "the dead worker was never handled"
 start_worker.pool_module()  # loaded by its real path, before the workers fail
 real, start_worker.__file__ = start_worker.__file__, failing
 os.kill(other, signal.SIGKILL)  # its replacements end as they start: the pool breaks
 deadline = time.monotonic() + 120
-while not pool._broken or time.monotonic() < pool._retry_at:
+while not supervisor.broken or time.monotonic() < supervisor.retry_at:
     assert time.monotonic() < deadline, "the pool never broke"
     time.sleep(0.01)
 start_worker.__file__ = real

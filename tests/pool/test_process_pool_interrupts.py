@@ -306,9 +306,9 @@ _INTERRUPTED_REVIVAL_SCRIPT = r"""
 import signal, subprocess, sys, threading, time
 import tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
-from pyfunc_bridge.pool import supervision
+from pyfunc_bridge.pool.supervision import Supervisor
 from pool_checks import broken_pool
-supervision._RETRY_SECONDS = 0.2  # the back-off this script waits out
+Supervisor.retry_seconds = 0.2  # the back-off this script waits out
 main = threading.main_thread().ident
 pool = broken_pool(2, "revived pool", sys.argv[1])
 
@@ -362,9 +362,9 @@ _CLOSED_BY_ITS_SPAWNER_SCRIPT = r"""
 import os, subprocess, sys, threading, time
 import tensorflow as tf, pyfunc_bridge as pfb
 import process_functions as pf
-from pyfunc_bridge.pool import supervision
+from pyfunc_bridge.pool.supervision import Supervisor
 from pool_checks import broken_pool
-supervision._RETRY_SECONDS = 0.2
+Supervisor.retry_seconds = 0.2
 pool = broken_pool(1, "self-ending pool", sys.argv[1])
 
 def call():
@@ -411,7 +411,7 @@ pool = pfb.ProcessPool(2, name="stuck wait lock")
 pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool)
 # What a KeyboardInterrupt between Popen.wait's acquire and its try leaves:
 # the process's wait lock held for good.
-workers = list(pool._workers)
+workers = list(pool._supervisor.workers)
 assert len(workers) == 2
 for worker in workers:
     worker.proc._waitpid_lock.acquire()
