@@ -107,6 +107,10 @@ class PoolStats:
     copies_saved: int
     workers_replaced: int
     timeouts: int
+    calls_in_kernel: int
+    calls_failed: int
+    bytes_out_shared: int
+    bytes_out_copied: int
 
 class StatsSnapshot:
     functions: dict[str, FunctionStats]
