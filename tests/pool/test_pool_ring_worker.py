@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import pyfunc_bridge as pfb
-from pyfunc_bridge.pool import pickling as _pickling, process_pool as _process
+from pyfunc_bridge.pool import pickling as _pickling
 from pyfunc_bridge.pool.errors import worker_exception
 from pyfunc_bridge.pool.supervision import Supervisor
 from pyfunc_bridge.worker import compiled as _worker
