@@ -39,9 +39,11 @@ __version__ = "0.1.0"
 # which is imported on first access; so is the pool (pyfunc_bridge.pool, the
 # worker package, cloudpickle), which executor= also imports on first use.
 _CONVERSION_API = ("from_dlpack", "to_dlpack", "to_numpy", "from_numpy")
+# The pool's errors (pyfunc_bridge/pool/errors.py), lazily as the pool.
+_POOL_ERRORS = ("WorkerError", "CallTimeoutError", "PoolClosedError")
 __all__ = ["numpy_function", "py_func", "py_function", "eager_py_func", "array_function",
            "stats", "reset_stats", "enable_stats", "portable", "trust_pickled", "ProcessPool",
-           *_CONVERSION_API]
+           *_POOL_ERRORS, *_CONVERSION_API]
 
 
 def __getattr__(name):
@@ -58,9 +60,13 @@ def __getattr__(name):
         from pyfunc_bridge.pool.process_pool import ProcessPool
         globals()[name] = ProcessPool
         return ProcessPool
+    if name in _POOL_ERRORS:
+        from pyfunc_bridge.pool import errors
+        globals()[name] = error = getattr(errors, name)
+        return error
     raise AttributeError(f"module 'pyfunc_bridge' has no attribute {name!r}")
 
 
 def __dir__():
     # The lazy names too (dir() and completion show them), without loading them.
-    return sorted({*globals(), "ProcessPool", *_CONVERSION_API})
+    return sorted({*globals(), "ProcessPool", *_POOL_ERRORS, *_CONVERSION_API})

@@ -27,6 +27,10 @@ class ProcessPool:
     def free_input_bytes(self) -> int: ...
     def close(self) -> None: ...
 
+class WorkerError(RuntimeError): ...
+class CallTimeoutError(TimeoutError): ...
+class PoolClosedError(RuntimeError): ...
+
 _Executor = ProcessPool | Literal["process"] | None
 
 __version__: str
@@ -103,6 +107,10 @@ class PoolStats:
     copies_saved: int
     workers_replaced: int
     timeouts: int
+    calls_in_kernel: int
+    calls_failed: int
+    bytes_out_shared: int
+    bytes_out_copied: int
 
 class StatsSnapshot:
     functions: dict[str, FunctionStats]

@@ -254,6 +254,24 @@ class CupyAdapter(Adapter):
         return outside_refs > 0 or not isinstance(a, self._ndarray) or a.base is not None
 
 
+def not_exported(value, index, reason, want=None):
+    """The error text of result `index`, `value`, that pyfunc_bridge cannot
+    hand to TensorFlow (`reason`: why, its dtype above all; `want`: the
+    declared dtype's name, where the caller knows it).  One text, in this
+    process (frameworks.pxi) and in a pool's workers (worker/values.py).
+
+    >>> import numpy as np
+    >>> not_exported(np.zeros(1, np.float16), 0, "no such dtype")  # doctest: +ELLIPSIS
+    'output 0: the function returned a ndarray of dtype float16, ... its declared Tout ...'
+    """
+    dtype = getattr(value, "dtype", None)
+    to = (f"Tout declares {want}: convert the result to {want}" if want
+          else "convert the result to its declared Tout")
+    return (f"output {index}: the function returned a {type(value).__name__}"
+            f"{'' if dtype is None else f' of dtype {dtype}'}, which pyfunc_bridge cannot "
+            f"hand to TensorFlow ({reason}); {to} before returning it")
+
+
 # Registered with the conversion layer when it loads (frameworks.pxi).
 ADAPTERS = {"torch": TorchAdapter(), "jax": JaxAdapter(), "cupy": CupyAdapter()}
 

@@ -251,6 +251,9 @@ def run_eagerly(op_name, wrapper, func, inputs, signature, name, attrs=(),
         raised = conversion.take_raised()
         if raised is None:
             raise
-        raise raised from raised.__cause__
+        try:
+            raise raised from raised.__cause__
+        finally:
+            raised = None  # this frame, which its traceback holds, must not hold it: a cycle
     finally:
         slot.entry = previous

@@ -170,7 +170,9 @@ def stats():
       StatsSnapshot with ``.functions`` (name -> FunctionStats) and ``.total``;
       ``.pools`` (pool name -> PoolStats: ``calls``, ``seconds_queued``,
       ``seconds_in_workers``, ``bytes_in``, ``bytes_out``, ``copies_saved``,
-      ``workers_replaced``, ``timeouts``) for the ProcessPools that ran calls
+      ``workers_replaced``, ``timeouts``, and which way the calls went:
+      ``calls_in_kernel``, ``calls_failed``, ``bytes_out_shared``,
+      ``bytes_out_copied``) for the ProcessPools that ran calls
       (pools of one name share a record; a closed pool's stays until
       reset); ``str()`` of it is a table.  ``.eager_tensor_path`` says how
       py_function's EagerTensors are made (``"kernel"``: directly).

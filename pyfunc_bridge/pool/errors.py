@@ -1,9 +1,14 @@
-"""The pool's errors, and how a worker's exception or a dispatcher's
-failure becomes one in this process."""
+"""The pool's errors (public as ``pfb.WorkerError``, ``pfb.CallTimeoutError``
+and ``pfb.PoolClosedError``), and how a worker's exception or a dispatcher's
+failure becomes one in this process.
+
+It imports only the standard library: the conversion layer maps these
+classes to TensorFlow's codes (src/conversion/errors.pxi), and a worker may
+unpickle them.  An eager call raises one as an instance of both its class and
+the TensorFlow error of its code; a graph or tf.data raises that TensorFlow
+error, whose message starts with the class's full name."""
 import builtins
 import pickle
-
-from pyfunc_bridge._errors import CallTimeoutError, PoolClosedError  # noqa: F401 (the pool's)
 
 # TensorFlow's codes of the pool's errors, as src/conversion/errors.pxi maps them.
 UNKNOWN, DEADLINE_EXCEEDED, FAILED_PRECONDITION = 2, 4, 9
@@ -14,7 +19,64 @@ EXIT_TEXT = "was closed at interpreter exit"
 
 class WorkerError(RuntimeError):
     """A worker process ended while it held the call (killed, crashed,
-    ``os._exit``).  The pool replaces it; later calls run."""
+    ``os._exit``), or a broken pool (whose workers cannot start) had no
+    worker for it.  The pool replaces the worker, so later calls run; the
+    calls the worker held but had not started run in another.  TensorFlow's
+    code: UNKNOWN (``tf.errors.UnknownError``).
+
+    >>> import os, tensorflow as tf
+    >>> import pyfunc_bridge as pfb
+    >>> with pfb.ProcessPool(1) as pool:
+    ...     try:
+    ...         pfb.numpy_function(os._exit, [tf.constant(3)], tf.int32, executor=pool)
+    ...     except pfb.WorkerError as e:
+    ...         print("exited with status 3" in str(e), isinstance(e, tf.errors.UnknownError))
+    True True
+    """
+
+
+class CallTimeoutError(TimeoutError):
+    """A call ran past its ``ProcessPool``'s ``timeout``; the worker that ran
+    it was ended (and is replaced), and the message holds the function's
+    Python stack at that moment.  The one exception that maps to
+    TensorFlow's DEADLINE_EXCEEDED: a ``TimeoutError`` that a function raises
+    itself stays UNKNOWN, as with ``tf.numpy_function``.
+
+    >>> import time, tensorflow as tf
+    >>> import pyfunc_bridge as pfb
+    >>> def nap(seconds):
+    ...     time.sleep(float(seconds))
+    ...     return seconds
+    >>> with pfb.ProcessPool(1, timeout=0.5) as pool:
+    ...     try:
+    ...         pfb.numpy_function(nap, [tf.constant(30.0)], tf.float32, executor=pool)
+    ...     except pfb.CallTimeoutError as e:
+    ...         print("0.5 s timeout" in str(e), isinstance(e, tf.errors.DeadlineExceededError))
+    True True
+    """
+
+
+class PoolClosedError(RuntimeError):
+    """A call on a closed ``ProcessPool`` (closed by ``close()``, before the
+    call or while it ran, at interpreter exit, or a pool of the parent in a
+    forked child).  Every such call fails with it, whenever the pool closed;
+    its message names the pool and says how to go on.  TensorFlow's code:
+    FAILED_PRECONDITION (``tf.errors.FailedPreconditionError``).
+
+    >>> import numpy as np, tensorflow as tf
+    >>> import pyfunc_bridge as pfb
+    >>> pool = pfb.ProcessPool(1)
+    >>> pool.close()
+    >>> try:
+    ...     pfb.numpy_function(np.negative, [tf.constant(1.0)], tf.float32, executor=pool)
+    ... except pfb.PoolClosedError as e:
+    ...     print(isinstance(e, tf.errors.FailedPreconditionError))
+    True
+    """
+
+
+# The pool's own errors: the eager calls' combined classes and dispatch_error.
+POOL_ERRORS = (WorkerError, CallTimeoutError, PoolClosedError)
 
 
 class WorkerTraceback(Exception):
@@ -30,7 +92,7 @@ def dispatch_error(code, text):
     pool closed): `text` is the one the pool gave it (_detach), "module.Class:
     message", rebuilt as that class where it is one of the pool's."""
     name, _, message = text.partition(": ")
-    for cls in (WorkerError, PoolClosedError, CallTimeoutError):
+    for cls in POOL_ERRORS:
         if name == f"{cls.__module__}.{cls.__qualname__}":
             return cls(message)
     # (The dispatcher's own text: a call its close ended.)

@@ -9,7 +9,7 @@ shared-memory rings through the pool's native dispatcher; the socket
 carries only control and what does not fit an arena or a ring.  Where a
 call goes, who owns each block and which file does each step:
 docs/pool.md.  Workers die with this process (worker/start_worker.py);
-supervision.py (a base class of ProcessPool) starts, watches and replaces
+each pool's Supervisor (supervision.py) starts, watches and replaces
 them, timeouts.py ends one whose call runs past the pool's timeout, and
 fork.py makes the pools' shared memory a forked child's own.
 """
@@ -30,7 +30,7 @@ from pyfunc_bridge.pool.errors import (EXIT_TEXT, PoolClosedError, WorkerError,
                                        dispatch_error, raise_acyclic)
 from pyfunc_bridge.pool.pickling import Functions
 from pyfunc_bridge.pool.spawn import spawner
-from pyfunc_bridge.pool.supervision import Supervision
+from pyfunc_bridge.pool.supervision import Supervisor
 from pyfunc_bridge.pool.timeouts import Deadlines
 from pyfunc_bridge.pool.worker_process import shared_memory
 from pyfunc_bridge.worker.compiled import pool_module
@@ -40,7 +40,7 @@ DEFAULT_ARENA_BYTES = 64 << 20
 _MIN_ARENA_BYTES = 4096      # one page: arena_bytes=0 and smaller pools get this much
 
 
-class ProcessPool(Supervision):
+class ProcessPool:
     """Worker processes that run ``numpy_function`` / ``py_func`` /
     ``array_function`` calls outside this process, so that Python code that
     holds the GIL runs on several cores (pass it as ``executor=``).
@@ -111,17 +111,13 @@ class ProcessPool(Supervision):
         _memfd_names.add(self.name)  # before its first memfd (fork.py)
         self.workers = workers
         self.arena_bytes = arena_bytes
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # (the supervisor's too: _closed with its workers)
         self._closed = False    # no new calls: close() has begun
         self._closing = False   # close() began and has not finished (an interrupted close)
         self._close_lock = threading.Lock()  # one close() at a time, to its end
         self._closed_at_exit = False  # closed by _close_pools (_closed_error says so)
         self._pid = os.getpid()      # the process whose pool this is (see _forked)
         self._forked_into = None     # this process's pid, in a fork of that process
-        self._broken = None        # why no worker can start, once that is clear
-        self._start_failures = 0   # workers in a row that ended before they were ready
-        self._retry_at = 0.0       # when a broken pool may try again (time.monotonic)
-        self._retry_delay = None   # the last back-off (None: none since a worker was ready)
         self.timeout = None if timeout is None else float(timeout)
         self._deadlines = None if timeout is None else Deadlines(self, self.timeout)
         self._functions = Functions(self)
@@ -131,7 +127,6 @@ class ProcessPool(Supervision):
         # schedules every call and owns the input arena's allocator.  None
         # once closed.
         self._dispatch = pool_module().Dispatcher(self._input_map, workers)
-        self._generations = itertools.count(1)  # a worker slot's attachments
         # (token, CALL flags) -> the dispatcher's Route of those calls
         # (native_route); Python's references, for statistics.
         self._routes = {}
@@ -140,13 +135,12 @@ class ProcessPool(Supervision):
         # answers the worker's ("need", id)); ("load", token) -> a
         # function's LOAD pickle, for as long as it is registered.
         self._payloads = {}
-        self._attached = threading.Condition()  # a worker joined the dispatcher (ring_call)
-        self._starting = False  # a worker's start runs (on the spawning thread, _start)
-        self._workers = []
+        # Its workers: their start, death, replacement and stop.
+        self._supervisor = Supervisor(self, self._lock)
         _live_pools.add(self)
         try:
             for i in range(workers):
-                self._start(i, first=True)
+                self._supervisor.start(i, first=True)
         except BaseException:
             self.close()
             raise
@@ -178,6 +172,33 @@ class ProcessPool(Supervision):
     def closed(self):
         return self._closed
 
+    def _forked(self):
+        """In a forked child, at once: this pool is its parent's, closed here
+        without a word to its workers (Supervisor.forked).  Its lock may have
+        been held by a thread that the fork did not copy: it is made anew."""
+        self._lock = threading.Lock()
+        self._closed = True
+        self._forked_into = os.getpid()
+        # The dispatcher's reply threads are not in this process, and its
+        # rings are the parent's: deleting it would join threads that do not
+        # exist and close the parent's rings.  It is kept, unused, for good.
+        if self._dispatch is not None:
+            self._dispatch.disown()  # a kernel's route to it now falls back to Python
+            _forked_dispatchers.append(self._dispatch)
+            self._dispatch = None
+        self._routes = {}
+        self._supervisor.forked(self._lock)
+        self._close_input_fd()
+        if self._deadlines is not None:
+            self._deadlines.stop.set()
+
+    def _close_input_fd(self):
+        # Taken before it is closed, as WorkerProcess's doorbell: a Ctrl-C in
+        # between leaves nothing for the close that finishes this one.
+        input_fd, self._input_fd = self._input_fd, None
+        if input_fd is not None:
+            os.close(input_fd)
+
     def _closed_error(self, worker=None):
         """The error of every call on this pool once it is closed, whenever it
         closed (`worker`: the one that held the call then)."""
@@ -199,7 +220,7 @@ class ProcessPool(Supervision):
 
     def pids(self):
         """The process ids of the current workers."""
-        return [w.pid for w in self._workers if w.alive]
+        return self._supervisor.pids()
 
     @property
     def free_input_bytes(self):
@@ -226,21 +247,21 @@ class ProcessPool(Supervision):
         from pyfunc_bridge import _library
         conversion = _library.conversion()
         traced = conversion.trace_now()  # 0 unless a profiler records (trace.pxi)
+        supervisor = self._supervisor
         while True:
-            if self._broken:
-                self._revive()  # (past its back-off: it starts the lost workers)
+            if supervisor.broken:
+                supervisor.revive()  # (past its back-off: it starts the lost workers)
             try:
                 reply, index = route.call(args, self._payloads)
                 break
             except pw.Declined as declined:
                 if declined.errno == errno.EAGAIN and not self._closed:
                     # No worker attached: a broken pool refuses only then, since
-                    # its live workers serve.  Else _attach, _break and close notify.
-                    broken = self._broken
+                    # its live workers serve.  Else an attach, a break and close notify.
+                    broken = supervisor.broken
                     if broken:
                         raise WorkerError(broken) from None
-                    with self._attached:
-                        self._attached.wait(0.05)
+                    supervisor.wait_for_worker(0.05)
                     continue
                 if declined.errno == errno.EPIPE or self._closed:
                     raise self._closed_error() from None
@@ -251,7 +272,7 @@ class ProcessPool(Supervision):
                 raise_acyclic(dispatch_error(code, text))
         if traced:
             conversion.trace_worker(traced, reply.message.stamp, reply.message.ended,
-                                    self._workers[index].pid)
+                                    supervisor.workers[index].pid)
         return route, decode_answer(self.name, reply, copied, self._counters)
 
     def native_route(self, func, framework, writable, scalars, facts=False):
@@ -298,7 +319,7 @@ class ProcessPool(Supervision):
 
     def __del__(self):
         if ((not getattr(self, "_closed", True) or getattr(self, "_closing", False))
-                and hasattr(self, "_workers")):
+                and hasattr(self, "_supervisor")):
             # Dropped without close() (or mid-close): its workers end with it.
             # No later close() can finish one that a Ctrl-C interrupts here.
             while True:
@@ -321,25 +342,15 @@ class ProcessPool(Supervision):
                     return
                 self._closed = self._closing = True
                 self._closed_at_exit = self._closed_at_exit or _exiting
-                workers = list(self._workers)
+                workers = list(self._supervisor.workers)
             self._finish_close(workers)
             self._closing = False
 
     def _finish_close(self, workers):
         """close()'s work, each step safe to run again after an interruption."""
-        with self._attached:
-            self._attached.notify_all()  # callers waiting for a worker see the close
-            # A worker's start under way uses the pool's descriptors: it ends
-            # first (and stops its worker itself, the pool being closed).  On
-            # the spawning thread (a finalizer run there), it is this thread's.
-            while self._starting and not spawner.on_thread():
-                self._attached.wait()
-        self._stop(workers)
-        if self._dispatch is not None:
-            for w in workers:
-                self._detach(w, self._closed_error(w))
-            # Its reply threads have ended; it held the input mapping.
-            self._dispatch = None
+        self._supervisor.close(workers)  # (their native calls fail as on a closed pool)
+        # Its reply threads have ended; it held the input mapping.
+        self._dispatch = None
         if self._deadlines is not None:
             self._deadlines.close()
         self._close_input_fd()
@@ -352,6 +363,7 @@ class ProcessPool(Supervision):
 # ------------------------------------------------------------- executors --
 
 _live_pools = weakref.WeakSet()
+_forked_dispatchers = []  # of pools inherited by a fork (ProcessPool._forked): never freed
 _memfd_names = set()  # the names of every pool's memfds (fork.py)
 _default = None
 _default_lock = _locks.lock()

@@ -32,7 +32,16 @@ class PoolStats:
       ``copy=True``; a result that travels pickled saves none);
     - ``workers_replaced``: workers that died (killed, crashed, ended) and
       were replaced;
-    - ``timeouts``: calls that ran past the pool's timeout.
+    - ``timeouts``: calls that ran past the pool's timeout;
+    - ``calls_in_kernel``: of ``calls``, those whose outputs TensorFlow's
+      kernel made from the worker's reply itself (a graph's or tf.data's,
+      once its route is set up); the others (eager calls, a route's first
+      calls, replies that Python must convert) went through Python;
+    - ``calls_failed``: calls the pool failed (their worker died or was
+      ended for a timeout, or the pool closed), not in ``calls``;
+    - ``bytes_out_shared`` / ``bytes_out_copied``: of the kernel's results
+      (``calls_in_kernel``), the bytes handed to TensorFlow as views of the
+      worker's shared memory, and those copied out of it (``copy=True``).
     """
 
     calls: int = 0
@@ -43,6 +52,10 @@ class PoolStats:
     copies_saved: int = 0
     workers_replaced: int = 0
     timeouts: int = 0
+    calls_in_kernel: int = 0
+    calls_failed: int = 0
+    bytes_out_shared: int = 0
+    bytes_out_copied: int = 0
 
 
 _FIELDS = [f.name for f in dataclasses.fields(PoolStats)]
@@ -96,8 +109,14 @@ class PoolCounters:
 
 
 def _add_route_counts(counts, route):
+    """Adds `route`'s own counts (dispatch.h, PfbDispatchRouteCounts) to a
+    record's: the one place that reads them."""
     c = route.counts()
     counts["calls"] += c["calls"]
+    counts["calls_in_kernel"] += c["calls"] - c["replied"]
+    counts["calls_failed"] += c["errors"]
+    counts["bytes_out_shared"] += c["shared_out"]
+    counts["bytes_out_copied"] += c["copied_out"]
     counts["seconds_queued"] += c["queued_ns"] / 1e9
     counts["seconds_in_workers"] += c["worker_ns"] / 1e9
     counts["bytes_in"] += c["bytes_in"]

@@ -1,7 +1,9 @@
-"""Supervision of a pool's workers (a part of ProcessPool, pool/process_pool.py):
-each worker's reader thread, its attachment to the dispatcher, its death and
-replacement, the back-off of a pool whose workers cannot start, stopping
-them at close, and a forked child's view of its parent's pools."""
+"""Supervision of a pool's workers: ``Supervisor``, an object each
+ProcessPool owns (pool/process_pool.py).  It starts each worker, runs its
+reader thread, attaches it to the dispatcher, sees its death and replaces
+it, backs off while workers cannot start, stops them at close, and lets go
+of them in a forked child."""
+import itertools
 import os
 import pickle
 import signal
@@ -9,48 +11,76 @@ import socket
 import subprocess
 import threading
 import time
+import weakref
 
-from pyfunc_bridge._errors import CallTimeoutError
 from pyfunc_bridge.pool.answers import ring_answers
 from pyfunc_bridge.pool.errors import (DEADLINE_EXCEEDED, FAILED_PRECONDITION, UNKNOWN,
-                                       PoolClosedError, WorkerError)
+                                       CallTimeoutError, PoolClosedError, WorkerError)
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.pool.worker_process import WorkerProcess
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL, FrameReader, send
 
 _CLOSE_GRACE_SECONDS = 1.0   # then a worker still running a function is killed
 _START_FAILURES = 3          # workers in a row that die before they are ready
-_RETRY_SECONDS = 1.0         # then calls fail this long, before the pool tries again
-_RETRY_MAX_SECONDS = 60.0    # (the wait doubles while it keeps failing, up to this)
-
-# Dispatchers of pools inherited by a fork (ProcessPool._forked): never freed.
-_forked_dispatchers = []
+_RETRY_MAX_SECONDS = 60.0    # (the back-off doubles while it keeps failing, up to this)
 
 
-class Supervision:
-    """ProcessPool's methods that watch over its workers.  The state they use
-    is ProcessPool's (its __init__ says who owns each field)."""
+class Supervisor:
+    """The workers of one pool, which owns this object.
 
-    def _forked(self):
-        """In a forked child, at once: this pool is its parent's.  Its workers
+    What the pool calls: ``start(index, first)`` (a slot's worker);
+    ``workers`` and ``pids()``; ``broken`` (why no worker can start, or
+    None) and ``revive()`` (past the back-off, start the lost workers
+    again); ``wait_for_worker(seconds)`` (a call that found none attached);
+    ``close(workers)``; ``forked(lock)`` (in a forked child).
+
+    The steps of a worker's life, which tests may wrap: ``attach(worker)``
+    (it joins the dispatcher), ``lost(worker, unreadable)`` (its stream
+    ended), ``death(worker, unreadable)`` (reaps it: the error's text),
+    ``replace(dead)``; and ``retry_seconds``, the first back-off.
+
+    What it reads of the pool (weakly: a pool dropped without close() is
+    collected): its ``name``, ``_closed`` and ``_closed_error(worker)``,
+    its dispatcher, payloads, deadlines and counters.  ``lock`` is the
+    pool's: it guards the pool's ``_closed`` and this object's workers and
+    back-off together."""
+
+    retry_seconds = 1.0  # calls fail this long after workers could not start
+
+    def __init__(self, pool, lock):
+        self._pool_ref = weakref.ref(pool)
+        self.lock = lock
+        self.workers = []          # WorkerProcess per slot, in slot order
+        self.broken = None         # why no worker can start, once that is clear
+        self.retry_at = 0.0        # when a broken pool may try again (time.monotonic)
+        self._retry_delay = None   # the last back-off (None: none since a worker was ready)
+        self._start_failures = 0   # workers in a row that ended before they were ready
+        self._starting = False     # a worker's start runs (on the spawning thread, start)
+        self._attached = threading.Condition()  # a worker joined the dispatcher
+        self._generations = itertools.count(1)  # a worker slot's attachments
+
+    @property
+    def _pool(self):
+        return self._pool_ref()
+
+    def pids(self):
+        return [w.pid for w in self.workers if w.alive]
+
+    def wait_for_worker(self, seconds):
+        """Waits until a worker attaches, the pool breaks or closes, or `seconds`."""
+        with self._attached:
+            self._attached.wait(seconds)
+
+    def forked(self, lock):
+        """In a forked child, at once: the pool is its parent's.  Its workers
         and their sockets are the parent's (a write here would garble the
-        parent's stream, a shutdown or a kill would end its workers): it is
-        closed here without a word to them, and this process's copies of its
-        descriptors are closed.  Its locks may have been held by a thread
-        that the fork did not copy: they are made anew."""
-        self._lock = threading.Lock()
+        parent's stream, a shutdown or a kill would end its workers): this
+        process's copies of their descriptors are closed without a word to
+        them.  Its locks may have been held by a thread that the fork did
+        not copy: they are made anew (`lock`, the pool's new one)."""
+        self.lock = lock
         self._attached = threading.Condition()
-        self._closed = True
-        self._forked_into = os.getpid()
-        # The dispatcher's reply threads are not in this process, and its
-        # rings are the parent's: deleting it would join threads that do not
-        # exist and close the parent's rings.  It is kept, unused, for good.
-        if self._dispatch is not None:
-            self._dispatch.disown()  # a kernel's route to it now falls back to Python
-            _forked_dispatchers.append(self._dispatch)
-            self._dispatch = None
-        self._routes = {}
-        for worker in self._workers:
+        for worker in self.workers:
             worker.alive = False
             # The socket object must not close the fd (-1 once closed: a dead
             # worker's number may be another file's by now) ...
@@ -64,48 +94,8 @@ class Supervision:
                         os.close(fd)  # ... this process's copy, closed here
                     except OSError:
                         pass
-        self._close_input_fd()
-        if self._deadlines is not None:
-            self._deadlines.stop.set()
 
-    def _close_input_fd(self):
-        # Taken before it is closed, as WorkerProcess's doorbell: a Ctrl-C in
-        # between leaves nothing for the close that finishes this one.
-        input_fd, self._input_fd = self._input_fd, None
-        if input_fd is not None:
-            os.close(input_fd)
-
-    # ------------------------------------------------------ reader threads --
-
-    @staticmethod
-    def _read(pool_ref, worker):
-        """The reader thread of one worker's socket: it answers the worker's
-        pulls and notes its answers too large for its arena; at the end of
-        the stream, the worker is dead (_lost).  It holds the pool only
-        while it handles a read: a pool dropped without close() is
-        collected, and __del__ closes it (its stream then ends)."""
-        frames = FrameReader(worker.sock)
-        unreadable = None
-        try:
-            # No local keeps a message while the next is awaited (a large
-            # pickled result would stay alive until then).
-            while True:
-                received = frames.read(pickle.loads)
-                pool = pool_ref()
-                if pool is None or not pool._receive(worker, received):
-                    break
-                del pool, received
-        except (OSError, EOFError):
-            pass
-        except Exception as exc:  # noqa: BLE001 - a message this process cannot load
-            # The stream is lost: end the worker, so that every call it held
-            # fails rather than waits for ever.
-            worker.proc.kill()
-            unreadable = (f"sent a message this process cannot unpickle "
-                          f"({type(exc).__name__}: {exc}), so it was ended")
-        pool = pool_ref()
-        if pool is not None:
-            pool._lost(worker, unreadable)
+    # ----------------------------------------------------- reader threads --
 
     def _receive(self, worker, received):
         """Handles the messages of one read; False at the end of the stream."""
@@ -127,7 +117,7 @@ class Supervision:
         """Answers a worker's ("need", id) (shm_layout.h,
         PFB_POOL_TENSOR_SOCKET): ("payload", id, the pickled input), or None
         once its caller has stopped waiting."""
-        message = pickle.dumps(("payload", payload_id, self._payloads.get(payload_id)),
+        message = pickle.dumps(("payload", payload_id, self._pool._payloads.get(payload_id)),
                                protocol=PICKLE_PROTOCOL)
         with worker.write_lock:
             try:
@@ -135,12 +125,14 @@ class Supervision:
             except OSError:
                 pass  # the worker is gone: the dispatcher fails its call
 
-    def _attach(self, worker):
+    # ------------------------------------------------- a worker's life --
+
+    def attach(self, worker):
         """A worker joins the native dispatcher as it starts: calls posted on
         its rings before it serves them wait there (a worker that dies first
         started none of them, and they are sent again), so the calls of a
         starting pool spread over all its workers."""
-        dispatch = self._dispatch
+        dispatch = self._pool._dispatch
         if dispatch is not None and worker.channel is not None:
             worker.generation = next(self._generations)
             dispatch.attach(worker.index, worker.channel, worker.doorbell, worker.result_map,
@@ -152,7 +144,7 @@ class Supervision:
         """Its native calls fail with `error` (as the Python path's would:
         TF's code and the exception's message); its rings end first, so that
         no native producer waits on them."""
-        dispatch = self._dispatch
+        dispatch = self._pool._dispatch
         if dispatch is None or worker.generation is None:
             return
         if worker.channel is not None:
@@ -165,27 +157,28 @@ class Supervision:
         dispatch.lost(worker.index, code, text, isinstance(error, (WorkerError, CallTimeoutError)))
         worker.generation = None
 
-    def _lost(self, worker, unreadable=None):
+    def lost(self, worker, unreadable=None):
         """`worker`'s stream ended: it is dead (reaped here).  The dispatcher
         fails the call it had started (with its timeout's error, if that
         ended it) and sends the ones it had not started to another worker;
         a fresh worker takes its slot."""
-        with self._lock:
+        pool = self._pool
+        with self.lock:
             worker.alive = False
-            closing = self._closed
+            closing = pool._closed
         if closing:
-            error = self._closed_error(worker)
-        else:  # (_death reaps it first: a timed-out worker's stack is then written)
-            death = self._death(worker, unreadable)
+            error = pool._closed_error(worker)
+        else:  # (death reaps it first: a timed-out worker's stack is then written)
+            death = self.death(worker, unreadable)
             error = (WorkerError(death) if worker.timed_out is None
-                     else self._deadlines.error(self, worker))
+                     else pool._deadlines.error(pool, worker))
         self._detach(worker, error)
         if not closing:  # (close() ends its workers itself)
             worker.ended()
-        if self._deadlines is not None:
-            self._deadlines.forget(worker)
+        if pool._deadlines is not None:
+            pool._deadlines.forget(worker)
         if not closing:
-            self._replace(worker)
+            self.replace(worker)
 
     def _how(self, worker, unreadable=None):
         """How `worker` ended (it is reaped here, if it was not)."""
@@ -202,25 +195,26 @@ class Supervision:
                 return f"was killed by signal {-code}"
         return f"exited with status {code}"
 
-    def _death(self, worker, unreadable=None):
-        return (f"pyfunc_bridge: worker process {worker.pid} of {self.name} "
+    def death(self, worker, unreadable=None):
+        """The WorkerError's text of a call `worker` held when it died (reaped here)."""
+        return (f"pyfunc_bridge: worker process {worker.pid} of {self._pool.name} "
                 f"{self._how(worker, unreadable)} while it held this call; the pool starts "
                 f"a new worker, so later calls run. (A function that ends its process "
                 f"(os._exit, a crash, running out of memory) fails every call that runs it.)")
 
-    def _replace(self, dead):
+    def replace(self, dead):
         how = None if dead.ready else self._how(dead)
-        with self._lock:
+        with self.lock:
             if how is not None:
                 self._start_failures += 1
                 if self._start_failures >= _START_FAILURES:
                     self._break(f"{_START_FAILURES} in a row ended before they were ready "
                                 f"(the last, worker process {dead.pid}, {how}: see its stderr)")
-            broken = self._broken
+            broken = self.broken
         if not broken:
-            self._start(dead.index, dead=dead)
+            self.start(dead.index, dead=dead)
 
-    def _start(self, index, first=False, dead=None):
+    def start(self, index, first=False, dead=None):
         """Starts the worker of slot `index`: a new pool's (`first`: a failure
         is raised) or `dead`'s (a failure breaks the pool for a while; none
         once the slot holds another), whole on the spawning thread
@@ -228,37 +222,38 @@ class Supervision:
         spawner.run(self._start_here, index, first, dead)
 
     def _start_here(self, index, first, dead=None):
-        with self._lock:
-            if self._closed:
+        pool = self._pool
+        with self.lock:
+            if pool._closed:
                 return  # close() began: it stops the workers it knows
-            if dead is not None and self._workers[index] is not dead:
+            if dead is not None and self.workers[index] is not dead:
                 return  # a revival replaced it already (_revive_here)
             self._starting = True
         try:
             with spawner.descriptors:  # a fork waits until the pool has the worker
                 try:
-                    fresh = WorkerProcess(self, index)
+                    fresh = WorkerProcess(pool, index, _read)
                 except BaseException as exc:
                     if first:
                         raise
-                    with self._lock:
+                    with self.lock:
                         self._break(f"a worker could not be started "
                                     f"({type(exc).__name__}: {exc})")
                     return
-                with self._lock:
+                with self.lock:
                     if first:
-                        self._workers.append(fresh)
+                        self.workers.append(fresh)
                     else:
-                        self._workers[index] = fresh
-                    closed = self._closed
+                        self.workers[index] = fresh
+                    closed = pool._closed
             if not first:  # (before the attach: a call it serves sees it counted)
-                self._counters.add_one("workers_replaced")
+                pool._counters.add_one("workers_replaced")
             try:
                 if not closed:
-                    self._attach(fresh)
+                    self.attach(fresh)
             finally:
                 # Only now, so that a worker that died at once is detached by
-                # its _lost (docs/pool.md, "A worker's reader starts after its attach").
+                # its lost (docs/pool.md, "A worker's reader starts after its attach").
                 self._watch(fresh, first)
             if closed:
                 self._stop([fresh])
@@ -275,33 +270,33 @@ class Supervision:
             worker.reader.start()
         except BaseException as exc:
             worker.kill_and_reap()
-            with self._lock:
+            with self.lock:
                 worker.alive = False
             why = f"a worker's reader thread could not be started ({type(exc).__name__}: {exc})"
-            self._detach(worker, WorkerError(f"pyfunc_bridge: {self.name}: {why}"))
+            self._detach(worker, WorkerError(f"pyfunc_bridge: {self._pool.name}: {why}"))
             worker.ended()
             if first:
                 raise
-            with self._lock:
+            with self.lock:
                 self._break(why)
 
     def _break(self, why):
-        """Marks the pool broken (the pool's lock is held): a call that finds
+        """Marks the pool broken (the lock is held): a call that finds
         no worker attached fails, saying `why`, until the first call after the
         back-off (doubled each time, to _RETRY_MAX_SECONDS) starts the lost
-        workers again (_revive); workers still alive go on serving.  Callers
+        workers again (revive); workers still alive go on serving.  Callers
         that wait for a worker (ring_call) wake to see it."""
-        delay = _RETRY_SECONDS if self._retry_delay is None else min(
+        delay = self.retry_seconds if self._retry_delay is None else min(
             2 * self._retry_delay, _RETRY_MAX_SECONDS)
         self._retry_delay = delay
-        self._retry_at = time.monotonic() + delay
-        self._broken = (f"pyfunc_bridge: {self.name} cannot start worker processes: {why}. "
-                        f"Calls that find no worker ready fail until then: the pool tries "
-                        f"again on the first call {delay:g} s after this")
+        self.retry_at = time.monotonic() + delay
+        self.broken = (f"pyfunc_bridge: {self._pool.name} cannot start worker processes: "
+                       f"{why}. Calls that find no worker ready fail until then: the pool "
+                       f"tries again on the first call {delay:g} s after this")
         with self._attached:
             self._attached.notify_all()
 
-    def _revive(self):
+    def revive(self):
         """A broken pool past its back-off starts the workers it lost (the
         caller's call then goes to one of them).  The spawning thread does it
         all, as one start: an interrupted caller leaves the pool either
@@ -310,21 +305,37 @@ class Supervision:
             spawner.run(self._revive_here)
 
     def _may_revive(self):
-        return not self._closed and self._broken and time.monotonic() >= self._retry_at
+        return (not self._pool._closed and self.broken
+                and time.monotonic() >= self.retry_at)
 
     def _revive_here(self):
-        with self._lock:
+        with self.lock:
             if not self._may_revive():
                 return
-            self._broken = None
+            self.broken = None
             self._start_failures = 0
-            # A dead worker not yet detached (its _lost reaps it, up to 5 s)
-            # still holds its slot in the dispatcher: its _replace starts it.
-            dead = [w for w in self._workers if not w.alive and w.generation is None]
+            # A dead worker not yet detached (its lost reaps it, up to 5 s)
+            # still holds its slot in the dispatcher: its replace starts it.
+            dead = [w for w in self.workers if not w.alive and w.generation is None]
         for worker in dead:
             self._start_here(worker.index, False, worker)
 
-    # --------------------------------------------------------------- close --
+    # -------------------------------------------------------------- close --
+
+    def close(self, workers):
+        """Ends `workers` (the pool's, as close() began; the pool is closed):
+        callers waiting for a worker see the close, a start under way ends
+        first, and the native calls each held fail as on a closed pool."""
+        with self._attached:
+            self._attached.notify_all()
+            # A worker's start under way uses the pool's descriptors: it ends
+            # first (and stops its worker itself, the pool being closed).  On
+            # the spawning thread (a finalizer run there), it is this thread's.
+            while self._starting and not spawner.on_thread():
+                self._attached.wait()
+        self._stop(workers)
+        for w in workers:
+            self._detach(w, self._pool._closed_error(w))
 
     def _stop(self, workers):
         for w in workers:
@@ -343,3 +354,32 @@ class Supervision:
                 w.reader.join(timeout=5)  # (one that never started: _watch)
             w.ended()
 
+
+def _read(pool_ref, worker):
+    """The reader thread of one worker's socket: it answers the worker's
+    pulls and notes its answers too large for its arena; at the end of
+    the stream, the worker is dead (lost).  It holds the pool only
+    while it handles a read: a pool dropped without close() is
+    collected, and __del__ closes it (its stream then ends)."""
+    frames = FrameReader(worker.sock)
+    unreadable = None
+    try:
+        # No local keeps a message while the next is awaited (a large
+        # pickled result would stay alive until then).
+        while True:
+            received = frames.read(pickle.loads)
+            pool = pool_ref()
+            if pool is None or not pool._supervisor._receive(worker, received):
+                break
+            del pool, received
+    except (OSError, EOFError):
+        pass
+    except Exception as exc:  # noqa: BLE001 - a message this process cannot load
+        # The stream is lost: end the worker, so that every call it held
+        # fails rather than waits for ever.
+        worker.proc.kill()
+        unreadable = (f"sent a message this process cannot unpickle "
+                      f"({type(exc).__name__}: {exc}), so it was ended")
+    pool = pool_ref()
+    if pool is not None:
+        pool._supervisor.lost(worker, unreadable)

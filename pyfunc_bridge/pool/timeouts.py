@@ -6,7 +6,7 @@ import threading
 import time
 import weakref
 
-from pyfunc_bridge._errors import CallTimeoutError
+from pyfunc_bridge.pool.errors import CallTimeoutError
 from pyfunc_bridge.worker import start_worker
 
 _STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then SIGKILL
@@ -26,7 +26,7 @@ class Deadlines:
     worker past its deadline gets SIGUSR1, on which ``faulthandler`` writes
     its Python stack to its trace file and lets the signal end it
     (start_worker.py); SIGKILL follows after _STACK_GRACE_SECONDS.  Its death
-    (_lost) fails that call with CallTimeoutError and the stack; the
+    (Supervisor.lost) fails that call with CallTimeoutError and the stack; the
     dispatcher resends the calls it had not started."""
 
     def __init__(self, pool, timeout):
@@ -64,7 +64,7 @@ class Deadlines:
                 return None  # close() reaps the workers, then stops this thread
             # Under the lock, a worker marked alive has not been reaped, so
             # its pid is still its own, and its control segment mapped.
-            for worker in pool._workers:
+            for worker in pool._supervisor.workers:
                 if not worker.alive or worker.channel is None:
                     continue
                 running, start = worker.channel.running()

@@ -29,9 +29,10 @@ def shared_memory(size, name):
 
 
 class WorkerProcess:
-    """The parent's side of one worker process."""
+    """The parent's side of one worker process (`index`: its slot in `pool`;
+    `read`: its reader thread's function)."""
 
-    def __init__(self, pool, index):
+    def __init__(self, pool, index, read):
         self.index = index
         # Held while a thread writes the socket (a payload), and by ended():
         # the descriptor is not closed under a write.
@@ -85,8 +86,9 @@ class WorkerProcess:
             self.pid = self.proc.pid
             send(parent, pickle.dumps(hello, protocol=PICKLE_PROTOCOL))  # the hello
             # (The pool weakly: a pool dropped without close() is collected.)
-            # Started by the pool once the worker is attached (_start_here).
-            self.reader = threading.Thread(target=pool._read,
+            # read(pool_ref, worker), started by the pool's Supervisor once
+            # the worker is attached.
+            self.reader = threading.Thread(target=read,
                                            args=(weakref.ref(pool), self), daemon=True,
                                            name=f"{pool.name} reader {index}")
         except BaseException:

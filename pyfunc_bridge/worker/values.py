@@ -6,6 +6,7 @@ import struct
 
 _LENGTH = struct.Struct("<Q")  # a string's length in a strings block (shm_layout.h)
 _adapters = None  # top-level module name -> framework adapter
+_frameworks = None  # pyfunc_bridge/_frameworks.py, loaded by its path
 
 
 def adapter_named(name):
@@ -27,7 +28,7 @@ def framework_adapter(value):
 def _load_adapters():
     """Loads _frameworks.py by its path: importing it through the package
     would import TensorFlow."""
-    global _adapters
+    global _adapters, _frameworks
     if _adapters is None:
         import importlib.util
         package = os.path.dirname(os.path.dirname(__file__))
@@ -35,6 +36,7 @@ def _load_adapters():
             "_pyfunc_bridge_frameworks", os.path.join(package, "_frameworks.py"))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        _frameworks = module
         _adapters = {name: adapter for adapter in module.ADAPTERS.values()
                      for name in adapter.modules}
 
@@ -49,14 +51,12 @@ def as_numpy(np, value, framework, index=0):
                 # In-process the bridge exports it by DLPack, which refuses
                 # it (torch's BufferError, "use tensor.detach()"): so here.
                 value.__dlpack__()
+            value = value.detach().cpu()
+            resolved = adapter_named("torch").resolve(value)  # its lazy views, as in-process
             try:
-                return _torch_numpy(np, value.detach().cpu().resolve_conj().resolve_neg())
+                return _torch_numpy(np, value if resolved is None else resolved)
             except TypeError as exc:  # a dtype NumPy has none for (complex32, float8)
-                # (In the words of the in-process bridge: frameworks.pxi.)
-                raise TypeError(
-                    f"output {index}: the function returned a Tensor of dtype {value.dtype}, "
-                    f"which pyfunc_bridge cannot hand to TensorFlow ({exc}); convert the "
-                    f"result to its declared Tout before returning it") from None
+                raise TypeError(_frameworks.not_exported(value, index, exc)) from None
     if framework == "jax" and hasattr(value, "__array__") and hasattr(value, "__dlpack__"):
         return np.asarray(value)
     if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):

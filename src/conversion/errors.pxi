@@ -5,7 +5,9 @@
 # for the eager paths, status code -> TF's exception (_tf_error).  Codes are
 # TensorFlow's (tensorflow/core/protobuf/error_codes.proto).
 
-from pyfunc_bridge._errors import CallTimeoutError, PoolClosedError
+# The pool's errors live in the pool, in a module that imports only the
+# standard library (pyfunc_bridge/pool/errors.py).
+from pyfunc_bridge.pool.errors import POOL_ERRORS, CallTimeoutError, PoolClosedError
 
 cdef enum:
     TF_UNKNOWN = 2
@@ -98,7 +100,8 @@ cdef object _eager_raised(PfbCall* call, object exc, int code, str message):
     catches; a BaseException that is no Exception (SystemExit,
     KeyboardInterrupt) and a TF error (a nested call's combined one too) as
     they are; an error of the bridge's own (a result that does not match its
-    declaration, a pool's error: classes of pyfunc_bridge) as the TF error.
+    declaration: classes of pyfunc_bridge) as the TF error, but a pool's
+    error (pfb.WorkerError, ...) combined, so that users catch it by name.
     py_function calls and their gradients raise the TF error, as TF's eager
     py_function does."""
     global _OpError
@@ -111,7 +114,8 @@ cdef object _eager_raised(PfbCall* call, object exc, int code, str message):
         _OpError = OpError
     if isinstance(exc, _OpError):
         return exc
-    if type(exc).__module__.partition(".")[0] == "pyfunc_bridge":
+    if (type(exc).__module__.partition(".")[0] == "pyfunc_bridge"
+            and not isinstance(exc, POOL_ERRORS)):
         return None
     return _combined_error(exc, code, message)
 

@@ -13,6 +13,7 @@ cdef dict _adapters_by_module = {}   # top-level module name -> adapter
 # that dynamically made classes are not kept alive; an entry goes when its
 # type dies, and the reference check catches an id reused before that.
 cdef dict _handlers = {}
+cdef object _not_exported = None  # _frameworks.not_exported: the text, once for workers too
 
 
 def register_framework(adapter):
@@ -24,7 +25,9 @@ def register_framework(adapter):
 
 def _register_adapters():
     """Every framework's arrays are judged by its adapter (imports no framework)."""
-    from pyfunc_bridge._frameworks import ADAPTERS
+    global _not_exported
+    from pyfunc_bridge._frameworks import ADAPTERS, not_exported
+    _not_exported = not_exported
     for adapter in ADAPTERS.values():
         register_framework(adapter)
 
@@ -217,13 +220,7 @@ cdef int _raise_not_exported(object value, int index, const PfbOutputSpec* spec,
                              object exc) except -1:
     """Result `value`, whose dtype DLPack or the bridge does not carry (`exc`
     says which), as the output's error."""
-    dtype = getattr(value, "dtype", None)
-    want = _dtype_name(spec.dtype)
-    raise _OutputError(
-        f"output {index}: the function returned a {type(value).__name__}"
-        f"{'' if dtype is None else f' of dtype {dtype}'}, which pyfunc_bridge cannot hand "
-        f"to TensorFlow ({exc}); Tout declares {want}: convert the result to {want} before "
-        f"returning it") from None
+    raise _OutputError(_not_exported(value, index, exc, _dtype_name(spec.dtype))) from None
 
 
 cdef DLManagedTensorVersioned* _export_owner(

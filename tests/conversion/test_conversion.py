@@ -9,7 +9,6 @@ import pytest
 
 import pyfunc_bridge as pfb
 import dlpack_ctypes as dl
-from pyfunc_bridge._errors import CallTimeoutError
 
 conv = pfb._library.conversion()
 
@@ -94,7 +93,7 @@ def test_the_cache_holds_at_most_4_blocks_and_128_mib():
     (MemoryError(), 8), (NotImplementedError(), 12), (KeyError("k"), 2),
     (RuntimeError("r"), 2), (ZeroDivisionError(), 2),
     # A ProcessPool's timeout; a function's own TimeoutError stays UNKNOWN, as in TF.
-    (CallTimeoutError("late"), 4), (TimeoutError("t"), 2),
+    (pfb.CallTimeoutError("late"), 4), (TimeoutError("t"), 2),
 ])
 def test_error_code_table(exc, code):
     assert conv.error_code(exc) == code

@@ -15,18 +15,19 @@ and which handles fork itself).  Each child then starts TensorFlow itself and
 exits the normal way: its program ends, or raises, and the interpreter
 finalizes.
 """
+import contextlib
 import glob
 import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from conftest import ROOT
+from fresh_python import started_python
 
 # PFB_FAULT_RUNS raises it for a soak run (the issue's 200 exits under load).
 RUNS = int(os.environ.get("PFB_FAULT_RUNS", "20"))
@@ -196,74 +197,7 @@ scenario("tf1_session_py_function")("""
 # gc.freeze(): the final collections of each child skip the objects of the
 # imports (exit then costs about 0.5 s instead of 2.5 s); what a program makes
 # after the fork is finalized as usual.
-RUNNER = r"""
-import gc, json, os, runpy, signal, sys, threading, time
-scenarios = json.loads(sys.stdin.read())
-runs, parallel, timeout, out = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-
-def native_threads():
-    return len(os.listdir("/proc/self/task"))
-
-import numpy
-threads = native_threads()  # with OpenBLAS's pool, which handles fork
-import tensorflow, pyfunc_bridge
-try:
-    import torch
-except ImportError:
-    pass
-# The forkserver pattern: imports only.  A fork after TensorFlow has run
-# (its eager context, its thread pools) is not safe.
-from tensorflow.python.eager import context
-assert context._context is None or not context._context._initialized, (
-    "the runner created TensorFlow's eager context before forking")
-# Forking is safe only while the imports started no thread (GPU builds of TF
-# or torch may): otherwise each run gets a fresh interpreter.
-forking = threading.active_count() == 1 and native_threads() == threads
-paths = {}
-for name, program in scenarios.items():
-    paths[name] = os.path.join(out, name + ".py")  # a file: autograph reads the source
-    with open(paths[name], "w") as f:
-        f.write(program)
-gc.freeze()
-todo = [(name, i) for i in range(runs) for name in scenarios]
-running = {}
-while todo or running:
-    while todo and len(running) < parallel:
-        name, i = todo.pop(0)
-        err = os.path.join(out, f"{name}.{i}.err")
-        if not forking:
-            pid = os.posix_spawn(sys.executable, [sys.executable, paths[name]], os.environ,
-                                 file_actions=[
-                                     (os.POSIX_SPAWN_OPEN, 2, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
-                                     (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
-        else:
-            pid = os.fork()
-        if pid == 0:
-            fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(fd, 2)
-            fd = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(fd, 1)
-            del todo, running
-            # The child runs the program as __main__, then exits normally.
-            runpy.run_path(paths[name], run_name="__main__")
-            sys.exit(0)
-        running[pid] = (name, i, err, time.monotonic())
-    pid, status = os.waitpid(-1, os.WNOHANG)
-    if pid == 0:
-        for pid, (name, i, err, start) in list(running.items()):
-            if time.monotonic() - start > timeout:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                del running[pid]
-                print(json.dumps({"scenario": name, "run": i, "status": "timeout",
-                                  "stderr": open(err, errors="replace").read()}), flush=True)
-        time.sleep(0.01)
-        continue
-    name, i, err, start = running.pop(pid)
-    code = os.waitstatus_to_exitcode(status)
-    print(json.dumps({"scenario": name, "run": i, "status": code, "seconds": time.monotonic() - start,
-                      "stderr": open(err, errors="replace").read()}), flush=True)
-"""
+RUNNER = "kernel/faults_runner.py"
 
 # Written before absl's logging is set up, whatever TF_CPP_MIN_LOG_LEVEL says.
 _STARTUP_LOG = "WARNING: All log messages before absl::InitializeLog() is called"
@@ -294,18 +228,16 @@ def fault_runs(tmp_path_factory):
         programs.pop("torch_tensors_sharing_output_memory")
     out = tmp_path_factory.mktemp("faults")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", RUNNER, str(RUNS), str(PARALLEL), "60", str(out)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(json.dumps(programs), timeout=600)
-    finally:
+    with started_python(RUNNER, RUNS, PARALLEL, 60, out, stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        env=env, start_new_session=True) as proc:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the runner and any child it left
-        except ProcessLookupError:
-            pass
-        proc.wait()
+            stdout, stderr = proc.communicate(json.dumps(programs), timeout=600)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the runner and any child it left
+            except ProcessLookupError:
+                pass
     assert proc.returncode == 0, stderr[-3000:]
     results = {name: [] for name in programs}
     for line in stdout.splitlines():
@@ -376,21 +308,7 @@ def test_the_exit_hook_silences_only_refused_calls_of_daemon_threads(
 # back in a noexcept destructor.  In a fresh interpreter every run aborted
 # before the kernel parked such threads (forked runs finalize too fast to
 # show it).
-_BUILDING_GRAPHS = """
-import threading, time
-import tensorflow as tf, pyfunc_bridge as pfb
-
-def build():
-    while True:
-        with tf.Graph().as_default():
-            x = pfb.numpy_function(lambda a: a + 1, [tf.constant([1.0, 2.0])], tf.float32)
-            for _ in range(50):
-                x = x + 1.0
-
-for _ in range(2):
-    threading.Thread(target=build, daemon=True).start()
-time.sleep(0.5)
-"""
+_BUILDING_GRAPHS = "kernel/faults_building_graphs.py"
 
 
 _TF_TSTATE_FAULT = "Fatal Python error: PyThreadState_Get: the function must be called with the GIL held"
@@ -398,17 +316,13 @@ _TF_TSTATE_FAULT = "Fatal Python error: PyThreadState_Get: the function must be 
 
 def test_daemon_threads_building_graphs_at_exit_let_it_end_cleanly():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    runs = [subprocess.Popen([sys.executable, "-c", _BUILDING_GRAPHS], env=env, text=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            for _ in range(3)]
     ended = []
-    for proc in runs:
-        try:
+    with contextlib.ExitStack() as started:
+        runs = [started.enter_context(started_python(
+            _BUILDING_GRAPHS, env=env, text=True, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE)) for _ in range(3)]
+        for proc in runs:
             ended.append((proc.wait(timeout=300), _noise(proc.stderr.read())))
-        finally:
-            proc.kill()
-            proc.wait()
-            proc.stderr.close()
     # What the parking prevents: SIGABRT from std::terminate, and its words.
     # Not counted: a fault of TF's own on Python 3.13, where CPython's
     # pthread_exit of such a thread unwinds through a pybind11 destructor of

@@ -5,8 +5,6 @@ DLPack fallback when TF's exports are missing (simulated in a subprocess with
 PFB_PRETEND_MISSING_SYMBOLS), which must give the same results and errors."""
 import json
 import os
-import subprocess
-import sys
 import threading
 import weakref
 
@@ -18,6 +16,7 @@ from tensorflow.python import pywrap_tfe
 import pyfunc_bridge as pfb
 from pyfunc_bridge import _library
 from conftest import address, collect
+from fresh_python import fresh_python
 
 # The TF exports the direct path needs (eager_tensors.cc), as the op layer names them.
 EXPORTS = ("TFE_NewTensorHandle", "TFE_DeleteTensorHandle", "EagerTensorFromHandle",
@@ -196,34 +195,11 @@ def test_gradients_through_the_kernel_path(mode):
 
 
 # A fresh interpreter: memory that would leak per call shows in its RSS.
-_LEAK_SCRIPT = r"""
-import os
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import numpy as np, tensorflow as tf
-import pyfunc_bridge as pfb
-
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-@tf.function
-def step(x):
-    return pfb.py_function(lambda a: a + 1, [x], tf.float32)
-
-x = tf.zeros([1 << 21])  # 8 MiB: each call makes a fresh 8 MiB result
-for _ in range(20):
-    step(x)
-before = rss()
-for _ in range(300):  # 2.4 GiB if results or inputs leaked
-    y = step(x)
-    del y
-print((rss() - before) >> 20)
-"""
+_LEAK_SCRIPT = "kernel/eager_fast_path_leak.py"
 
 
 def test_no_memory_grows_over_many_calls():
-    proc = subprocess.run([sys.executable, "-c", _LEAK_SCRIPT], capture_output=True,
-                          text=True, timeout=300)
+    proc = fresh_python(_LEAK_SCRIPT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     grown_mib = int(proc.stdout.strip().splitlines()[-1])
     assert grown_mib < 200, f"RSS grew by {grown_mib} MiB over 300 calls"
@@ -233,66 +209,7 @@ def test_no_memory_grows_over_many_calls():
 
 # Runs the same calls on whichever path the environment selects and prints
 # what it saw; the test compares the two paths.
-_PATH_SCRIPT = r"""
-import json, os, re
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import numpy as np, tensorflow as tf
-from tensorflow.python import pywrap_tfe
-import pyfunc_bridge as pfb
-
-dlpack = {"from": 0, "to": 0}
-for name, key in (("TFE_FromDlpackCapsule", "from"), ("TFE_ToDlpackCapsule", "to")):
-    def counting(*args, _real=getattr(pywrap_tfe, name), _key=key):
-        dlpack[_key] += 1
-        return _real(*args)
-    setattr(pywrap_tfe, name, counting)
-
-def addr(t):
-    return np.asarray(t).__array_interface__["data"][0]
-
-seen = []
-def ident(a):
-    seen.append(addr(a))
-    return a
-made = []
-def fresh(a):
-    out = a * 2
-    made.append(addr(out))
-    return out
-
-x = tf.constant(np.arange(1 << 16, dtype=np.float32))
-out = {}
-y = tf.function(lambda t: pfb.py_function(ident, [t], tf.float32))(x)
-out["identity_zero_copy"] = seen == [addr(x)] and addr(y) == addr(x)
-y = tf.function(lambda t: pfb.py_function(fresh, [t], tf.float32))(x)
-out["fresh_zero_copy"] = addr(y) == made[0]
-out["a_plus_b"] = pfb.py_function(lambda a, b: a + b, [x, x], tf.float32).numpy()[:4].tolist()
-with tf.GradientTape() as tape:
-    tape.watch(x)
-    y = pfb.py_function(lambda a: a * a, [x], tf.float32)
-out["gradient"] = tape.gradient(y, x).numpy()[:4].tolist()
-
-def error(func, Tout):
-    try:
-        tf.function(lambda t: pfb.py_function(func, [t], Tout))(x)
-    except tf.errors.OpError as exc:
-        found = re.search(r"(output \d+: |the function returned )[^\n]*", exc.message)
-        return [type(exc).__name__, found.group(0) if found else exc.message.splitlines()[0]]
-    return None
-
-out["errors"] = [
-    error(lambda a: tf.cast(a, tf.float64), tf.float32),
-    error(lambda a: a, tf.TensorSpec([3], tf.float32)),
-    error(lambda a: [a, a], tf.float32),
-]
-snapshot = pfb.stats()
-pfb.stats()
-out["path"] = snapshot.eager_tensor_path
-out["missing"] = list(snapshot.eager_tensor_missing)
-out["table_says"] = "DLPack" in str(snapshot)
-out["dlpack_calls"] = dlpack
-print(json.dumps(out))
-"""
+_PATH_SCRIPT = "kernel/eager_fast_path_path.py"
 
 
 def _run_paths(pretend):
@@ -300,8 +217,7 @@ def _run_paths(pretend):
     env.pop(PRETEND, None)
     if pretend is not None:
         env[PRETEND] = pretend
-    proc = subprocess.run([sys.executable, "-c", _PATH_SCRIPT], capture_output=True,
-                          text=True, timeout=300, env=env)
+    proc = fresh_python(_PATH_SCRIPT, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 

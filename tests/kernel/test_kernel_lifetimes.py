@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import pyfunc_bridge as pfb
 from conftest import address, collect
+from fresh_python import fresh_python
 
 
 class Tracked(np.ndarray):
@@ -127,33 +128,11 @@ def test_one_mib_in_and_out_keeps_memory_flat():
 
 # --------------------------------------------------------------- shutdown --
 
-SHUTDOWN_SCRIPT = r"""
-import os
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import numpy as np, tensorflow as tf
-import pyfunc_bridge as pfb
-
-@tf.function
-def f(x):
-    return pfb.numpy_function(lambda a: a * 2, [x], tf.float32)
-
-# Outputs that still hold NumPy memory when the interpreter exits, and a
-# pipeline whose prefetch thread may still be calling into the bridge.
-kept = [f(tf.ones([1000])) for _ in range(10)]
-kept.append(pfb.numpy_function(lambda: np.ones(10, np.float32), [], tf.float32))
-ds = tf.data.Dataset.range(10**6).map(
-    lambda i: pfb.numpy_function(lambda v: v + 1, [i], tf.int64),
-    num_parallel_calls=4).prefetch(8)
-it = iter(ds)
-next(it)
-print("done", flush=True)
-"""
+SHUTDOWN_SCRIPT = "kernel/lifetimes_shutdown.py"
 
 
 def test_interpreter_exit_with_live_outputs_and_running_pipeline_is_clean():
-    import subprocess
-    proc = subprocess.run([sys.executable, "-c", SHUTDOWN_SCRIPT], capture_output=True,
-                          text=True, timeout=120)
+    proc = fresh_python(SHUTDOWN_SCRIPT, timeout=120)
     assert proc.stdout.strip() == "done", proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Fatal Python error" not in proc.stderr
@@ -184,24 +163,10 @@ def test_arrays_in_a_container_someone_else_holds_are_copied():
     np.testing.assert_array_equal(y.numpy(), [0, 1, 2, 3])
 
 
-ATEXIT_SCRIPT = r"""
-import atexit, os
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import tensorflow as tf
-import pyfunc_bridge as pfb
-
-def report():  # registered after the import, before the first bridge call
-    y = pfb.numpy_function(lambda a: a + 1, [tf.constant(1.0)], tf.float32)
-    print("atexit", float(y), flush=True)
-
-atexit.register(report)
-print("main", float(pfb.numpy_function(lambda a: a * 2, [tf.constant(1.0)], tf.float32)))
-"""
+ATEXIT_SCRIPT = "kernel/lifetimes_atexit.py"
 
 
 def test_atexit_hooks_registered_after_import_can_use_the_bridge():
-    import subprocess
-    proc = subprocess.run([sys.executable, "-c", ATEXIT_SCRIPT], capture_output=True,
-                          text=True, timeout=120)
+    proc = fresh_python(ATEXIT_SCRIPT, timeout=120)
     assert proc.stdout.split() == ["main", "2.0", "atexit", "2.0"], proc.stderr[-2000:]
     assert proc.returncode == 0

@@ -1,7 +1,5 @@
 """tf.data pipelines and concurrent execution of bridge ops."""
 import queue
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,6 +9,7 @@ import tensorflow as tf
 
 import pyfunc_bridge as pfb
 from conftest import collect
+from fresh_python import fresh_python
 
 N = 200
 IMPLS = {"pfb": pfb.numpy_function, "tf": tf.numpy_function}
@@ -259,40 +258,14 @@ def test_exited_worker_threads_leave_no_python_thread_state_or_thread_locals():
 
 # ------------------------------------ tf.data's own threads, in a fresh process --
 
-_THREAD_MAPS = r"""
-import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
-
-def work(x):                       # pure Python that holds the GIL a while
-    s = 0
-    for i in range(2000):
-        s += i ^ int(x)
-    return np.int64(s & 0xFFFF)
-
-calls = {
-    "numpy_function": lambda x: pfb.numpy_function(work, [x], tf.int64),
-    "py_func": lambda x: pfb.py_func(work, [x], tf.int64),
-    "array_function": lambda x: pfb.array_function(work, [x], tf.int64, framework="numpy"),
-    "py_function": lambda x: pfb.py_function(lambda v: work(v.numpy()), [x], tf.int64),
-}
-want = sum(int(work(np.int64(i))) for i in range(64))
-options = tf.data.Options()
-options.threading.private_threadpool_size = 3     # threads that end with each iterator
-for name, call in calls.items():
-    for npc in (1, 4, tf.data.AUTOTUNE):
-        for _ in range(3):
-            ds = tf.data.Dataset.range(64).map(call, num_parallel_calls=npc)
-            got = sum(int(v) for v in ds.with_options(options))
-            assert got == want, (name, npc, got, want)
-        print("DONE", name, npc, flush=True)
-"""
+_THREAD_MAPS = "pipelines/thread_maps.py"
 
 
 def test_maps_on_tf_data_threads_finish_in_every_api_and_parallelism():
     # Python 3.12+ unbinds the deleting thread's own PyGILState binding when a
     # foreign thread state is deleted: the bridge then kept the GIL for ever
     # and the first map hung, where no timeout inside the process could help.
-    proc = subprocess.run([sys.executable, "-c", _THREAD_MAPS], capture_output=True,
-                          text=True, timeout=300)
+    proc = fresh_python(_THREAD_MAPS, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     done = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("DONE")]
     assert len(done) == 12, proc.stdout

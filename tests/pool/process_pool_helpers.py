@@ -2,8 +2,6 @@
 in fresh interpreters, calls from a thread, and this process's sockets.
 The /proc probes that scripts share too are in tests/pool_checks.py."""
 import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -11,14 +9,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import ROOT, TESTS, script_env, wait_for
+from fresh_python import fresh_python
 import pyfunc_bridge as pfb
 
 # This file's folder, on the PYTHONPATH of the scripts run_script starts.
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-# Only a hang's bound: a script of a few seconds took a minute on a machine
-# loaded four times over (TensorFlow's import and the workers' start alone).
-SCRIPT_TIMEOUT = 600
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +40,11 @@ def marked_pid(marks):
     return int(os.listdir(marks)[0])
 
 
-def run_script(script, *args):
-    """Runs `script` in a fresh interpreter (a hang there fails the test by
-    its timeout); it prints "done" at its end."""
-    run = subprocess.run([sys.executable, "-c", script, *args], cwd=TESTS,
-                         capture_output=True, text=True, timeout=SCRIPT_TIMEOUT,
-                         env=script_env(ROOT, TESTS, HERE))
+def run_script(script, *args, **extra_env):
+    """Runs `script` (tests/scripts/pool/...) in a fresh interpreter, with
+    this folder on its path too (a hang there fails the test by its
+    timeout); it prints "done" at its end."""
+    run = fresh_python(script, *args, env=script_env(ROOT, TESTS, HERE, **extra_env))
     assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-3000:]
 
 

@@ -42,7 +42,7 @@ def ready(pool, timeout=60):
     harness that starts and attaches real workers: they read the pool's
     dispatcher and its workers' state, which no public API shows."""
     deadline = time.monotonic() + timeout
-    while not all(w.alive and w.ready and w.generation for w in pool._workers):
+    while not all(w.alive and w.ready and w.generation for w in pool._supervisor.workers):
         assert time.monotonic() < deadline, "workers never ready"
         time.sleep(0.01)
     return pool._dispatch

@@ -6,12 +6,12 @@ consumer sleeps, one per batch, and a producer that sleeps for room."""
 import mmap
 import os
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 
 import pytest
+
+from fresh_python import started_python
 
 from pyfunc_bridge import _pool as pw
 
@@ -212,30 +212,7 @@ def test_a_spin_finds_a_message_without_announcing_a_sleep(channel):
 # The consumer: an echo of the request ring onto the reply ring, one reply
 # per request: (messages it read after that wake-up, its sleeps so far).  A
 # request with token 1 makes it pause words[0] ms before it reads on.
-_ECHO = textwrap.dedent(r"""
-    import mmap, os, sys, time
-    sys.path.insert(0, sys.argv[1])
-    from worker import compiled as _worker
-    pw = _worker.pool_module()
-    assert "tensorflow" not in sys.modules and "pyfunc_bridge" not in sys.modules
-    fd = int(sys.argv[2])
-    channel = pw.Channel(mmap.mmap(fd, os.fstat(fd).st_size))
-    print("ready", flush=True)
-    R, Q = pw.REQUESTS, pw.REPLIES
-    while True:
-        try:
-            channel.wait(R, timeout=60, interruptible=False)
-        except pw.ChannelClosed:
-            break
-        batch = channel.receive(R)
-        for message in batch:
-            channel.post(Q, pw.MSG_WORDS, [len(batch), channel.sleeps(R), channel.wakes(R)],
-                         call_id=message.call_id, timeout=60)
-        channel.notify(Q)
-        for message in batch:
-            if message.token == 1:
-                time.sleep(message.items[0] / 1000)
-""")
+_ECHO = "pool/ring_echo.py"
 
 
 @pytest.fixture
@@ -243,19 +220,18 @@ def echo():
     """(channel, the consumer process) over a 16-slot control segment."""
     fd, mapping = segment(16)
     channel = pw.Channel(mapping, create=True, ring_slots=16)
-    child = subprocess.Popen([sys.executable, "-c", _ECHO, PACKAGE, str(fd)], pass_fds=[fd],
-                             stdout=subprocess.PIPE, text=True)
-    os.close(fd)
     try:
-        assert child.stdout.readline().strip() == "ready"
-        yield channel, child
-        channel.close()
-        assert child.wait(timeout=30) == 0
+        with started_python(_ECHO, PACKAGE, fd, pass_fds=[fd], stdout=subprocess.PIPE,
+                            text=True) as child:
+            os.close(fd)
+            fd = None
+            assert child.stdout.readline().strip() == "ready"
+            yield channel, child
+            channel.close()
+            assert child.wait(timeout=30) == 0
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        child.stdout.close()
+        if fd is not None:
+            os.close(fd)
 
 
 def replies(channel, count, timeout=30):

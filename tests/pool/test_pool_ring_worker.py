@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 import pyfunc_bridge as pfb
-from pyfunc_bridge.pool import pickling as _pickling, process_pool as _process
+from pyfunc_bridge.pool import pickling as _pickling
 from pyfunc_bridge.pool.errors import worker_exception
+from pyfunc_bridge.pool.supervision import Supervisor
 from pyfunc_bridge.worker import compiled as _worker
 
 pw = _worker.pool_module()
@@ -32,7 +33,7 @@ class Client:
 
     def __init__(self, pool):
         self.pool = pool
-        self.worker = pool._workers[0]
+        self.worker = pool._supervisor.workers[0]
         deadline = time.monotonic() + 60
         while not self.worker.channel.worker_ready:
             assert time.monotonic() < deadline, "the worker never served its ring"
@@ -132,7 +133,7 @@ class Client:
 def client(monkeypatch):
     # This test is the rings' parent side: the pool's own dispatcher, whose
     # reply thread would be a second consumer of the reply ring, stays out.
-    monkeypatch.setattr(_process.ProcessPool, "_attach", lambda self, worker: None)
+    monkeypatch.setattr(Supervisor, "attach", lambda self, worker: None)
     with pfb.ProcessPool(1, arena_bytes=16 << 20, name="ring-worker") as pool:
         yield Client(pool)
 

@@ -3,7 +3,7 @@ describe, and the argument list of a call with more inputs than its ring
 holds, travel on the worker's socket, pulled by the worker by payload id
 (src/pool/shm_layout.h, PFB_POOL_TENSOR_SOCKET, PFB_POOL_CALL_PACKED): the
 call itself still goes over the rings, the only way a call goes."""
-import subprocess
+
 import sys
 
 import numpy as np
@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
-from conftest import ROOT, TESTS, input_arena_whole, script_env
+from conftest import input_arena_whole
+from fresh_python import fresh_python
 import pyfunc_bridge as pfb
 
 BIG = 16 << 10  # float32 elements: 64 KiB, sixteen times a 4 KiB arena
@@ -183,40 +184,14 @@ def test_cupy_has_a_call_flag():
 
 
 def _run(script, *args):
-    run = subprocess.run([sys.executable, "-c", script, *args], cwd=TESTS,
-                         capture_output=True, text=True, timeout=600,
-                         env=script_env(ROOT, TESTS))
+    run = fresh_python(script, *args)
     assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-3000:]
 
 
 # Ctrl-C at any moment of calls whose inputs are pulled (before, during and
 # after the worker asks for them): the pool keeps working, and its arena is
 # whole once the calls are done.
-_INTERRUPTED_SCRIPT = r"""
-import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
-from pool_checks import Interrupts, settled
-with pfb.ProcessPool(2, arena_bytes=4096, name="interrupted pulls") as pool:
-    x = tf.fill([64 << 10], 3.0)  # 256 KiB: always pulled
-    interrupts = Interrupts(seed=28)
-    interrupted = calls = 0
-    while calls < 200:
-        try:
-            calls += 1
-            out = interrupts.during(pfb.numpy_function, pf.briefly_double_in_place,
-                                    [x], tf.float32, copy=True, executor=pool)
-            assert float(out[0]) == 6.0, (calls, out)
-        except KeyboardInterrupt:
-            interrupted += 1
-    interrupts.stop()
-    assert interrupted > 50, interrupted
-    settled(pool)
-    for _ in range(8):
-        out = pfb.numpy_function(pf.briefly_double_in_place, [x], tf.float32, copy=True,
-                                 executor=pool)
-        np.testing.assert_array_equal(out.numpy(), np.full(64 << 10, 6.0))
-print("done")
-"""
+_INTERRUPTED_SCRIPT = "pool/socket_inputs_interrupted.py"
 
 
 def test_ctrl_c_around_pulls_leaves_the_pool_working():
@@ -232,43 +207,7 @@ def _in_ring_call(thread):
 # A caller that stops waiting before its worker pulls the input: the worker
 # is told the input is gone (its call fails, nobody waits for it), and the
 # next calls run.
-_GONE_SCRIPT = r"""
-import os, signal, sys, threading, time
-import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
-gate = sys.argv[1]
-marks = os.environ["PFB_TEST_MARKS"] = gate + ".marks"
-os.mkdir(marks)
-main = threading.main_thread()
-def waiting(thread):
-    frame = sys._current_frames().get(thread.ident)
-    return frame is not None and frame.f_code.co_name == "ring_call"
-with pfb.ProcessPool(1, arena_bytes=4096, name="gone pool") as pool:
-    held = threading.Thread(target=lambda: pfb.numpy_function(
-        pf.wait_for_file, [tf.constant(gate)], tf.int64, executor=pool))
-    held.start()
-    while not os.listdir(marks):  # the worker is held: the next call waits behind it
-        time.sleep(0.01)
-    def interrupt():
-        while not waiting(main):
-            time.sleep(0.01)
-        time.sleep(0.1)  # (the caller is in its wait: its signal check runs every 50 ms)
-        signal.pthread_kill(main.ident, signal.SIGINT)
-    threading.Thread(target=interrupt).start()
-    try:
-        pfb.numpy_function(pf.double, [tf.ones([64 << 10])], tf.float32, executor=pool)
-        raise SystemExit("not interrupted")
-    except KeyboardInterrupt:
-        pass
-    open(gate, "w").close()
-    held.join()
-    x = np.arange(64 << 10, dtype=np.float32)
-    for _ in range(3):
-        np.testing.assert_array_equal(
-            pfb.numpy_function(pf.double, [tf.constant(x)], tf.float32, executor=pool).numpy(),
-            x * 2)
-print("done")
-"""
+_GONE_SCRIPT = "pool/socket_inputs_gone.py"
 
 
 def test_an_input_whose_caller_left_fails_only_its_call(tmp_path):
@@ -278,45 +217,7 @@ def test_an_input_whose_caller_left_fails_only_its_call(tmp_path):
 # A worker killed with a call whose input it had not pulled yet behind its
 # running one: the running call fails with WorkerError, the other is resent
 # and its new worker pulls the input.
-_KILLED_SCRIPT = r"""
-import os, signal, sys, threading, time
-import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
-marks = sys.argv[1]
-os.environ["PFB_TEST_MARKS"] = marks
-def waiting(thread):
-    frame = sys._current_frames().get(thread.ident)
-    return frame is not None and frame.f_code.co_name == "ring_call"
-with pfb.ProcessPool(1, arena_bytes=4096, name="killed pool") as pool:
-    outcome = {}
-    def held():
-        try:
-            pfb.numpy_function(pf.hang, [tf.constant(60.0)], tf.int64, executor=pool)
-        except Exception as exc:  # noqa: BLE001 - the worker died in it
-            outcome["held"] = exc
-    x = np.arange(64 << 10, dtype=np.float32)
-    def pulled():
-        outcome["pulled"] = pfb.numpy_function(pf.double, [tf.constant(x)], tf.float32,
-                                               executor=pool).numpy()
-    first = threading.Thread(target=held)
-    first.start()
-    while not os.listdir(marks):  # the worker is in hang()
-        time.sleep(0.01)
-    second = threading.Thread(target=pulled)
-    second.start()
-    while not waiting(second):
-        time.sleep(0.01)
-    time.sleep(0.1)  # (submitted: it waits in 50 ms slices)
-    os.kill(int(os.listdir(marks)[0]), signal.SIGKILL)
-    first.join()
-    second.join()
-    assert "held" in outcome, outcome
-    np.testing.assert_array_equal(outcome["pulled"], x * 2)
-    np.testing.assert_array_equal(
-        pfb.numpy_function(pf.double, [tf.constant(x)], tf.float32, executor=pool).numpy(),
-        x * 2)
-print("done")
-"""
+_KILLED_SCRIPT = "pool/socket_inputs_killed.py"
 
 
 def test_a_killed_worker_s_unpulled_call_is_resent(tmp_path):

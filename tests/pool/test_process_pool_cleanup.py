@@ -17,34 +17,7 @@ from process_pool_helpers import open_sockets, run_script
 # A pool that its user drops without close() (executor=pfb.ProcessPool()
 # inline) is collected, and its collection ends its workers and reader
 # threads.  Waits for states, by pid, with the script's timeout.
-_DROPPED_POOL_SCRIPT = r"""
-import gc, threading, time, weakref
-import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
-from pool_checks import worker_alive as alive
-
-def until(condition, what):
-    deadline = time.monotonic() + 30
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-
-pool = pfb.ProcessPool(2, name="dropped pool")
-# Both paths: an eager call (Python's), a tf.data map (the kernel's rings).
-pfb.numpy_function(pf.pid, [tf.constant(0)], tf.int64, executor=pool)
-ds = tf.data.Dataset.range(20).map(
-    lambda x: pfb.numpy_function(pf.plus_one, [x], tf.int64, executor=pool))
-assert list(ds.as_numpy_iterator()) == list(range(1, 21))
-pids = pool.pids()
-ref = weakref.ref(pool)
-del pool, ds
-gc.collect()
-assert ref() is None, gc.get_referrers(ref())
-until(lambda: not [p for p in pids if alive(p)], f"workers {pids} of a dropped pool still run")
-until(lambda: not [t for t in threading.enumerate() if t.name.startswith("dropped pool")],
-      "the dropped pool's threads still run")
-print("done")
-"""
+_DROPPED_POOL_SCRIPT = "pool/cleanup_dropped_pool.py"
 
 
 def test_a_pool_dropped_without_close_is_collected_and_ends_its_workers():
@@ -97,57 +70,14 @@ def test_close_unmaps_the_shared_memory_of_a_pool_still_referenced():
 
 # With gc off, in a fresh interpreter: what a dead worker leaves must go when
 # its death is handled, not when a collection finds it.
-_DEATHS_SCRIPT = r"""
-import gc, os, signal, time
-gc.disable()
-import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
-import pool_checks as t
-from conftest import wait_for
-with pfb.ProcessPool(1, arena_bytes=1 << 20, name="dying pool") as pool:
-    def call():
-        return float(pfb.numpy_function(pf.double, [tf.fill([1000], 2.0)], tf.float32,
-                                        executor=pool)[0])
-    assert call() == 4.0
-    fds, maps = len(t.descriptors("socket:", "/memfd:")), len(t.memfds_of("dying pool")[1])
-    for _ in range(10):
-        (victim,) = pool.pids()
-        os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: pool.pids() not in ([], [victim]))  # replaced
-        assert call() == 4.0  # (waits for the new worker to be ready)
-    wait_for(lambda: len(t.descriptors("socket:", "/memfd:")) == fds)
-    assert len(t.memfds_of("dying pool")[1]) == maps, (t.memfds_of("dying pool")[1], maps)
-print("done")
-"""
+_DEATHS_SCRIPT = "pool/cleanup_deaths.py"
 
 
 def test_a_dead_workers_socket_and_mapping_are_closed_when_its_death_is_handled():
     run_script(_DEATHS_SCRIPT)
 
 
-_ROUND_TRIP_SCRIPT = r"""
-import gc, os
-import tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
-
-def rss_mib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) >> 10 for line in f if line.startswith("VmRSS:"))
-
-with pfb.ProcessPool(1, name="round trip pool") as pool:  # 64 MiB arenas: 200 MiB is pickled
-    (pid,) = pool.pids()
-    pfb.numpy_function(pf.identity, [tf.constant(1)], tf.int32, executor=pool)
-    x = tf.fill([50 << 20], 1.0)  # 200 MiB
-    before = rss_mib(pid), rss_mib(os.getpid())
-    for _ in range(2):
-        out = pfb.numpy_function(pf.double, [x], tf.float32, executor=pool)
-        assert float(out[-1]) == 2.0
-        del out
-    after = rss_mib(pid), rss_mib(os.getpid())
-    # Nothing of 200 MiB frames stays: no buffer, no reply kept.
-    assert after[0] < before[0] + 32 and after[1] < before[1] + 64, (before, after)
-print("done")
-"""
+_ROUND_TRIP_SCRIPT = "pool/cleanup_round_trip.py"
 
 
 def test_a_large_round_trip_leaves_no_large_buffer_behind():

@@ -50,23 +50,7 @@ def test_no_value_or_bytes_like_for_a_string_is_tfs_class_in_a_worker_too(pool, 
 
 
 # Hangs (in a subprocess, then) where the reader thread dies on the reply.
-_UNLOADABLE_REPLY_SCRIPT = r"""
-import tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
-from conftest import wait_for
-with pfb.ProcessPool(1, name="unloadable pool") as pool:
-    try:
-        pfb.numpy_function(pf.returns_what_does_not_load, [tf.constant(1)], tf.int32,
-                           executor=pool)
-    except tf.errors.UnknownError as exc:
-        message = str(exc)
-    else:
-        raise AssertionError("no error")
-    assert "of unloadable pool sent a reply this process cannot unpickle" in message, message
-    assert "RuntimeError: this value does not load in the parent" in message, message
-    assert int(pfb.numpy_function(pf.double, [tf.constant(2)], tf.int32, executor=pool)) == 4
-print("done")
-"""
+_UNLOADABLE_REPLY_SCRIPT = "pool/errors_unloadable_reply.py"
 
 
 def test_a_reply_this_process_cannot_load_fails_the_call_and_the_pool_recovers():

@@ -16,7 +16,8 @@ import process_functions as pf
 from conftest import wait_for
 from pool_checks import worker_alive
 import pyfunc_bridge as pfb
-from pyfunc_bridge.pool import process_pool as _process, supervision, worker_process
+from pyfunc_bridge.pool import process_pool as _process, worker_process
+from pyfunc_bridge.pool.supervision import Supervisor
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.worker import start_worker
 from process_pool_helpers import call_in_thread, marked_pid, open_sockets, run_script
@@ -109,7 +110,7 @@ def test_a_pool_whose_workers_cannot_start_says_why_and_tries_again_later(tmp_pa
     workers again."""
     failing = tmp_path / "fails_at_start.py"
     failing.write_text("import sys\nsys.exit(3)\n")
-    monkeypatch.setattr(supervision, "_RETRY_SECONDS", 1.0)  # the back-off this test waits out
+    monkeypatch.setattr(Supervisor, "retry_seconds", 1.0)  # the back-off this test waits out
     start_worker.pool_module()  # loaded by its real path, before the patch
     monkeypatch.setattr(start_worker, "__file__", str(failing))
 
@@ -149,14 +150,7 @@ def test_a_broken_pool_s_live_workers_go_on_serving(tmp_path, monkeypatch):
     back-off a call starts the lost slot again."""
     failing = tmp_path / "fails_at_start.py"
     failing.write_text("import sys\nsys.exit(3)\n")
-    monkeypatch.setattr(supervision, "_RETRY_SECONDS", 1.0)  # the back-off this test waits out
-    broke = threading.Event()
-    real_break = supervision.Supervision._break
-
-    def recording_break(pool, why):
-        real_break(pool, why)
-        broke.set()
-    monkeypatch.setattr(supervision.Supervision, "_break", recording_break)
+    monkeypatch.setattr(Supervisor, "retry_seconds", 1.0)  # the back-off this test waits out
     start_worker.pool_module()  # loaded by its real path, before the patch
     with pfb.ProcessPool(2, name="half broken pool") as half:
         def call():
@@ -168,7 +162,7 @@ def test_a_broken_pool_s_live_workers_go_on_serving(tmp_path, monkeypatch):
         live, victim = half.pids()
         monkeypatch.setattr(start_worker, "__file__", str(failing))
         os.kill(victim, signal.SIGKILL)
-        assert broke.wait(timeout=60)  # three replacements exited
+        wait_for(lambda: half._supervisor.broken, 60)  # three replacements exited
         monkeypatch.setattr(start_worker, "__file__", _worker_file)  # they can start
         retry = time.monotonic() + 1.0
         assert half.pids() == [live]
@@ -222,94 +216,14 @@ def test_a_call_that_fails_in_the_pool_leaves_no_reference_cycle():
 # dispatcher's, then the worker's descriptors), the start attaches the worker
 # to the dispatcher.  The threads are held there by tracing (the one way to
 # order them); the next worker then serves the pool's calls.
-_DIES_AT_ONCE_SCRIPT = r"""
-import os, signal, sys, threading
-import tensorflow as tf, pyfunc_bridge as pfb
-from pool_checks import call_pid
-from pyfunc_bridge.worker import start_worker
-
-failing, real = sys.argv[1], start_worker.__file__
-detached, attached, seen = threading.Event(), threading.Event(), set()
-
-def victim(worker):
-    return worker is not None and failing in worker.proc.args
-
-def tracer(frame, event, arg):
-    name, where = frame.f_code.co_name, frame.f_locals
-    if name == "_attach" and victim(where.get("worker")):
-        seen.add("attach")
-        if where["worker"].reader.ident is not None:  # its death may be handled first
-            assert detached.wait(60), "the reader never handled the worker's death"
-        return lambda frame, event, arg: attached.set() if event == "return" else None
-    if name == "ended" and victim(where.get("self")) and not attached.is_set():
-        seen.add("ended")
-        detached.set()  # its death is in the dispatcher; its descriptors are still open
-        assert attached.wait(60), "the start never attached the worker"
-    return None
-
-def on_start(event, args):
-    if event == "subprocess.Popen" and failing in str(args[1]):
-        start_worker.__file__ = real  # the next start serves
-        sys.settrace(tracer)  # the spawning thread's
-
-pool = pfb.ProcessPool(1, name="dies at once")
-first = pool.pids()[0]
-threading.settrace(tracer)  # the reader threads started from now on
-sys.addaudithook(on_start)
-start_worker.__file__ = failing
-os.kill(first, signal.SIGKILL)
-box = {}
-caller = threading.Thread(target=call_pid, args=(pool, box), daemon=True)
-caller.start()
-caller.join(120)
-replaced = pfb.stats().pools["dies at once"].workers_replaced
-if caller.is_alive() or "error" in box or box["pid"] not in pool.pids():
-    print(f"the call: {box or 'still waits'}; workers {pool.pids()}", file=sys.stderr, flush=True)
-    os._exit(1)  # (close() would wait for the worker the dispatcher holds)
-assert "attach" in seen and replaced == 2, (seen, replaced)
-pool.close()
-print("done")
-"""
+_DIES_AT_ONCE_SCRIPT = "pool/faults_dies_at_once.py"
 
 
 def test_a_replacement_that_dies_as_it_starts_leaves_a_pool_that_serves(failing_start):
     run_script(_DIES_AT_ONCE_SCRIPT, failing_start)
 
 
-_UNWATCHED_SCRIPT = r"""
-import os, signal, sys, threading, time
-import tensorflow as tf, pyfunc_bridge as pfb
-from pool_checks import call_pid
-
-pool = pfb.ProcessPool(1, name="unwatched")
-start = threading.Thread.start
-
-def failing_start(self):  # the replacement's reader thread cannot start
-    if self.name == "unwatched reader 0":
-        threading.Thread.start = start
-        raise RuntimeError("can't start new thread")
-    start(self)
-
-threading.Thread.start = failing_start
-os.kill(pool.pids()[0], signal.SIGKILL)
-deadline = time.monotonic() + 60
-while threading.Thread.start is not start:
-    assert time.monotonic() < deadline, "no replacement was started"
-    time.sleep(0.01)
-for pid in pool.pids():  # a worker left without a reader: its death too must be seen
-    os.kill(pid, signal.SIGKILL)
-box = {}
-caller = threading.Thread(target=call_pid, args=(pool, box), daemon=True)
-caller.start()
-caller.join(60)
-if caller.is_alive():
-    print(f"the call still waits; workers {pool.pids()}", file=sys.stderr, flush=True)
-    os._exit(1)
-assert ("pid" in box and box["pid"] in pool.pids()
-        or "reader thread could not be started" in box["error"]), box
-pool.close()
-print("done")
-"""
+_UNWATCHED_SCRIPT = "pool/faults_unwatched.py"
 
 
 def test_a_worker_whose_reader_cannot_start_is_ended_and_the_pool_breaks():
@@ -318,65 +232,10 @@ def test_a_worker_whose_reader_cannot_start_is_ended_and_the_pool_breaks():
 
 
 # A broken pool revived while one of its dead workers is still being handled
-# (its _lost reaps it, for up to 5 s): held `before` the dead worker's slot is
+# (its lost reaps it, for up to 5 s): held `before` the dead worker's slot is
 # detached, or `after`.  The revival and the dead worker's own replacement
 # start one worker for its slot between them, and the pool knows every worker.
-_REVIVAL_DURING_A_DEATH_SCRIPT = r"""
-import os, signal, sys, threading, time
-import tensorflow as tf, pyfunc_bridge as pfb
-from pool_checks import call_pid, worker_alive
-from pyfunc_bridge.pool import supervision
-from pyfunc_bridge.worker import start_worker
-
-failing, window = sys.argv[1:]
-supervision._RETRY_SECONDS = 0.2  # the back-off this script waits out
-pool = pfb.ProcessPool(2, name="revived during a death")
-slow, other = pool.pids()
-handling, go_on, handler = threading.Event(), threading.Event(), []
-step = "_death" if window == "before" else "_replace"
-real_step = getattr(pool, step)
-
-def slow_step(worker, *args):
-    if worker.pid == slow:
-        handler.append(threading.current_thread())
-        handling.set()
-        go_on.wait(120)
-    return real_step(worker, *args)
-
-def workers():  # this process's live workers (children of its spawning thread)
-    found = set()
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            found.update(int(pid) for pid in f.read().split())
-    return {pid for pid in found if worker_alive(pid)}
-
-setattr(pool, step, slow_step)
-os.kill(slow, signal.SIGKILL)
-assert handling.wait(120), "the dead worker was never handled"
-start_worker.pool_module()  # loaded by its real path, before the workers fail
-real, start_worker.__file__ = start_worker.__file__, failing
-os.kill(other, signal.SIGKILL)  # its replacements end as they start: the pool breaks
-deadline = time.monotonic() + 120
-while not pool._broken or time.monotonic() < pool._retry_at:
-    assert time.monotonic() < deadline, "the pool never broke"
-    time.sleep(0.01)
-start_worker.__file__ = real
-box = {}
-caller = threading.Thread(target=call_pid, args=(pool, box))  # it revives the pool
-caller.start()
-while caller.is_alive() and not pool.pids():  # (its call may wait for the slow slot)
-    time.sleep(0.01)
-go_on.set()
-caller.join(120)
-handler[0].join(120)
-live = workers()
-pids = pool.pids()
-pool.close()
-assert len(pids) == 2 and live == set(pids), (live, pids, box)
-assert box.get("pid") in pids, box
-assert not [pid for pid in live if worker_alive(pid)], "close() left a worker running"
-print("done")
-"""
+_REVIVAL_DURING_A_DEATH_SCRIPT = "pool/faults_revival_during_a_death.py"
 
 
 @pytest.mark.parametrize("window", ["before", "after"])

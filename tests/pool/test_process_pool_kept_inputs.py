@@ -74,37 +74,7 @@ def test_kept_input_blocks_go_back_when_the_worker_lets_go_of_them(single):
 
 # Wrong values, or a hang (in a subprocess, then), where kept blocks are
 # reused or where a call waits for room that only a kept block could give.
-_KEPT_FILL_THE_ARENA_SCRIPT = r"""
-import threading, time
-import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
-with pfb.ProcessPool(1, arena_bytes=64 << 10) as pool:
-    keep = pf.keeper()
-    for i in range(8):  # 16 KiB each: the first four fill the arena for good
-        out = pfb.numpy_function(keep, [tf.fill([4096], float(i))], tf.float32,
-                                 executor=pool)
-        np.testing.assert_array_equal(out.numpy(), np.repeat(np.arange(i + 1.0), 4096))
-    assert pool.free_input_bytes == 0
-    # Calls from several threads at once: each finds the arena kept full and
-    # sends its input pickled rather than waiting for room that never comes.
-    results = {}
-    def call(i):
-        x = tf.fill([4096], float(i))
-        results[i] = float(tf.reduce_sum(pfb.numpy_function(pf.double, [x], tf.float32,
-                                                            executor=pool)))
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert results == {i: 2 * 4096.0 * i for i in range(4)}, results
-    del keep
-    import gc; gc.collect()
-    pfb.numpy_function(pf.identity, [tf.constant(1)], tf.int32, executor=pool)
-    while pool.free_input_bytes != pool.arena_bytes:  # the state, or the timeout
-        time.sleep(0.01)
-print("done")
-"""
+_KEPT_FILL_THE_ARENA_SCRIPT = "pool/kept_inputs_kept_fill_the_arena.py"
 
 
 def test_inputs_kept_by_functions_leave_no_call_waiting_for_room():
@@ -115,27 +85,7 @@ def test_inputs_kept_by_functions_leave_no_call_waiting_for_room():
 # blocks at once than its reply ring holds: the function that kept 5,000
 # inputs is forgotten, and the worker's wait for room on that ring must wake
 # the parent's reply thread, which sleeps.
-_MANY_INPUTS_BACK_SCRIPT = r"""
-import gc, time
-import tensorflow as tf, pyfunc_bridge as pfb
-import process_functions as pf
-with pfb.ProcessPool(1, arena_bytes=4 << 20) as pool:
-    hoard = pf.hoarder()
-    held = tf.data.Dataset.range(5000).map(  # tf.data: the native route, over the rings
-        lambda i: pfb.numpy_function(hoard, [tf.reshape(i, [1])], tf.int64, executor=pool),
-        num_parallel_calls=2)
-    assert max(int(n) for n in held) == 5000
-    assert pool.free_input_bytes <= pool.arena_bytes - 5000 * 64
-    del hoard, held
-    gc.collect()  # the worker forgets the function with the next request
-    more = tf.data.Dataset.range(50).map(
-        lambda i: pfb.numpy_function(pf.double, [i], tf.int64, executor=pool),
-        num_parallel_calls=2)
-    assert [int(v) for v in more] == [2 * i for i in range(50)]
-    while pool.free_input_bytes != pool.arena_bytes:  # the state, or the timeout
-        time.sleep(0.01)
-print("done")
-"""
+_MANY_INPUTS_BACK_SCRIPT = "pool/kept_inputs_many_inputs_back.py"
 
 
 def test_a_worker_handing_back_more_inputs_than_its_ring_holds_goes_on():

@@ -100,16 +100,17 @@ def test_workers_replaced():
 
 
 def test_a_replacement_is_counted_before_it_serves(monkeypatch):
-    from pyfunc_bridge.pool import supervision
-    watch = supervision.Supervision._watch
-    served = threading.Event()
+    from pyfunc_bridge.pool.supervision import Supervisor
+    attach = Supervisor.attach
+    served, attached = threading.Event(), []
 
-    def slow_watch(self, worker, first):  # the replacement serves before its start ends
-        watch(self, worker, first)
-        if not first:
+    def slow_attach(self, worker):  # the replacement serves before its start ends
+        attach(self, worker)
+        attached.append(worker)
+        if len(attached) > 1:
             served.wait(30)
 
-    monkeypatch.setattr(supervision.Supervision, "_watch", slow_watch)
+    monkeypatch.setattr(Supervisor, "attach", slow_attach)
     with pfb.ProcessPool(1, name="counted replacement") as one:
         victim = one.pids()[0]
         os.kill(victim, signal.SIGKILL)

@@ -7,7 +7,8 @@ import pytest
 MODULES = ["pyfunc_bridge", "pyfunc_bridge._numpy_function", "pyfunc_bridge._py_function",
            "pyfunc_bridge._tout", "pyfunc_bridge._stats", "pyfunc_bridge._conversion",
            "pyfunc_bridge._array_function", "pyfunc_bridge._portable", "pyfunc_bridge.pool.process_pool",
-           "pyfunc_bridge._pool", "pyfunc_bridge._errors"]
+           "pyfunc_bridge._pool", "pyfunc_bridge._errors", "pyfunc_bridge.pool.errors",
+           "pyfunc_bridge._frameworks"]
 # Modules whose examples use an optional framework.
 NEEDS = {"pyfunc_bridge._array_function": "torch"}
 
