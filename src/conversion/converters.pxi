@@ -63,11 +63,8 @@ cdef class _NumpyConverter(_Converter):
 
     cdef int outputs(self, PfbCall* call, object result, Py_ssize_t outside_refs,
                      list ranges, _CallCounts* counts) except -1:
-        # Eagerly a result of another dtype converts where no value changes:
-        # TF's eager numpy_function returns it unchecked (its inputs are
-        # np.array's, int64 for a Python int, whatever Tout says).
         return _export_outputs(call, result, outside_refs, False, None, counts, None,
-                               not self.scalars)
+                               _converts(self, call))
 
     cdef int leave(self, PfbCall* call, object entered) except -1:
         if entered is not None:
@@ -95,6 +92,14 @@ cdef class _FrameworkConverter(_NumpyConverter):
     cdef int outputs(self, PfbCall* call, object result, Py_ssize_t outside_refs,
                      list ranges, _CallCounts* counts) except -1:
         return _export_outputs(call, result, outside_refs, True, ranges, counts)
+
+
+cdef inline bint _converts(_NumpyConverter converter, PfbCall* call):
+    """Whether a result of another dtype converts where no value changes:
+    eagerly, as TF's eager numpy_function returns it unchecked (its inputs
+    are np.array's, int64 for a Python int, whatever Tout says); not under
+    copy=False, for which a conversion is a copy."""
+    return not converter.scalars and call.copy_mode != PFB_COPY_FALSE
 
 
 cdef object _flat_mapping(object result):

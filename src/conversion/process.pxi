@@ -139,7 +139,7 @@ cdef class _ProcessConverter(_NumpyConverter):
         value = pooled.value
         pooled.value = None  # the references to `value` are now its own and ours
         return _export_outputs(call, value, Py_REFCNT(<PyObject*>value) - 1, False, None,
-                               counts, pooled.refused, not self.scalars)
+                               counts, pooled.refused, _converts(self, call))
 
 
 def process_converter(object adapter, bint eager, object pool):

@@ -122,7 +122,8 @@ def test_errors_are_counted(mode):
     with pytest.raises(tf.errors.InvalidArgumentError):
         _run(broken, [X], tf.float32, mode, name="broken")
     with pytest.raises(tf.errors.InvalidArgumentError):
-        _run(lambda a: a.astype(np.float64), [X], tf.float32, mode, name="broken")
+        # (floats for ints: refused in every mode, eagerly too)
+        _run(lambda a: a.astype(np.float64) + 0.5, [X], tf.int32, mode, name="broken")
     entry = pfb.stats().functions["broken"]
     assert entry.calls == 2
     assert entry.errors == 2

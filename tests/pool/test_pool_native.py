@@ -261,7 +261,9 @@ def raises_value_error(a):
 
 
 def wrong_dtype(a):
-    return np.asarray(a, np.float64)
+    # Floats for ints: refused in every mode (eagerly a result of another
+    # dtype converts only where no value changes).
+    return np.asarray(a, np.float64) + 0.5
 
 
 def two_results(a):
@@ -273,23 +275,23 @@ def one_result(a):
 
 
 def float64_scalar(a):
-    return np.float64(2.0)
+    return np.float64(2.5)
 
 
-def bool_scalar_and_an_array(a):
-    return np.copy(a), np.True_
+def float_scalar_and_an_array(a):
+    return np.copy(a), np.float64(0.5)
 
 
 # (function, Tout, a phrase the in-process error's first line has)
 ERROR_CASES = {
     "exception": (raises_value_error, tf.float32, "no use for [1.0, 2.0]"),
-    "dtype": (wrong_dtype, tf.float32, "Tout declares float32"),
+    "dtype": (wrong_dtype, tf.int32, "Tout declares int32"),
     # A NumPy scalar is named as one, though it travels as a 0-d block.
-    "scalar dtype": (float64_scalar, tf.float32,
-                     "returned np.float64(2.0), a NumPy scalar of dtype float64"),
-    "scalar dtype among results": (bool_scalar_and_an_array, [tf.float32, tf.int32],
+    "scalar dtype": (float64_scalar, tf.int32,
+                     "returned np.float64(2.5), a NumPy scalar of dtype float64"),
+    "scalar dtype among results": (float_scalar_and_an_array, [tf.float32, tf.int32],
                                    "output 1: Tout declares int32 but the function returned "
-                                   "np.True_, a NumPy scalar of dtype bool"),
+                                   "np.float64(0.5), a NumPy scalar of dtype float64"),
     "static shape": (one_result, tf.TensorSpec([3], tf.float32), "Tout declares shape (3,)"),
     "too many outputs": (two_results, tf.float32, "returned 2 value(s)"),
     "too few outputs": (one_result, [tf.float32, tf.float32], "returned 1 value(s)"),
@@ -343,13 +345,13 @@ def test_a_wrong_scalar_is_named_alike_under_xla(pool):
     texts = []
     for executor in (None, pool):
         f = tf.function(lambda x: pfb.numpy_function(float64_scalar, [x],
-                                                      tf.TensorSpec([], tf.float32),
+                                                      tf.TensorSpec([], tf.int32),
                                                       executor=executor), jit_compile=True)
         with pytest.raises(tf.errors.InvalidArgumentError) as info:
             f(tf.constant([1.0, 2.0]))
         # (without TF's " [Op:__inference_<lambda>_N]", which names each function)
         texts.append(error_text(info.value.message).split(" [Op:")[0])
-    assert "returned np.float64(2.0), a NumPy scalar of dtype float64" in texts[0], texts
+    assert "returned np.float64(2.5), a NumPy scalar of dtype float64" in texts[0], texts
     assert texts[1] == texts[0]
 
 

@@ -27,6 +27,7 @@ F32, C64 = tf.float32, tf.complex64
     (cf.shared_array, "numpy", F32, "aliasing"),
     (cf.view_of_shared, "numpy", F32, "aliasing"),
     (cf.second_strided, "numpy", [F32, F32], "non_contiguous"),
+    # (copy=None converts it to Tout's float32 eagerly; copy=False does not copy.)
     (cf.strided_of_another_dtype, "numpy", F32, "dtype"),
     (cf.strided, "torch", F32, "non_contiguous"),
     (cf.torch_fresh, "torch", F32, None),
@@ -95,9 +96,9 @@ def test_statistics_count_the_bytes_moved_to_and_from_workers(pool):
 
 def test_tout_checks_and_the_copy_policy_are_unchanged(pool):
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match="output 0: Tout declares float32 but the function returned "
+                       match="output 0: Tout declares int32 but the function returned "
                              "an array of dtype float64"):
-        pfb.numpy_function(pf.float64_array, [tf.constant([1.0])], tf.float32,
+        pfb.numpy_function(pf.float64_array, [tf.constant([1.5])], tf.int32,
                            executor=pool)
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"output 1: Tout declares shape \(3,\)"):
