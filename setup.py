@@ -11,7 +11,6 @@
 The first two use the dlpack.h that ships in TensorFlow's wheel.
 """
 import glob
-import hashlib
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -61,35 +60,25 @@ with open(os.path.join(HERE, "pyfunc_bridge", "_build_config.py"), "w") as f:
 JOBS = int(os.environ.get("PFB_BUILD_JOBS") or len(os.sched_getaffinity(0)))
 
 
-def _digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def _up_to_date(obj, src, depends):
-    """Whether `obj` was compiled from `src` as it is now, and is newer than
-    every file of src/ it may include.
+    """Whether `obj` is newer than its source and every file of src/ it may
+    include.
 
-    The source is compared by content where it is newer: Cython writes its
-    C afresh whenever a cimported .pxd looks newer, and pip's isolated build
-    environment unpacks NumPy's afresh at each install.  Installed packages'
-    headers (NumPy's, TensorFlow's) do not count, for the same reason; they
-    change only with a version (NumPy's names the folder of the Cython
-    objects, CYTHON_BUILD_DIR; the kernel builds against one TensorFlow minor
-    version, 2.21)."""
+    Cython's C counts as the .pyx it comes from: Cython writes it afresh,
+    naming the build environment's paths, whenever a cimported .pxd looks
+    newer, and pip's isolated build environment unpacks NumPy's afresh at
+    each install.  Installed packages' headers (NumPy's, TensorFlow's) do not
+    count, for the same reason; they change only with a version (NumPy's
+    names the folder of the Cython objects, CYTHON_BUILD_DIR; the kernel
+    builds against one TensorFlow minor version, 2.21)."""
     if not os.path.exists(obj):
         return False
+    generated = os.path.relpath(os.path.abspath(src), os.path.join(HERE, CYTHON_BUILD_DIR))
+    if not generated.startswith(os.pardir):
+        src = os.path.join(HERE, os.path.splitext(generated)[0] + ".pyx")
     built = os.path.getmtime(obj)
     ours = [p for p in depends if os.path.abspath(p).startswith(SRC + os.sep)]
-    if not all(os.path.getmtime(p) <= built for p in ours if os.path.exists(p)):
-        return False
-    if os.path.getmtime(src) <= built:
-        return True
-    try:
-        with open(obj + ".sha256") as f:
-            return f.read() == _digest(src)
-    except OSError:
-        return False
+    return all(os.path.getmtime(p) <= built for p in [src, *ours] if os.path.exists(p))
 
 
 def _compile_in_parallel(compiler, sources, output_dir=None, macros=None,
@@ -107,8 +96,6 @@ def _compile_in_parallel(compiler, sources, output_dir=None, macros=None,
     def one(obj):
         src, ext = build[obj]
         compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
-        with open(obj + ".sha256", "w") as f:
-            f.write(_digest(src))
 
     with ThreadPoolExecutor(max(1, JOBS)) as pool:
         list(pool.map(one, stale))  # list(): re-raises a failed compile
