@@ -73,11 +73,14 @@ def _up_to_date(obj, src, depends):
     builds against one TensorFlow minor version, 2.21)."""
     if not os.path.exists(obj):
         return False
+    ours = [p for p in depends if os.path.abspath(p).startswith(SRC + os.sep)]
     generated = os.path.relpath(os.path.abspath(src), os.path.join(HERE, CYTHON_BUILD_DIR))
     if not generated.startswith(os.pardir):
+        # The .pyx, what it includes and cimports from its folder, and src/'s headers.
         src = os.path.join(HERE, os.path.splitext(generated)[0] + ".pyx")
+        ours += glob.glob(os.path.join(os.path.dirname(src), "**", "*.p*"), recursive=True)
+        ours += glob.glob(os.path.join(SRC, "*.h"))
     built = os.path.getmtime(obj)
-    ours = [p for p in depends if os.path.abspath(p).startswith(SRC + os.sep)]
     return all(os.path.getmtime(p) <= built for p in [src, *ours] if os.path.exists(p))
 
 
