@@ -5,10 +5,12 @@
 namespace pyfunc_bridge {
 namespace {
 
+// Asynchronous on the CPU, where its calls may take a pool route: a pool call
+// holds no TF thread while a worker runs it (BridgeKernel::ComputeAsync).
 class NumpyFunctionOp : public BridgeKernel {
  public:
   explicit NumpyFunctionOp(tensorflow::OpKernelConstruction* ctx)
-      : BridgeKernel(ctx, -1) {}
+      : BridgeKernel(ctx, -1, ctx->device_type() == tensorflow::DEVICE_CPU) {}
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
     RunBridge(ctx, 0, 0, nullptr);
