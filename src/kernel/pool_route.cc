@@ -408,8 +408,12 @@ namespace {
 tsl::thread::ThreadPool* Completions() {
   static tsl::thread::ThreadPool* pool = [] {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    return new tsl::thread::ThreadPool(tsl::Env::Default(), "pyfunc_bridge_replies",
-                                       std::min(8, std::max(2, cores)));
+    // Without spinning (low_latency_hint false): an idle thread sleeps at
+    // once rather than take a core from the workers.
+    return new tsl::thread::ThreadPool(tsl::Env::Default(), tsl::ThreadOptions(),
+                                       "pyfunc_bridge_replies",
+                                       std::min(8, std::max(2, cores)),
+                                       /*low_latency_hint=*/false);
   }();
   return pool;
 }
