@@ -2,6 +2,7 @@
 #include "pool_route.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -43,6 +44,10 @@ struct NativeInputs {
 };
 
 namespace {
+
+// A posted call's poster waits this long for a short call to end on its own
+// thread before it returns the thread to TF (AsyncCall::Post).
+constexpr int64_t kPostedWaitNs = 2000000;
 
 // A submit that finds no room in the input arena waits this long for the
 // native calls in flight to free some (with none in flight it does not wait:
@@ -272,6 +277,8 @@ NativeOutcome NativeCall::Ended(OpKernelContext* ctx, const std::vector<PfbOutpu
   return Complete(ctx, specs, copy_mode);
 }
 
+void NativeCall::Wait(int64_t wait_ns) { route_->api->wait(&call_, wait_ns); }
+
 bool NativeCall::Abandon() {
   return route_ != nullptr && route_->api->abandon(route_->d, &call_) != 0;
 }
@@ -429,18 +436,35 @@ class AsyncCall {
       : ctx_(ctx), route_(std::move(route)), specs_(specs), copy_mode_(copy_mode),
         done_(std::move(done)), then_(then) {}
 
-  // On whatever thread ended the call (PfbDispatchCall.on_end): no work here.
+  // On whatever thread ended the call (PfbDispatchCall.on_end): no work
+  // here.  A poster still waiting for it completes it itself.
   static void OnEnd(PfbDispatchCall*, void* arg) {
     auto* call = static_cast<AsyncCall*>(arg);
+    int waiting = kWaiting;
+    if (call->waiting_.compare_exchange_strong(waiting, kEndedWhileWaiting)) return;
     Completions()->Schedule([call] { call->Complete(); });
   }
 
   NativeOutcome Post(int first_input) {
     if (!native_.Describe(ctx_, route_.get(), first_input)) return NativeOutcome::kDeclined;
-    // Held until posted and registered: Complete and Cancel start after.
-    std::unique_lock<std::mutex> lock(mu_);
-    const NativeOutcome outcome = native_.Post(&AsyncCall::OnEnd, this);
+    waiting_.store(kWaiting);
+    NativeOutcome outcome;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // against a RESEND's Complete
+      outcome = native_.Post(&AsyncCall::OnEnd, this);
+    }
     if (outcome != NativeOutcome::kPosted) return outcome;
+    // A short call ends on this thread, as a blocking one would, without
+    // the two hand-offs to a completion thread and back to TF's; a longer
+    // one frees the thread after kPostedWaitNs (docs/pool.md).
+    native_.Wait(kPostedWaitNs);
+    int waiting = kWaiting;
+    if (!waiting_.compare_exchange_strong(waiting, kReturned)) {
+      Complete();  // ended meanwhile: on_end left it to this thread
+      return outcome;  // (`this` is gone)
+    }
+    // Held until registered: Complete and Cancel start after.
+    std::unique_lock<std::mutex> lock(mu_);
     tensorflow::CancellationManager* cm = ctx_->cancellation_manager();
     if (cm != nullptr) {
       token_ = cm->get_cancellation_token();
@@ -455,7 +479,8 @@ class AsyncCall {
   }
 
  private:
-  // The call ended (DONE, FAILED, RESEND): on a completion thread.
+  // The call ended (DONE, FAILED, RESEND): on a completion thread, or on
+  // the poster's.
   void Complete() {
     NativeOutcome outcome;
     {
@@ -500,6 +525,10 @@ class AsyncCall {
   const int32_t copy_mode_;
   tensorflow::AsyncOpKernel::DoneCallback done_;
   NativeContinuation* then_;
+  // Whether the poster waits for the call (kWaiting), has stopped waiting
+  // (kReturned), or saw it end while it waited (kEndedWhileWaiting).
+  enum { kReturned = 0, kWaiting = 1, kEndedWhileWaiting = 2 };
+  std::atomic<int> waiting_{kReturned};
   std::mutex mu_;  // the call's submit, end and cancellation, one at a time
   tensorflow::CancellationManager* cm_ = nullptr;  // registered with
   tensorflow::CancellationToken token_ = 0;

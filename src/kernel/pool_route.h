@@ -87,6 +87,8 @@ class NativeCall {
   // posted again (Post's outcomes); any other ends as Complete says.
   NativeOutcome Ended(tensorflow::OpKernelContext* ctx, const std::vector<PfbOutputSpec>& specs,
                       int32_t copy_mode, void (*on_end)(PfbDispatchCall*, void*), void* arg);
+  // Waits up to `wait_ns` for the posted call to end (pfb_dispatch_wait).
+  void Wait(int64_t wait_ns);
   // Takes a posted call back before it completed: true, and no on_end comes.
   bool Abandon();
   // The DONE for PfbCall.reply (nullptr unless the outcome was kReply).

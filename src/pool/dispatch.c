@@ -201,8 +201,10 @@ static void complete(PfbDispatchCall* call, uint32_t state, const PfbDispatchCal
   void (*on_end)(PfbDispatchCall*, void*) = call->on_end;
   void* arg = call->on_end_arg;
   __atomic_store_n(&call->state, state, SC);
-  if (on_end != NULL) on_end(call, arg);  /* a posted call: nobody sleeps on it */
-  else if (call != own) pfb_futex_wake(&call->state, INT_MAX, FUTEX_WAKE_PRIVATE);
+  /* (A posted call's poster may wait too, pfb_dispatch_wait: woken before
+   * on_end, after which the call may be gone.) */
+  if (call != own) pfb_futex_wake(&call->state, INT_MAX, FUTEX_WAKE_PRIVATE);
+  if (on_end != NULL) on_end(call, arg);
 }
 
 /* Ends a call no DONE answers: RESEND (its function never ran: its caller
@@ -1304,6 +1306,10 @@ static int take_out(PfbDispatch* d, PfbDispatchCall* call) {
   return worker >= 0 && unlist(&d->workers[worker], call, 0) != NULL;
 }
 
+int pfb_dispatch_wait(PfbDispatchCall* call, int64_t wait_ns) {
+  return call->id == 0 ? 0 : wait_call(call, wait_ns);
+}
+
 int pfb_dispatch_abandon(PfbDispatch* d, PfbDispatchCall* call) {
   if (call->id == 0 || __atomic_load_n(&call->state, SC) != PFB_DISPATCH_WAITING ||
       !take_out(d, call))
@@ -1417,7 +1423,8 @@ static const PfbDispatchApi api = {
     pfb_dispatch_call,       pfb_dispatch_finish,
     pfb_msg_read_tensor,     pfb_dispatch_arena_keep, pfb_dispatch_arena_drop,
     pfb_dispatch_arena_hand_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop,
-    pfb_dispatch_reply_hand_back, pfb_dispatch_post, pfb_dispatch_abandon};
+    pfb_dispatch_reply_hand_back, pfb_dispatch_post, pfb_dispatch_abandon,
+    pfb_dispatch_wait};
 
 PfbDispatchRoute* pfb_dispatch_route_new(PfbDispatch* d, uint64_t token, uint32_t flags) {
   PfbDispatchRoute* route = (PfbDispatchRoute*)calloc(1, sizeof(PfbDispatchRoute));

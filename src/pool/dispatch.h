@@ -178,6 +178,11 @@ int pfb_dispatch_post(PfbDispatch* d, uint64_t token, uint32_t flags,
                       const PfbDispatchInput* inputs, uint32_t count, int64_t room_ns,
                       PfbDispatchCall* call, void (*on_end)(PfbDispatchCall*, void*),
                       void* arg);
+/* Waits up to `wait_ns` for a posted call to end, as pfb_dispatch_call
+ * waits (reading its worker's ring itself while it holds the reader role;
+ * on_end comes all the same, on this thread when it read the DONE): 0, or
+ * ETIMEDOUT. */
+int pfb_dispatch_wait(PfbDispatchCall* call, int64_t wait_ns);
 /* Abandons a posted call that is not completed yet, without waiting: 1,
  * it was taken out (a queued one's blocks freed, a posted one's results go
  * back when they come) and no on_end will come; 0, it was completed or is
@@ -298,6 +303,7 @@ typedef struct PfbDispatchApi {
               uint32_t count, int64_t room_ns, PfbDispatchCall* call,
               void (*on_end)(PfbDispatchCall*, void*), void* arg);
   int (*abandon)(PfbDispatch* d, PfbDispatchCall* call);
+  int (*wait)(PfbDispatchCall* call, int64_t wait_ns);
 } PfbDispatchApi;
 
 #ifdef __cplusplus
