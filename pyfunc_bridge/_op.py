@@ -5,6 +5,7 @@ running one eagerly.  The API modules keep only what differs between them."""
 import functools
 import os
 
+from tensorflow.core.framework import attr_value_pb2 as _attr_value_pb2
 from tensorflow.python import pywrap_tfe as _pywrap_tfe
 from tensorflow.python.autograph.core import config as _autograph_config
 from tensorflow.python.eager import context
@@ -12,6 +13,7 @@ from tensorflow.python.eager import core as _eager_core
 from tensorflow.python.eager import executor as _executor
 from tensorflow.python.framework import errors_impl as _errors_impl
 from tensorflow.python.framework import ops as _tf_ops
+from tensorflow.python.util import nest as _nest
 from tensorflow.python.util import tf_stack as _tf_stack
 
 from pyfunc_bridge import _errors, _library, _portable, _registry, _tout
@@ -23,6 +25,10 @@ if not any(getattr(rule, "_prefix", None) == "pyfunc_bridge"
     _autograph_config.CONVERSION_RULES = (
         (_autograph_config.DoNotConvert("pyfunc_bridge"),)
         + tuple(_autograph_config.CONVERSION_RULES))
+
+# A node attribute marking a graph op whose calls run in a process pool: its
+# kernel is asynchronous (src/kernel/numpy_function.cc, docs/pool.md).
+POOL_ATTR = "_pyfunc_bridge_pool"
 
 
 def check_callable(func):
@@ -184,6 +190,14 @@ def build_graph_op(op_type, wrapper, func, inputs, signature, name, attrs=(),
                          name=node_name(op_type, framework) if name is None else name,
                          **dict(attrs), **travel)
     _registry.keep_alive(entry, graph)
+    if executor is not None:
+        # Its kernel posts the calls it routes to the pool (pool_route.h);
+        # a kernel without it stays synchronous, which costs in-process
+        # calls less.  (A stateless op without outputs shows no Operation.)
+        ops = [item if isinstance(item, _tf_ops.Operation) else item.op
+               for item in _nest.flatten(result)]
+        if ops:
+            ops[0]._set_attr(POOL_ATTR, _attr_value_pb2.AttrValue(b=True))
     return result
 
 

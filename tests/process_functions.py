@@ -504,3 +504,15 @@ def torch_normalize_in_place(t):
 def keyed_results(a):
     """A dict result: TF's eager numpy_function returns its values by sorted key."""
     return {"b": a, "a": {"c": a + 1}}
+
+
+def logged_sleep(i, seconds, folder):
+    """Sleeps, leaving `<i>.start` (its start time) in `folder` as it starts
+    and `<i>.end` as it ends: which calls ran at once, and which ended."""
+    folder = folder.decode() if isinstance(folder, bytes) else str(folder)
+    with open(os.path.join(folder, f"{int(i)}.start"), "w") as f:
+        f.write(repr(time.time()))
+    time.sleep(float(seconds))
+    with open(os.path.join(folder, f"{int(i)}.end"), "w") as f:
+        f.write(repr(time.time()))
+    return np.int64(i)

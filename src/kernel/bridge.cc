@@ -342,8 +342,8 @@ absl::Status MakeOutput(OpKernelContext* ctx, int index,
 
 BridgeKernel::~BridgeKernel() { DecrefWithGil(site_); }
 
-BridgeKernel::BridgeKernel(OpKernelConstruction* ctx, int num_bridge_outputs)
-    : OpKernel(ctx) {
+BridgeKernel::BridgeKernel(OpKernelConstruction* ctx, int num_bridge_outputs, bool async)
+    : AsyncOpKernel(ctx), async_(async) {
   if (ctx->HasAttr("key")) OP_REQUIRES_OK(ctx, ctx->GetAttr("key", &key_));
   for (auto [name, value] : {std::pair{"reference", &reference_},
                              std::pair{"pickled", &pickled_},
@@ -385,15 +385,18 @@ BridgeKernel::BridgeKernel(OpKernelConstruction* ctx, int num_bridge_outputs)
   for (int i = 0; i < n; ++i) specs_[i].dims = dims_[i].data();
 }
 
-bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
-                             int32_t flags, void** state) {
+bool BridgeKernel::MayRoute(int32_t flags, void** state) const {
   // A process-pool call without Python (pool_route.h): numpy_function's
   // kernels on the CPU, on TF's own threads (a call on a Python thread, an
   // eager one, keeps the Python path: its waits see Ctrl-C), while no
   // profiler records (the Python path puts the call's events on the trace).
-  const bool may_route = !on_gpu_ && flags == 0 && state == nullptr &&
-                         GilScope::OnWorkerThread() &&
-                         !tsl::profiler::TraceMe::Active(PFB_TRACE_FUNCTION);
+  return !on_gpu_ && flags == 0 && state == nullptr && GilScope::OnWorkerThread() &&
+         !tsl::profiler::TraceMe::Active(PFB_TRACE_FUNCTION);
+}
+
+bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
+                             int32_t flags, void** state) {
+  const bool may_route = MayRoute(flags, state);
   RouteRef route = may_route ? route_.Get() : RouteRef();  // outlives `native`
   NativeCall native;  // finished after the Python path below, which may read its reply
   if (route) {
@@ -405,9 +408,41 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
         break;
       case NativeOutcome::kDeclined:
       case NativeOutcome::kReply:  // the conversion layer turns the reply into outputs
+      case NativeOutcome::kPosted:  // (not RunNative's)
         break;
     }
   }
+  return RunPython(ctx, first_input, flags, state, may_route, &native);
+}
+
+void BridgeKernel::ComputeAsync(OpKernelContext* ctx, DoneCallback done) {
+  const bool may_route = MayRoute(0, nullptr);
+  RouteRef route = may_route ? route_.Get() : RouteRef();
+  if (route) {
+    const PfbDispatchRoute* used = route.get();  // (compared only, by Clear)
+    switch (PostNative(ctx, std::move(route), 0, specs_, copy_mode_, done, this)) {
+      case NativeOutcome::kPosted:
+        return;  // `done` is the reply's now; `this` may be gone
+      case NativeOutcome::kGone:
+        route_.Clear(used);
+        break;
+      default:
+        break;
+    }
+  }
+  RunPython(ctx, 0, 0, nullptr, may_route, nullptr);
+  done();
+}
+
+void BridgeKernel::Continue(OpKernelContext* ctx, NativeOutcome outcome, NativeCall* call,
+                            const PfbDispatchRoute* route) {
+  if (outcome == NativeOutcome::kGone) route_.Clear(route);
+  RunPython(ctx, 0, 0, nullptr, true, call);
+}
+
+bool BridgeKernel::RunPython(OpKernelContext* ctx, int first_input, int32_t flags,
+                             void** state, bool may_route, NativeCall* native) {
+  PfbDispatchCall* reply = native != nullptr ? native->reply() : nullptr;
   const int num_inputs = ctx->num_inputs() - first_input;
   const int num_outputs = static_cast<int>(specs_.size());
   absl::InlinedVector<DLManagedTensorVersioned*, 8> inputs;
@@ -480,12 +515,12 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
   call.node_name = has_node ? name().data() : nullptr;
   call.node_name_len = has_node ? name().size() : 0;
   void* offered = nullptr;
-  call.route = may_route && native.reply() == nullptr && route_.Empty() ? &offered : nullptr;
-  call.reply = native.reply();
+  call.route = may_route && reply == nullptr && route_.Empty() ? &offered : nullptr;
+  call.reply = reply;
   PfbStatus status{0, nullptr};
   api->call(&call, &status);  // consumes the inputs, on every path
   route_.Set(static_cast<PfbDispatchRoute*>(offered));
-  if (call.reply == nullptr) native.ReplyTaken();  // else handed back when `native` goes
+  if (reply != nullptr && call.reply == nullptr) native->ReplyTaken();  // else handed back when `native` goes
   // A recorded state is the caller's on error too (bridge_abi.h).
   if (state != nullptr) *state = call.state;
   if (status.code != 0) {

@@ -35,13 +35,21 @@ absl::Status ReadCopyMode(tensorflow::OpKernelConstruction* ctx, int32_t* mode);
 
 // A kernel that runs the Python function named by its `key` attribute.
 // Attributes read when present: key, reference, pickled, framework, Tout (or
-// Tdx), out_shapes, copy.
-class BridgeKernel : public tensorflow::OpKernel {
+// Tdx), out_shapes, copy.  TF sees it as asynchronous only when built with
+// `async` (AsAsync): then a call over the kernel's pool route is posted and
+// its reply completes the op (ComputeAsync, PostNative); every other call
+// runs in ComputeAsync before it returns, as Compute runs it.
+class BridgeKernel : public tensorflow::AsyncOpKernel, private NativeContinuation {
  public:
   // `num_bridge_outputs`: the leading outputs that the function produces
   // (-1: all of them).
-  BridgeKernel(tensorflow::OpKernelConstruction* ctx, int num_bridge_outputs);
+  BridgeKernel(tensorflow::OpKernelConstruction* ctx, int num_bridge_outputs,
+               bool async = false);
   ~BridgeKernel() override;
+
+  tensorflow::AsyncOpKernel* AsAsync() override { return async_ ? this : nullptr; }
+  // A numpy_function's call (RunBridge's, without flags or state).
+  void ComputeAsync(tensorflow::OpKernelContext* ctx, DoneCallback done) override;
 
  protected:
   // Hands inputs [first_input, num_inputs) to the conversion layer and makes
@@ -53,6 +61,18 @@ class BridgeKernel : public tensorflow::OpKernel {
   const std::string& key() const { return key_; }
 
  private:
+  // Whether a call may take the kernel's pool route (docs/pool.md, "A
+  // kernel's native call", step 1).
+  bool MayRoute(int32_t flags, void** state) const;
+  // The call through the conversion layer (the Python path), with the
+  // native call's reply when it has one (`native`, or nullptr).
+  bool RunPython(tensorflow::OpKernelContext* ctx, int first_input, int32_t flags,
+                 void** state, bool may_route, NativeCall* native);
+  // A posted call's outcome that needs the Python path (NativeContinuation).
+  void Continue(tensorflow::OpKernelContext* ctx, NativeOutcome outcome, NativeCall* call,
+                const PfbDispatchRoute* route) override;
+
+  bool async_ = false;
   std::string key_;
   // The portable description (PfbCall.reference, .pickled, .framework).
   std::string reference_;

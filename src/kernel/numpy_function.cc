@@ -5,10 +5,17 @@
 namespace pyfunc_bridge {
 namespace {
 
+// Asynchronous on the CPU when its graph op runs in a process pool (the API
+// sets the node attribute _pyfunc_bridge_pool, _op.py): a pool call then
+// holds no TF thread while a worker runs it (BridgeKernel::ComputeAsync).
+// Other kernels stay synchronous: TF's executor costs an asynchronous
+// kernel's every call more (measured: about 5 us per in-process call).
 class NumpyFunctionOp : public BridgeKernel {
  public:
   explicit NumpyFunctionOp(tensorflow::OpKernelConstruction* ctx)
-      : BridgeKernel(ctx, -1) {}
+      : BridgeKernel(ctx, -1,
+                     ctx->device_type() == tensorflow::DEVICE_CPU &&
+                         ctx->HasAttr("_pyfunc_bridge_pool")) {}
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
     RunBridge(ctx, 0, 0, nullptr);

@@ -1,9 +1,12 @@
 // A bridge kernel's process-pool calls without Python (see pool_route.h).
 #include "pool_route.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -11,9 +14,11 @@
 #include "bridge.h"
 #include "pool/futex.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
+#include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/platform/threadpool.h"
 
 namespace pyfunc_bridge {
 
@@ -22,7 +27,27 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 using ::tensorflow::tstring;
 
+// The call's inputs as the dispatcher takes them (it copies them into the
+// input arena before submit returns): numbers as they are, strings encoded
+// as shm_layout.h says (a uint64 length before each element's bytes).
+struct NativeInputs {
+  absl::InlinedVector<PfbDispatchInput, 8> items;
+  std::vector<std::vector<int64_t>> dims;
+  std::vector<std::string> strings;
+  // The inputs' data as the statistics count it (the Python path's rules,
+  // stats.pxi _count_input): the pool's bytes (strings' bytes, not their
+  // length prefixes), and the function's, by reason: strings converted,
+  // numbers copied to the worker (but a NumPy scalar, which is a value).
+  uint64_t bytes = 0;
+  uint64_t string_bytes = 0;
+  uint64_t to_worker = 0;
+};
+
 namespace {
+
+// A posted call's poster waits this long for a short call to end on its own
+// thread before it returns the thread to TF (AsyncCall::Post).
+constexpr int64_t kPostedWaitNs = 2000000;
 
 // A submit that finds no room in the input arena waits this long for the
 // native calls in flight to free some (with none in flight it does not wait:
@@ -68,23 +93,7 @@ class ArenaBuffer : public tensorflow::TensorBuffer {
   size_t size_;
 };
 
-// The call's inputs as the dispatcher takes them (it copies them into the
-// input arena before submit returns): numbers as they are, strings encoded
-// as shm_layout.h says (a uint64 length before each element's bytes).
-struct Inputs {
-  absl::InlinedVector<PfbDispatchInput, 8> items;
-  std::vector<std::vector<int64_t>> dims;
-  std::vector<std::string> strings;
-  // The inputs' data as the statistics count it (the Python path's rules,
-  // stats.pxi _count_input): the pool's bytes (strings' bytes, not their
-  // length prefixes), and the function's, by reason: strings converted,
-  // numbers copied to the worker (but a NumPy scalar, which is a value).
-  uint64_t bytes = 0;
-  uint64_t string_bytes = 0;
-  uint64_t to_worker = 0;
-};
-
-bool MakeInputs(OpKernelContext* ctx, int first_input, bool scalars, Inputs* in) {
+bool MakeInputs(OpKernelContext* ctx, int first_input, bool scalars, NativeInputs* in) {
   const int n = ctx->num_inputs() - first_input;
   in->dims.resize(n);
   in->strings.resize(n);
@@ -213,35 +222,81 @@ void RouteSlot::Clear(const PfbDispatchRoute* route) {
 
 // ------------------------------------------------------------ NativeCall --
 
+NativeCall::NativeCall() = default;
+
 NativeCall::~NativeCall() {
   if (route_ == nullptr) return;
   if (replied_) route_->api->reply_hand_back(&call_);  // an untaken reply's result blocks
   route_->api->finish(route_->d, &call_);
 }
 
-// ------------------------------------------------------------- RunNative --
+bool NativeCall::Describe(OpKernelContext* ctx, const PfbDispatchRoute* route, int first_input) {
+  began_ = pfb_clock_ns(CLOCK_MONOTONIC);
+  in_ = std::make_unique<NativeInputs>();
+  if (!MakeInputs(ctx, first_input, (route->flags & PFB_POOL_CALL_SCALARS) != 0, in_.get())) {
+    return false;
+  }
+  route_ = route;
+  return true;
+}
+
+NativeOutcome NativeCall::Submitted(int rc) {
+  if (rc == 0) return NativeOutcome::kPosted;
+  // EPIPE: the pool closed (or this is a fork of its process); ENOENT: the
+  // function was dropped.  Others (no worker ready yet, no room, an input
+  // that never fits) are for the Python path this time only.
+  return rc == EPIPE || rc == ENOENT ? NativeOutcome::kGone : NativeOutcome::kDeclined;
+}
+
+NativeOutcome NativeCall::Run(OpKernelContext* ctx, const std::vector<PfbOutputSpec>& specs,
+                              int32_t copy_mode) {
+  posted_ = pfb_clock_ns(CLOCK_REALTIME);
+  // (A lost worker or a closed pool ends the wait: never for ever.)
+  const NativeOutcome submitted = Submitted(route_->api->call(
+      route_->d, route_->token, route_->flags, in_->items.data(),
+      static_cast<uint32_t>(in_->items.size()), kRoomWaitNs, -1, &call_));
+  return submitted == NativeOutcome::kPosted ? Complete(ctx, specs, copy_mode) : submitted;
+}
+
+NativeOutcome NativeCall::Post(void (*on_end)(PfbDispatchCall*, void*), void* arg) {
+  posted_ = pfb_clock_ns(CLOCK_REALTIME);
+  return Submitted(route_->api->post(route_->d, route_->token, route_->flags, in_->items.data(),
+                                     static_cast<uint32_t>(in_->items.size()), kRoomWaitNs,
+                                     &call_, on_end, arg));
+}
+
+NativeOutcome NativeCall::Ended(OpKernelContext* ctx, const std::vector<PfbOutputSpec>& specs,
+                                int32_t copy_mode, void (*on_end)(PfbDispatchCall*, void*),
+                                void* arg) {
+  if (__atomic_load_n(&call_.state, __ATOMIC_SEQ_CST) == PFB_DISPATCH_RESEND) {
+    // Its worker died before it started the call: the function never ran,
+    // so it goes again (as pfb_dispatch_call does for a waiting caller).
+    route_->api->finish(route_->d, &call_);
+    return Post(on_end, arg);
+  }
+  return Complete(ctx, specs, copy_mode);
+}
+
+void NativeCall::Wait(int64_t wait_ns) { route_->api->wait(&call_, wait_ns); }
+
+bool NativeCall::Abandon() {
+  return route_ != nullptr && route_->api->abandon(route_->d, &call_) != 0;
+}
 
 NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int first_input,
                         const std::vector<PfbOutputSpec>& specs, int32_t copy_mode,
                         NativeCall* native) {
-  const int64_t began = pfb_clock_ns(CLOCK_MONOTONIC);
-  Inputs in;
-  if (!MakeInputs(ctx, first_input, (route->flags & PFB_POOL_CALL_SCALARS) != 0, &in)) {
-    return NativeOutcome::kDeclined;
-  }
+  if (!native->Describe(ctx, route, first_input)) return NativeOutcome::kDeclined;
+  return native->Run(ctx, specs, copy_mode);
+}
+
+NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOutputSpec>& specs,
+                                   int32_t copy_mode) {
+  const PfbDispatchRoute* route = route_;
   const PfbDispatchApi* api = route->api;
-  const int64_t posted = pfb_clock_ns(CLOCK_REALTIME);
-  PfbDispatchCall& call = native->call_;
-  native->route_ = route;
-  // (A lost worker or a closed pool ends the wait: never for ever.)
-  const int rc = api->call(route->d, route->token, route->flags, in.items.data(),
-                           static_cast<uint32_t>(in.items.size()), kRoomWaitNs, -1, &call);
-  if (rc != 0) {
-    // EPIPE: the pool closed (or this is a fork of its process); ENOENT:
-    // the function was dropped.  Others (no worker ready yet, no room, an
-    // input that never fits) are for the Python path this time only.
-    return rc == EPIPE || rc == ENOENT ? NativeOutcome::kGone : NativeOutcome::kDeclined;
-  }
+  const NativeInputs& in = *in_;
+  const int64_t began = began_, posted = posted_;
+  PfbDispatchCall& call = call_;
   const bool counting = __atomic_load_n(route->counting, __ATOMIC_RELAXED) != 0;
   PfbDispatchRouteCounts* counts = const_cast<PfbDispatchRouteCounts*>(&route->counts);
   if (call.state == PFB_DISPATCH_FAILED) {
@@ -258,7 +313,7 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
                                                                      "pool call failed"));
     return NativeOutcome::kDone;
   }
-  native->replied_ = true;  // from here on, the result blocks are this call's
+  replied_ = true;  // from here on, the result blocks are this call's
   const PfbPoolMessage& m = call.reply[0].message;
   // A call its worker answered: the pool's figures, and the inputs' share
   // of the function's.
@@ -294,7 +349,7 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
   }
   // Every output fits: from here on, each block is handed back by its
   // tensor, or here at once.
-  native->replied_ = false;
+  replied_ = false;
   uint64_t bytes_out = 0, shared = 0, copied = 0, saved = 0, worker_copied = 0;
   for (size_t i = 0; i < n; ++i) {
     const Result& r = results[i];
@@ -346,6 +401,148 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
     Add(&counts->total_ns, pfb_clock_ns(CLOCK_MONOTONIC) - began);
   }
   return NativeOutcome::kDone;
+}
+
+// ------------------------------------------------------------ PostNative --
+
+namespace {
+
+// The threads that complete posted calls: never the dispatcher's (its reply
+// thread holds its worker's reader role, and a `done` may take the GIL or
+// run into the dispatcher), nor the op's runner (its threads may all wait
+// for `done`: docs/pool.md, Considerations).  Made on
+// first use and never destroyed (a static's destructor would race exit).
+tsl::thread::ThreadPool* Completions() {
+  static tsl::thread::ThreadPool* pool = [] {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    // Without spinning (low_latency_hint false): an idle thread sleeps at
+    // once rather than take a core from the workers.
+    return new tsl::thread::ThreadPool(tsl::Env::Default(), tsl::ThreadOptions(),
+                                       "pyfunc_bridge_replies",
+                                       std::min(8, std::max(2, cores)),
+                                       /*low_latency_hint=*/false);
+  }();
+  return pool;
+}
+
+// A posted call, from ComputeAsync to `done`: the reply's on_end hands it to
+// a completion thread (Complete); a cancellation takes it back (Cancel).
+// Deletes itself, then calls `done`.
+class AsyncCall {
+ public:
+  AsyncCall(OpKernelContext* ctx, RouteRef route, const std::vector<PfbOutputSpec>& specs,
+            int32_t copy_mode, tensorflow::AsyncOpKernel::DoneCallback done,
+            NativeContinuation* then)
+      : ctx_(ctx), route_(std::move(route)), specs_(specs), copy_mode_(copy_mode),
+        done_(std::move(done)), then_(then) {}
+
+  // On whatever thread ended the call (PfbDispatchCall.on_end): no work
+  // here.  A poster still waiting for it completes it itself.
+  static void OnEnd(PfbDispatchCall*, void* arg) {
+    auto* call = static_cast<AsyncCall*>(arg);
+    int waiting = kWaiting;
+    if (call->waiting_.compare_exchange_strong(waiting, kEndedWhileWaiting)) return;
+    Completions()->Schedule([call] { call->Complete(); });
+  }
+
+  NativeOutcome Post(int first_input) {
+    if (!native_.Describe(ctx_, route_.get(), first_input)) return NativeOutcome::kDeclined;
+    waiting_.store(kWaiting);
+    NativeOutcome outcome;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // against a RESEND's Complete
+      outcome = native_.Post(&AsyncCall::OnEnd, this);
+    }
+    if (outcome != NativeOutcome::kPosted) return outcome;
+    // A short call ends on this thread, as a blocking one would, without
+    // the two hand-offs to a completion thread and back to TF's; a longer
+    // one frees the thread after kPostedWaitNs (docs/pool.md).
+    native_.Wait(kPostedWaitNs);
+    int waiting = kWaiting;
+    if (!waiting_.compare_exchange_strong(waiting, kReturned)) {
+      Complete();  // ended meanwhile: on_end left it to this thread
+      return outcome;  // (`this` is gone)
+    }
+    // Held until registered: Complete and Cancel start after.
+    std::unique_lock<std::mutex> lock(mu_);
+    tensorflow::CancellationManager* cm = ctx_->cancellation_manager();
+    if (cm != nullptr) {
+      token_ = cm->get_cancellation_token();
+      if (cm->RegisterCallback(token_, [this] { Cancel(); })) {
+        cm_ = cm;
+      } else if (native_.Abandon()) {  // cancelled already
+        lock.unlock();
+        Cancelled();
+      }
+    }
+    return outcome;  // (`this` may be gone once the lock is)
+  }
+
+ private:
+  // The call ended (DONE, FAILED, RESEND): on a completion thread, or on
+  // the poster's.
+  void Complete() {
+    NativeOutcome outcome;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      outcome = native_.Ended(ctx_, specs_, copy_mode_, &AsyncCall::OnEnd, this);
+      if (outcome == NativeOutcome::kPosted) return;  // resent: its on_end comes
+    }
+    if (cm_ != nullptr) cm_->DeregisterCallback(token_);  // waits for a Cancel under way
+    if (outcome != NativeOutcome::kDone) then_->Continue(ctx_, outcome, &native_, route_.get());
+    Finish();
+  }
+
+  // The op's cancellation (the CancellationManager's callback).
+  void Cancel() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!native_.Abandon()) return;  // ended already: Complete finishes it
+    lock.unlock();
+    Cancelled();
+  }
+
+  // Abandoned: no on_end comes.  `done` never runs inside a cancellation
+  // callback (TF code after it may deregister from the cancelling manager).
+  void Cancelled() {
+    Completions()->Schedule([this] {
+      ctx_->SetStatus(absl::CancelledError("pyfunc_bridge: the pool call was cancelled"));
+      Finish();
+    });
+  }
+
+  // The call's memory, its reply and the route go before `done`, after
+  // which the kernel and ctx may go.
+  void Finish() {
+    auto done = std::move(done_);
+    delete this;
+    done();
+  }
+
+  OpKernelContext* ctx_;
+  RouteRef route_;  // outlives native_ (declared first)
+  NativeCall native_;
+  const std::vector<PfbOutputSpec>& specs_;
+  const int32_t copy_mode_;
+  tensorflow::AsyncOpKernel::DoneCallback done_;
+  NativeContinuation* then_;
+  // Whether the poster waits for the call (kWaiting), has stopped waiting
+  // (kReturned), or saw it end while it waited (kEndedWhileWaiting).
+  enum { kReturned = 0, kWaiting = 1, kEndedWhileWaiting = 2 };
+  std::atomic<int> waiting_{kReturned};
+  std::mutex mu_;  // the call's submit, end and cancellation, one at a time
+  tensorflow::CancellationManager* cm_ = nullptr;  // registered with
+  tensorflow::CancellationToken token_ = 0;
+};
+
+}  // namespace
+
+NativeOutcome PostNative(OpKernelContext* ctx, RouteRef route, int first_input,
+                         const std::vector<PfbOutputSpec>& specs, int32_t copy_mode,
+                         tensorflow::AsyncOpKernel::DoneCallback done, NativeContinuation* then) {
+  auto* call = new AsyncCall(ctx, std::move(route), specs, copy_mode, std::move(done), then);
+  const NativeOutcome outcome = call->Post(first_input);
+  if (outcome != NativeOutcome::kPosted) delete call;  // nothing sent: `done` not called
+  return outcome;
 }
 
 }  // namespace pyfunc_bridge

@@ -7,6 +7,7 @@
 #ifndef PYFUNC_BRIDGE_KERNEL_POOL_ROUTE_H_
 #define PYFUNC_BRIDGE_KERNEL_POOL_ROUTE_H_
 
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -58,39 +59,89 @@ enum class NativeOutcome {
   kGone,      // as kDeclined, and the route serves no more (RouteSlot::Clear)
   kDone,      // the outputs are set, or ctx's status says why not
   kReply,     // the call ran: hand call->reply() to the conversion layer
+  kPosted,    // posted without waiting: its on_end comes (NativeCall::Post)
 };
+
+struct NativeInputs;  // the call's inputs as the dispatcher takes them (pool_route.cc)
 
 // A native call from submit to finish (the destructor finishes it: the
 // reply's memory and the arena reference go).
 class NativeCall {
  public:
-  NativeCall() = default;
+  NativeCall();
   NativeCall(const NativeCall&) = delete;
   ~NativeCall();
-  // The DONE for PfbCall.reply (nullptr unless RunNative returned kReply).
+  // Describes inputs [first_input, num_inputs) of `ctx` for `route` (the
+  // caller's, which outlives this call): false when the records cannot
+  // (the Python path takes the call).
+  bool Describe(tensorflow::OpKernelContext* ctx, const PfbDispatchRoute* route,
+                int first_input);
+  // Submits the described call and waits for it: kDeclined, kGone, or as
+  // Complete.
+  NativeOutcome Run(tensorflow::OpKernelContext* ctx, const std::vector<PfbOutputSpec>& specs,
+                    int32_t copy_mode);
+  // Submits it without waiting: kPosted (then on_end(call, arg) comes once,
+  // see PfbDispatchCall.on_end), kDeclined or kGone.
+  NativeOutcome Post(void (*on_end)(PfbDispatchCall*, void*), void* arg);
+  // After on_end: a call its worker died before starting (RESEND) is
+  // posted again (Post's outcomes); any other ends as Complete says.
+  NativeOutcome Ended(tensorflow::OpKernelContext* ctx, const std::vector<PfbOutputSpec>& specs,
+                      int32_t copy_mode, void (*on_end)(PfbDispatchCall*, void*), void* arg);
+  // Waits up to `wait_ns` for the posted call to end (pfb_dispatch_wait).
+  void Wait(int64_t wait_ns);
+  // Takes a posted call back before it completed: true, and no on_end comes.
+  bool Abandon();
+  // The DONE for PfbCall.reply (nullptr unless the outcome was kReply).
   PfbDispatchCall* reply() { return replied_ ? &call_ : nullptr; }
   // The conversion layer took the reply's result blocks (it set
   // PfbCall.reply to NULL); otherwise the destructor hands them back.
   void ReplyTaken() { replied_ = false; }
 
  private:
-  friend NativeOutcome RunNative(tensorflow::OpKernelContext* ctx,
-                                 const PfbDispatchRoute* route, int first_input,
-                                 const std::vector<PfbOutputSpec>& specs, int32_t copy_mode,
-                                 NativeCall* call);
+  // The completed call (DONE or FAILED) as outputs, ctx's status, or kReply.
+  NativeOutcome Complete(tensorflow::OpKernelContext* ctx, const std::vector<PfbOutputSpec>& specs,
+                         int32_t copy_mode);
+  NativeOutcome Submitted(int rc);
+
   const PfbDispatchRoute* route_ = nullptr;  // borrowed: the caller's RouteRef
+  std::unique_ptr<NativeInputs> in_;
+  int64_t began_ = 0;   // CLOCK_MONOTONIC, at Describe
+  int64_t posted_ = 0;  // CLOCK_REALTIME, at the last submit
   PfbDispatchCall call_{};
   bool replied_ = false;
 };
 
-
 // Runs the call of `ctx` (inputs [first_input, num_inputs), outputs as
-// `specs` declare) over `route`.  `copy_mode`: the op's (copy=True copies
-// the results out of the worker's arena; copy=False hands a result with a
-// copy fact to Python, kReply, whose copy decision refuses it).
+// `specs` declare) over `route`, waiting for it.  `copy_mode`: the op's
+// (copy=True copies the results out of the worker's arena; copy=False hands
+// a result with a copy fact to Python, kReply, whose copy decision refuses
+// it).
 NativeOutcome RunNative(tensorflow::OpKernelContext* ctx, const PfbDispatchRoute* route,
                         int first_input, const std::vector<PfbOutputSpec>& specs,
                         int32_t copy_mode, NativeCall* call);
+
+// What a posted call's kernel does with an outcome only it can handle
+// (kReply, kDeclined, kGone: the Python path), on a completion thread,
+// before the op's `done`.
+class NativeContinuation {
+ public:
+  virtual void Continue(tensorflow::OpKernelContext* ctx, NativeOutcome outcome,
+                        NativeCall* call, const PfbDispatchRoute* route) = 0;
+
+ protected:
+  ~NativeContinuation() = default;
+};
+
+// Posts the call of `ctx` over `route` without holding the TF thread
+// (docs/pool.md, "A kernel's native call"): kPosted, and `done` is called
+// once the reply (or the worker's end, the pool's close, the op's
+// cancellation) completed the op, on a completion thread of the kernel
+// library, after `then` saw what only the kernel handles.  Otherwise
+// (kDeclined, kGone) nothing was sent and `done` was not called.  `specs`
+// and `then` outlive the call (the kernel's).
+NativeOutcome PostNative(tensorflow::OpKernelContext* ctx, RouteRef route, int first_input,
+                         const std::vector<PfbOutputSpec>& specs, int32_t copy_mode,
+                         tensorflow::AsyncOpKernel::DoneCallback done, NativeContinuation* then);
 
 }  // namespace pyfunc_bridge
 

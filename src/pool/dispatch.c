@@ -197,8 +197,14 @@ static uint64_t next_call_id;  /* atomic: every dispatcher's calls */
  * private futex), unless that caller is the reader itself (`own`).  (A
  * caller asleep on a reply ring instead is woken by that ring: read_for.) */
 static void complete(PfbDispatchCall* call, uint32_t state, const PfbDispatchCall* own) {
+  /* Read first: a waiting caller may reuse the call once it sees the state. */
+  void (*on_end)(PfbDispatchCall*, void*) = call->on_end;
+  void* arg = call->on_end_arg;
   __atomic_store_n(&call->state, state, SC);
+  /* (A posted call's poster may wait too, pfb_dispatch_wait: woken before
+   * on_end, after which the call may be gone.) */
   if (call != own) pfb_futex_wake(&call->state, INT_MAX, FUTEX_WAKE_PRIVATE);
+  if (on_end != NULL) on_end(call, arg);
 }
 
 /* Ends a call no DONE answers: RESEND (its function never ran: its caller
@@ -1283,22 +1289,42 @@ static int wait_call(PfbDispatchCall* call, int64_t timeout_ns) {
   }
 }
 
+/* Takes a submitted call that is not completed out of the dispatcher's
+ * hands: 1, out of the queue (its blocks back: no worker saw it) or off its
+ * worker's list (its results go back when its DONE comes); 0, not found:
+ * completed meanwhile (whoever ends a call unlists it first, then publishes
+ * the state). */
+static int take_out(PfbDispatch* d, PfbDispatchCall* call) {
+  pthread_mutex_lock(&d->queue_lock);
+  int worker = call->worker;
+  Queued* q = worker < 0 ? queue_remove(d, call) : NULL;
+  pthread_mutex_unlock(&d->queue_lock);
+  if (q != NULL) {
+    queued_free(d, q, 1);
+    return 1;
+  }
+  return worker >= 0 && unlist(&d->workers[worker], call, 0) != NULL;
+}
+
+int pfb_dispatch_wait(PfbDispatchCall* call, int64_t wait_ns) {
+  return call->id == 0 ? 0 : wait_call(call, wait_ns);
+}
+
+int pfb_dispatch_abandon(PfbDispatch* d, PfbDispatchCall* call) {
+  if (call->id == 0 || __atomic_load_n(&call->state, SC) != PFB_DISPATCH_WAITING ||
+      !take_out(d, call))
+    return 0;
+  call->id = 0;  /* nothing left for finish to end */
+  return 1;
+}
+
 void pfb_dispatch_finish(PfbDispatch* d, PfbDispatchCall* call) {
-  if (call->id != 0 && __atomic_load_n(&call->state, SC) == PFB_DISPATCH_WAITING) {
-    /* Still queued: out of the queue, its blocks back (no worker saw it). */
-    pthread_mutex_lock(&d->queue_lock);
-    int worker = call->worker;
-    Queued* q = worker < 0 ? queue_remove(d, call) : NULL;
-    pthread_mutex_unlock(&d->queue_lock);
-    if (q != NULL) {
-      queued_free(d, q, 1);
-    } else if (worker < 0 || !unlist(&d->workers[worker], call, 0)) {
-      /* Not found: completed meanwhile (whoever ends a call unlists it
-       * first, then publishes the state): wait for the state; its result
-       * blocks go back, as an abandoned call's do. */
-      wait_call(call, -1);
-      pfb_dispatch_reply_hand_back(call);
-    }
+  if (call->id != 0 && __atomic_load_n(&call->state, SC) == PFB_DISPATCH_WAITING &&
+      !take_out(d, call)) {
+    /* Completed meanwhile: wait for the state; its result blocks go back,
+     * as an abandoned call's do. */
+    wait_call(call, -1);
+    pfb_dispatch_reply_hand_back(call);
   }
   free(call->reply);
   free(call->error);
@@ -1336,6 +1362,25 @@ int pfb_dispatch_call(PfbDispatch* d, uint64_t token, uint32_t flags,
      * so it is submitted again (while no worker is attached: EAGAIN). */
     pfb_dispatch_finish(d, call);
   }
+}
+
+int pfb_dispatch_post(PfbDispatch* d, uint64_t token, uint32_t flags,
+                      const PfbDispatchInput* inputs, uint32_t count, int64_t room_ns,
+                      PfbDispatchCall* call, void (*on_end)(PfbDispatchCall*, void*),
+                      void* arg) {
+  memset(call, 0, sizeof(*call));
+  call->d = d;
+  call->worker = -1;
+  call->on_end = on_end;
+  call->on_end_arg = arg;
+  /* (Counted, then `closed` checked: as in pfb_dispatch_call.) */
+  __atomic_add_fetch(&d->active, 1, SC);
+  int rc = __atomic_load_n(&d->closed, SC)
+               ? EPIPE
+               : submit(d, token, flags, inputs, count, room_ns, call);
+  __atomic_sub_fetch(&d->active, 1, SC);
+  if (rc != 0) call->id = 0;
+  return rc;
 }
 
 /* ------------------------------------------------------------- results -- */
@@ -1378,7 +1423,8 @@ static const PfbDispatchApi api = {
     pfb_dispatch_call,       pfb_dispatch_finish,
     pfb_msg_read_tensor,     pfb_dispatch_arena_keep, pfb_dispatch_arena_drop,
     pfb_dispatch_arena_hand_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop,
-    pfb_dispatch_reply_hand_back};
+    pfb_dispatch_reply_hand_back, pfb_dispatch_post, pfb_dispatch_abandon,
+    pfb_dispatch_wait};
 
 PfbDispatchRoute* pfb_dispatch_route_new(PfbDispatch* d, uint64_t token, uint32_t flags) {
   PfbDispatchRoute* route = (PfbDispatchRoute*)calloc(1, sizeof(PfbDispatchRoute));

@@ -94,6 +94,14 @@ typedef struct PfbDispatchCall {
   /* FAILED: the message, malloc'd, freed by pfb_dispatch_finish. */
   char* error;
   int32_t error_code;    /* a TensorFlow error code */
+  /* A posted call's (pfb_dispatch_post): whoever completes it calls
+   * on_end(call, on_end_arg) once, after publishing `state`, instead of
+   * waking a sleeper.  It runs on a reply thread holding the reader role,
+   * in lost(), or with a worker's `post` held: it must not block, take the
+   * GIL or call into the dispatcher (it hands the call to a thread of its
+   * own, src/kernel/pool_route.cc). */
+  void (*on_end)(struct PfbDispatchCall* call, void* arg);
+  void* on_end_arg;
   struct PfbDispatchCall* next;  /* the worker's list of calls in flight (its
                                   * `calls` mutex) */
 } PfbDispatchCall;
@@ -160,6 +168,26 @@ void pfb_dispatch_forget(PfbDispatch* d, uint64_t token);
 int pfb_dispatch_call(PfbDispatch* d, uint64_t token, uint32_t flags,
                       const PfbDispatchInput* inputs, uint32_t count, int64_t room_ns,
                       int64_t wait_ns, PfbDispatchCall* call);
+/* Submits a call as pfb_dispatch_call does (`room_ns` for room), without
+ * waiting for it: 0, and on_end(call, arg) comes once the call is DONE,
+ * FAILED or RESEND (maybe before this returns; on any thread, see
+ * PfbDispatchCall.on_end); the caller then finishes it, and a RESEND it
+ * posts again.  Not submitted: the errnos of pfb_dispatch_call, and no
+ * on_end. */
+int pfb_dispatch_post(PfbDispatch* d, uint64_t token, uint32_t flags,
+                      const PfbDispatchInput* inputs, uint32_t count, int64_t room_ns,
+                      PfbDispatchCall* call, void (*on_end)(PfbDispatchCall*, void*),
+                      void* arg);
+/* Waits up to `wait_ns` for a posted call to end, as pfb_dispatch_call
+ * waits (reading its worker's ring itself while it holds the reader role;
+ * on_end comes all the same, on this thread when it read the DONE): 0, or
+ * ETIMEDOUT. */
+int pfb_dispatch_wait(PfbDispatchCall* call, int64_t wait_ns);
+/* Abandons a posted call that is not completed yet, without waiting: 1,
+ * it was taken out (a queued one's blocks freed, a posted one's results go
+ * back when they come) and no on_end will come; 0, it was completed or is
+ * being completed (on_end comes, or came), or it was never submitted. */
+int pfb_dispatch_abandon(PfbDispatch* d, PfbDispatchCall* call);
 /* The caller is done with the call: frees its reply and error; a call not
  * completed yet is abandoned: a queued one leaves the queue and its input
  * blocks are freed now; a posted one's results go back when they come. */
@@ -271,6 +299,11 @@ typedef struct PfbDispatchApi {
   void (*route_keep)(PfbDispatchRoute* route);
   void (*route_drop)(PfbDispatchRoute* route);
   void (*reply_hand_back)(PfbDispatchCall* call);
+  int (*post)(PfbDispatch* d, uint64_t token, uint32_t flags, const PfbDispatchInput* inputs,
+              uint32_t count, int64_t room_ns, PfbDispatchCall* call,
+              void (*on_end)(PfbDispatchCall*, void*), void* arg);
+  int (*abandon)(PfbDispatch* d, PfbDispatchCall* call);
+  int (*wait)(PfbDispatchCall* call, int64_t wait_ns);
 } PfbDispatchApi;
 
 #ifdef __cplusplus

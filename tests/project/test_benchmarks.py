@@ -278,3 +278,37 @@ def test_pool_dispatch_prints_each_way_and_where_a_call_goes():
                      r"to the caller [\d.]+ \(per call: caller reads [\d.]+, "
                      r"reply-thread sleeps [\d.]+\)", run.stdout), run.stdout
     assert not negative_figures(run.stdout), run.stdout
+
+
+@pytest.mark.slow
+def test_pipelines_compares_the_pool_with_dataloader_and_grain():
+    """benchmarks.pipelines' smoke mode: both maps through each variant, and
+    the pool's ratio to each of the others."""
+    run = subprocess.run([sys.executable, "-m", "benchmarks.pipelines", "--mode", "smoke"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    row = re.compile(r"  (\w+)\s+(pfb in-process|pfb pool|torch DataLoader|Grain)\s+\d+"
+                     r"(\s+[\d.]+x)?")
+    rows = [row.match(line) for line in run.stdout.splitlines()[2:]]
+    assert all(rows), run.stdout
+    found = {(m[1], m[2]) for m in rows}
+    variants = {"pfb in-process", "pfb pool"}
+    for optional, module in (("torch DataLoader", "torch"), ("Grain", "grain")):
+        try:
+            __import__(module)
+            variants.add(optional)
+        except ImportError:
+            pass
+    assert found == {(name, v) for name in ("tokenizer", "images") for v in variants}, found
+    # Every row but the pool's own holds the pool's ratio to it.
+    assert all(bool(m[3]) == (m[2] != "pfb pool") for m in rows), run.stdout
+    assert not negative_figures(run.stdout), run.stdout
+
+
+def test_pipelines_tokenizer_pads_to_a_fixed_length():
+    from benchmarks import pipeline_work as w
+    ids = w.tokenize(b"Hello THE world, " + w.WORDS[5].encode())
+    assert ids.shape == (w.LENGTH,) and ids.dtype.name == "int32"
+    assert ids[3] == w.VOCABULARY[w.WORDS[5]] and ids[0] == 1 and not ids[4:].any()
+    image = w.decode(w.jpegs(1)[0])
+    assert image.shape == (64, 64, 3) and image.dtype.name == "uint8"
