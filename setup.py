@@ -151,6 +151,7 @@ kernels = Extension(
         "src/kernel/gpu_stream.cc",
         "src/kernel/numpy_function.cc",
         "src/kernel/pool_route.cc",
+        "src/kernel/pool_post.cc",
         "src/kernel/py_function.cc",
         "src/kernel/python_gil.cc",
         "src/kernel/trace.cc",
