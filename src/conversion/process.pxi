@@ -120,9 +120,10 @@ cdef class _ProcessConverter(_NumpyConverter):
                 call.route[0] = <void*><uintptr_t>route.share()
         if counts != NULL:
             counts.copied[_WORKER] += moved
-        if not self.scalars and self.framework is None and isinstance(result, Mapping):
-            result = _flat_mapping(result)  # it came pickled: fresh, no copy facts
-            facts = [None] * len(result)
+        if not self.scalars and self.framework is None:
+            flat = _flat_mapping(result)
+            if flat is not result:  # a mapping came pickled: fresh, no copy facts
+                result, facts = flat, [None] * len(flat)
         cdef _PoolResult made = _PoolResult.__new__(_PoolResult)
         made.value = result
         if call.copy_mode == PFB_COPY_FALSE:
