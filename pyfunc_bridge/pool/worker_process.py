@@ -84,7 +84,10 @@ class WorkerProcess:
             child = None
             self.sock = parent
             self.pid = self.proc.pid
-            send(parent, pickle.dumps(hello, protocol=PICKLE_PROTOCOL))  # the hello
+            try:
+                send(parent, pickle.dumps(hello, protocol=PICKLE_PROTOCOL))  # the hello
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # it died at once: its reader sees the end, as for a death just after
             # (The pool weakly: a pool dropped without close() is collected.)
             # read(pool_ref, worker), started by the pool's Supervisor once
             # the worker is attached.

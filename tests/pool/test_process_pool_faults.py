@@ -223,6 +223,16 @@ def test_a_replacement_that_dies_as_it_starts_leaves_a_pool_that_serves(failing_
     run_script(_DIES_AT_ONCE_SCRIPT, failing_start)
 
 
+# A replacement worker that exited before its hello was sent: the broken pipe
+# is its death, counted as a start that ended before it was ready, and the
+# next worker serves (it broke the pool for its back-off).
+_DIES_BEFORE_HELLO_SCRIPT = "pool/faults_dies_before_hello.py"
+
+
+def test_a_replacement_that_exits_before_its_hello_is_replaced(failing_start):
+    run_script(_DIES_BEFORE_HELLO_SCRIPT, failing_start)
+
+
 _UNWATCHED_SCRIPT = "pool/faults_unwatched.py"
 
 

@@ -45,9 +45,11 @@ box = {}
 caller = threading.Thread(target=call_pid, args=(pool, box), daemon=True)
 caller.start()
 caller.join(120)
-replaced = pfb.stats().pools["dies at once"].workers_replaced
+counted = pfb.stats().pools.get("dies at once")  # absent while nothing is counted
+replaced = counted.workers_replaced if counted else 0
 if caller.is_alive() or "error" in box or box["pid"] not in pool.pids():
-    print(f"the call: {box or 'still waits'}; workers {pool.pids()}", file=sys.stderr, flush=True)
+    print(f"the call: {box or 'still waits'}; workers {pool.pids()}; replaced {replaced};"
+          f" seen {sorted(seen)}", file=sys.stderr, flush=True)
     os._exit(1)  # (close() would wait for the worker the dispatcher holds)
 assert "attach" in seen and replaced == 2, (seen, replaced)
 pool.close()
