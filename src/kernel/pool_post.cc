@@ -76,13 +76,19 @@ class AsyncCall {
     // the two hand-offs to a completion thread and back to TF's; a longer
     // one frees the thread after kPostedWaitNs (docs/pool.md).
     native_.Wait(kPostedWaitNs);
+    // Held from before the exchange until registered: a Complete or Cancel
+    // started meanwhile waits for it, so `this` stays until then.
+    std::unique_lock<std::mutex> lock(mu_);
     int waiting = kWaiting;
     if (!waiting_.compare_exchange_strong(waiting, kReturned)) {
-      Complete();  // ended meanwhile: on_end left it to this thread
-      return outcome;  // (`this` is gone)
+      const NativeOutcome ended = End();  // ended meanwhile: on_end left it here
+      if (ended != NativeOutcome::kPosted) {
+        lock.unlock();
+        Finish(ended);
+        return outcome;  // (`this` is gone)
+      }
+      // Resent: registered below like the first post, its on_end completes it.
     }
-    // Held until registered: Complete and Cancel start after.
-    std::unique_lock<std::mutex> lock(mu_);
     tensorflow::CancellationManager* cm = ctx_->cancellation_manager();
     if (cm != nullptr) {
       token_ = cm->get_cancellation_token();
@@ -97,18 +103,27 @@ class AsyncCall {
   }
 
  private:
-  // The call ended (DONE, FAILED, RESEND): on a completion thread, or on
-  // the poster's.
+  // The call ended (DONE, FAILED, RESEND): on a completion thread.
   void Complete() {
     NativeOutcome outcome;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      outcome = native_.Ended(ctx_, specs_, copy_mode_, &AsyncCall::OnEnd, this);
+      outcome = End();
       if (outcome == NativeOutcome::kPosted) return;  // resent: its on_end comes
     }
+    Finish(outcome);
+  }
+
+  // The ended call's outputs or error, or its post again after a RESEND
+  // (kPosted); mu_ is held.
+  NativeOutcome End() {
+    return native_.Ended(ctx_, specs_, copy_mode_, &AsyncCall::OnEnd, this);
+  }
+
+  void Finish(NativeOutcome outcome) {
     if (cm_ != nullptr) cm_->DeregisterCallback(token_);  // waits for a Cancel under way
     if (outcome != NativeOutcome::kDone) then_->Continue(ctx_, outcome, &native_, route_.get());
-    Finish();
+    Release();
   }
 
   // The op's cancellation (the CancellationManager's callback).
@@ -124,13 +139,13 @@ class AsyncCall {
   void Cancelled() {
     Completions()->Schedule([this] {
       ctx_->SetStatus(absl::CancelledError("pyfunc_bridge: the pool call was cancelled"));
-      Finish();
+      Release();
     });
   }
 
   // The call's memory, its reply and the route go before `done`, after
   // which the kernel and ctx may go.
-  void Finish() {
+  void Release() {
     auto done = std::move(done_);
     delete this;
     done();
