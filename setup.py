@@ -98,7 +98,10 @@ def _compile_in_parallel(compiler, sources, output_dir=None, macros=None,
 
     def one(obj):
         src, ext = build[obj]
-        compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+        # A C source in a C++ extension (the kernel's share of src/pool)
+        # takes no C++-only flag.
+        post = [f for f in extra_postargs if not (ext == ".c" and "c++" in f)]
+        compiler._compile(obj, src, ext, cc_args, post, pp_opts)
 
     with ThreadPoolExecutor(max(1, JOBS)) as pool:
         list(pool.map(one, stale))  # list(): re-raises a failed compile
@@ -160,6 +163,10 @@ kernels = Extension(
         "src/kernel/xla_late.cc",
         "src/kernel/xla_sites.cc",
         "src/kernel/xla_ops.cc",
+        # The pool's decoder of a DONE, which the kernel calls itself (one
+        # decoder for both paths), and the record reader it uses.
+        "src/pool/records.c",
+        "src/pool/reply_decode.c",
     ],
     # The headers too: pool_route.cc embeds the dispatcher's structs, so a
     # kernel built against older ones would misread a pool module's memory.
@@ -188,7 +195,7 @@ conversion = Extension(
 
 # No TensorFlow flag, header or library: a worker loads this module.
 POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/records.c",
-                  "src/pool/dispatch.c"]
+                  "src/pool/reply_decode.c", "src/pool/dispatch.c"]
 pool_worker = Extension(
     "pyfunc_bridge._pool",
     sources=["src/pool/_pool.pyx"] + POOL_C_SOURCES,

@@ -14,7 +14,7 @@ from pyfunc_bridge.worker.compiled import pool_module
 class RingAnswers:
     """Answers of native calls that went by a worker's socket (no room in
     its result arena: shm_layout.h, PFB_POOL_STATUS_SOCKET), by call id (ids
-    are unique in the process), from the reader threads to native_reply."""
+    are unique in the process), from the reader threads to decode_answer."""
 
     def __init__(self):
         self._answers = {}
@@ -40,21 +40,19 @@ ring_answers = RingAnswers()
 _RING_ANSWER_SECONDS = 60.0
 
 
-def native_reply(pool_name, address, copied=False, counters=None):
-    """decode_answer of a call the kernel ran natively (`address`: its
-    PfbDispatchCall, DONE) but whose reply it does not turn into outputs
-    itself (an error, a pickled value, a result the op does not declare, or
-    one copy=False may refuse).  Its route counted the call; `counters` get
-    its results' share, as for ring_call's calls."""
-    return decode_answer(pool_name, pool_module().native_reply(address), copied, counters)
-
-
 def decode_answer(pool_name, reply, copied, counters):
-    """(result, bytes moved, copy facts per result) of a DONE (the worker
-    module's Reply, which holds its result blocks until each is claimed;
-    arrays over one hand it back when they go).  `copied`: copy=True,
-    which saves no copy."""
+    """(result, bytes moved, copy facts per result) of a DONE: `reply` is
+    Route.call's Reply, or the address of a native call's DONE that the
+    kernel does not turn into outputs itself (an error, a pickled value, a
+    result the op does not declare, or one copy=False may refuse; its
+    route counted the call).  Either way the pool module's one decoder of a
+    DONE (reply_decode.h) checked its blocks and counts each result's share
+    of the statistics; the Reply holds its result blocks until each is
+    claimed, and arrays over one hand it back when they go.  `copied`:
+    copy=True, which saves no copy; `counters` get the results' share."""
     pw = pool_module()
+    if not isinstance(reply, pw.Reply):
+        reply = pw.Reply(reply)
     from pyfunc_bridge import _library
     result_view = _library.conversion().worker_result
     message = reply.message
@@ -87,26 +85,23 @@ def decode_answer(pool_name, reply, copied, counters):
                               f"and could not send its error (no room in its arena)"))
     values, facts = [], []
     bytes_out = saved = moved = 0
-    for code, bits, lanes, flags, offset, size, shape in message.items:
+    for (code, bits, lanes, flags, offset, size, shape), (nbytes, saves, worker_copied) in zip(
+            message.items, reply.counted):
         if flags & pw.TENSOR_PICKLED:
             values.append(loads(read_block(offset, size)))
             bytes_out += statistics.data_bytes(values[-1])
         elif flags & pw.TENSOR_SCALAR:  # a scalar again: the checks judge and word it so
-            values.append(np.frombuffer(read_block(offset, size), pw.np_dtype(code, bits))[0])
-            bytes_out += values[-1].nbytes
+            values.append(np.frombuffer(read_block(offset, nbytes), pw.np_dtype(code, bits))[0])
+            bytes_out += nbytes
         else:  # numbers: a view of the block (strings come back pickled)
             dtype = pw.np_dtype(code, bits)
-            values.append(reply.view(result_view, offset, size, dtype, tuple(shape))
+            values.append(reply.view(result_view, offset, size, dtype, shape)
                           if size else np.zeros(shape, dtype))
-            bytes_out += values[-1].nbytes
-            # As the kernel counts (pool_route.cc): a 0-d record the worker
-            # copied is a NumPy scalar's bytes, which saves no copy.
-            if size and (shape or flags & pw.TENSOR_SHARED):
-                saved += 1
-                moved += 0 if flags & pw.TENSOR_SHARED else values[-1].nbytes
+            bytes_out += nbytes
+        saved += saves
+        moved += worker_copied
         facts.append(pw.flags_facts(flags))
     count(bytes_out, saved)
     if message.flags == pw.DONE_ONE and len(values) == 1:
         return values[0], moved, facts
     return (values if message.flags == pw.DONE_LIST else tuple(values)), moved, facts
-

@@ -25,7 +25,7 @@ from numbers import Real
 
 from pyfunc_bridge import _locks
 from pyfunc_bridge.pool import fork, statistics
-from pyfunc_bridge.pool.answers import decode_answer, native_reply
+from pyfunc_bridge.pool.answers import decode_answer
 from pyfunc_bridge.pool.errors import (EXIT_TEXT, PoolClosedError, WorkerError,
                                        dispatch_error, raise_acyclic)
 from pyfunc_bridge.pool.pickling import Functions
@@ -313,7 +313,10 @@ class ProcessPool:
             dispatch.forget(token)
 
     def native_reply(self, address, copied):
-        return native_reply(self.name, address, copied, self._counters)
+        """decode_answer of the DONE of a kernel's native call (`address`)
+        that the kernel hands to the conversion layer (the one way in, for
+        _DefaultPool too)."""
+        return decode_answer(self.name, address, copied, self._counters)
 
     # --------------------------------------------------------------- close --
 
@@ -411,10 +414,16 @@ class _DefaultPool:
         return default_pool().ring_call(func, framework, args, writable, scalars, facts,
                                         copied)
 
-    def native_reply(self, address, copied):
+    native_reply = ProcessPool.native_reply
+
+    @property
+    def name(self):  # (in errors: whichever default pool ran the call)
+        return repr(self)
+
+    @property
+    def _counters(self):
         # (Pools of one name share a record: the default pool's, whichever ran it.)
-        return native_reply(repr(self), address, copied,
-                            statistics.record(_DEFAULT_POOL_NAME))
+        return statistics.record(_DEFAULT_POOL_NAME)
 
     def __repr__(self):
         return "'process' (the shared default ProcessPool)"

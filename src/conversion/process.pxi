@@ -33,22 +33,17 @@ def worker_result(object native_arena, cnp.ndarray results, Py_ssize_t offset, P
     block back; `results`, a uint8 array over its mapping).  Its base is a
     read-only bridge owner of the block (the worker wrote it, and nothing in
     Python can write it): the copy decision hands it to TensorFlow without a
-    copy, and the tensor keeps the block, and with it the mapping."""
+    copy, and the tensor keeps the block, and with it the mapping.  The
+    pool's decoder of a DONE (src/pool/reply_decode.h) checked the block:
+    aligned, inside the arena, and holding `shape` of `dtype`."""
     cdef cnp.dtype descr = np.dtype(dtype)
     cdef int ndim = len(shape)
     cdef npy_intp dims[64]
-    cdef npy_intp nbytes = descr.itemsize
     cdef int i
     if ndim > 64:
         raise ValueError(f"a worker result has {ndim} dimensions; at most 64 are supported")
     for i in range(ndim):
         dims[i] = shape[i]
-        nbytes *= dims[i]
-    cdef Py_ssize_t arena = cnp.PyArray_NBYTES(results) if results.dtype == np.uint8 else 0
-    if offset < 0 or size < nbytes or offset + size > arena or offset % PFB_TENSOR_ALIGNMENT:
-        raise RuntimeError(
-            f"pyfunc_bridge: a worker described a result block ({offset}, {size}) that "
-            f"does not hold {nbytes} bytes in its {arena}-byte arena")
     cdef char* data = <char*>cnp.PyArray_DATA(results) + offset
     cdef _ResultBlock block = _ResultBlock.__new__(_ResultBlock)
     block.arena = native_arena

@@ -10,6 +10,7 @@
 #include "absl/container/inlined_vector.h"
 #include "bridge.h"
 #include "pool/futex.h"
+#include "pool/reply_decode.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -128,23 +129,21 @@ bool MakeInputs(OpKernelContext* ctx, int first_input, bool scalars, NativeInput
   return true;
 }
 
-// One result of the reply, read and checked against its output's spec.
+// One result of the reply as its output takes it.
 struct Result {
-  PfbPoolTensor record;
-  int64_t dims[PFB_POOL_MAX_NDIM];
+  const PfbReplyResult* reply;  // decoded and checked (reply_decode.h)
   TensorShape shape;
-  uint64_t nbytes;
 };
 
-// Whether `record` is an array of numbers that the output `spec` takes as
-// it is (dtype, declared dimensions) in a block of `arena`, and that the
-// copy policy accepts: anything else goes to the conversion layer, whose
-// checks convert it or raise.  Under copy=False a record with a copy fact
-// set (shm_layout.h, PFB_POOL_TENSOR_REFUSED_MASK) goes there too, so that
-// its refusal is the one error text of _copy_reason.
-bool Fits(const PfbPoolTensor& record, const int64_t* dims, const PfbOutputSpec& spec,
-          tensorflow::DataType dtype, const PfbDispatchArena* arena, int32_t copy_mode,
-          Result* out) {
+// Whether the decoded result `r` is an array of numbers that the output
+// `spec` takes as it is (dtype, declared dimensions), and that the copy
+// policy accepts: anything else goes to the conversion layer, whose checks
+// convert it or raise.  Under copy=False a record with a copy fact set
+// (shm_layout.h, PFB_POOL_TENSOR_REFUSED_MASK) goes there too, so that its
+// refusal is the one error text of _copy_reason.
+bool Fits(const PfbReplyResult& r, const PfbOutputSpec& spec, tensorflow::DataType dtype,
+          int32_t copy_mode, Result* out) {
+  const PfbPoolTensor& record = r.record;
   if (record.flags & (PFB_POOL_TENSOR_STRINGS | PFB_POOL_TENSOR_PICKLED)) return false;
   if (copy_mode == PFB_COPY_FALSE && (record.flags & PFB_POOL_TENSOR_REFUSED_MASK)) {
     return false;
@@ -156,18 +155,11 @@ bool Fits(const PfbPoolTensor& record, const int64_t* dims, const PfbOutputSpec&
   if (spec.ndim >= 0) {
     if (record.ndim != spec.ndim) return false;
     for (int i = 0; i < spec.ndim; ++i) {
-      if (spec.dims[i] >= 0 && spec.dims[i] != dims[i]) return false;
+      if (spec.dims[i] >= 0 && spec.dims[i] != r.dims[i]) return false;
     }
   }
-  if (!tensorflow::TensorShapeUtils::MakeShape(dims, record.ndim, &out->shape).ok()) {
-    return false;
-  }
-  out->nbytes = static_cast<uint64_t>(out->shape.num_elements()) *
-                tensorflow::DataTypeSize(dtype);
-  if (out->nbytes == 0) return true;
-  return arena != nullptr && record.size >= out->nbytes &&
-         record.offset % PFB_TENSOR_ALIGNMENT == 0 && record.offset <= arena->bytes &&
-         record.size <= arena->bytes - record.offset;
+  out->reply = &r;
+  return tensorflow::TensorShapeUtils::MakeShape(r.dims, record.ndim, &out->shape).ok();
 }
 
 }  // namespace
@@ -328,13 +320,17 @@ NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOu
   const bool arity = m.flags == PFB_POOL_DONE_ONE ? (n == 1 && m.count == 1)
                                                    : (n >= 2 && m.count == n);
   if (m.status != PFB_POOL_STATUS_OK || !arity) return replied();
+  // The one decoder of a DONE (the Python path's too) checks each block;
+  // one it refuses goes to the conversion layer, which raises its error.
+  absl::InlinedVector<PfbReplyResult, 2> decoded(n);
+  uint32_t count = 0;
+  if (pfb_reply_decode(call.reply, call.arena != nullptr ? call.arena->bytes : 0,
+                       decoded.data(), static_cast<uint32_t>(n), &count) != 0) {
+    return replied();
+  }
   absl::InlinedVector<Result, 4> results(n);
-  uint32_t cursor = 1;
   for (size_t i = 0; i < n; ++i) {
-    int64_t dims[PFB_POOL_MAX_NDIM];
-    if (api->read_tensor(call.reply, &cursor, &results[i].record, dims) != 0 ||
-        !Fits(results[i].record, dims, specs[i], ctx->expected_output_dtype(i), call.arena,
-              copy_mode, &results[i])) {
+    if (!Fits(decoded[i], specs[i], ctx->expected_output_dtype(i), copy_mode, &results[i])) {
       return replied();
     }
   }
@@ -343,23 +339,13 @@ NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOu
   replied_ = false;
   uint64_t bytes_out = 0, shared = 0, copied = 0, saved = 0, worker_copied = 0;
   for (size_t i = 0; i < n; ++i) {
-    const Result& r = results[i];
+    const PfbReplyResult& r = *results[i].reply;
     const tensorflow::DataType dtype = ctx->expected_output_dtype(i);
     bytes_out += r.nbytes;
-    // Counted as the Python path counts the same result: a block the
-    // worker copied the result into is its copy ("worker" bytes), and
-    // handing a block over without a copy here saves one (copies_saved),
-    // whether the worker copied or shared it; but a 0-d record the worker
-    // wrote is a NumPy scalar, which the Python path sends pickled: no
-    // copy made, none saved.
-    const bool numpy_scalar =
-        r.record.ndim == 0 && !(r.record.flags & PFB_POOL_TENSOR_SHARED);
-    if (r.nbytes != 0 && !numpy_scalar && !(r.record.flags & PFB_POOL_TENSOR_SHARED)) {
-      worker_copied += r.nbytes;
-    }
+    worker_copied += r.worker_copied;  // (the decoder's rule, as the Python path's)
     if (r.nbytes == 0 || copy_mode == PFB_COPY_TRUE) {
       Tensor* out = nullptr;
-      absl::Status s = ctx->allocate_output(static_cast<int>(i), r.shape, &out);
+      absl::Status s = ctx->allocate_output(static_cast<int>(i), results[i].shape, &out);
       if (s.ok() && r.nbytes != 0) {
         std::memcpy(const_cast<char*>(out->tensor_data().data()),
                     call.arena->base + r.record.offset, r.nbytes);
@@ -368,7 +354,7 @@ NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOu
       if (r.record.size) api->arena_hand_back(call.arena, r.record.offset);
       if (!s.ok()) {
         for (size_t j = i + 1; j < n; ++j) {
-          if (results[j].record.size) api->arena_hand_back(call.arena, results[j].record.offset);
+          if (decoded[j].record.size) api->arena_hand_back(call.arena, decoded[j].record.offset);
         }
         ctx->SetStatus(s);
         return NativeOutcome::kDone;
@@ -376,11 +362,11 @@ NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOu
       continue;
     }
     auto* buffer = new ArenaBuffer(api, call.arena, r.record.offset, r.nbytes);
-    Tensor out(dtype, r.shape, buffer);  // takes its own reference
+    Tensor out(dtype, results[i].shape, buffer);  // takes its own reference
     buffer->Unref();
     ctx->set_output(static_cast<int>(i), out);
     shared += r.nbytes;
-    if (!numpy_scalar) ++saved;
+    if (r.saves_copy) ++saved;
   }
   if (counting) {
     count_answered();

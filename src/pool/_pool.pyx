@@ -8,7 +8,7 @@ with NumPy's headers only, and a worker loads it by path
 (pyfunc_bridge/worker/compiled.py), never through the package.
 """
 from libc.errno cimport (E2BIG, EAGAIN, EINVAL, EMSGSIZE, ENOMEM, ENOSPC, EPIPE, EPROTO,
-                         ETIMEDOUT)
+                         ERANGE, ETIMEDOUT)
 from libc.stdint cimport SIZE_MAX, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset, strncpy
@@ -28,6 +28,7 @@ from includes.dispatch cimport *
 from includes.numpy_handler cimport PyDataMem_Handler, PyDataMem_SetHandler
 from includes.pthread cimport *
 from includes.records cimport *
+from includes.reply_decode cimport *
 from includes.ring cimport *
 from includes.shm_layout cimport *
 
@@ -42,7 +43,7 @@ include "externs.pxi"       # the C read directly (atomics, NumPy fields)
 include "records.pxi"       # message kinds, flags, Message, the dtype table
 include "arena.pxi"         # Arena
 include "ring.pxi"          # Channel
-include "reply.pxi"         # NativeArena, Reply, native_reply
+include "reply.pxi"         # NativeArena, Reply: the one decoder of a DONE
 include "route.pxi"         # Route, Declined, DispatchFailed
 include "dispatcher.pxi"    # Dispatcher
 include "result_arena.pxi"  # ResultArena and its NumPy handler

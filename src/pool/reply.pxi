@@ -30,21 +30,82 @@ cdef class NativeArena:
 
 
 cdef class Reply:
-    """A DONE taken off its call (Route.call, native_reply): its Message, and
-    its result blocks (in `arena`, a NativeArena), each this object's until
-    claimed, by ``read`` (its bytes; the block goes back at once) or ``view``
-    (an array that hands it back when it goes).  The blocks nobody claimed go
-    back when this object goes: an exception anywhere (Ctrl-C between two
-    bytecodes) loses none, and a claim runs no bytecode."""
+    """A DONE taken off its call, decoded by the one decoder of a DONE
+    (reply_decode.h, which the kernel's native call uses too): its Message,
+    each result's statistics (`counted`: (bytes, saves a copy, bytes the
+    worker copied), by reply_decode.h's rule), and its result blocks (in
+    `arena`, a NativeArena), each this object's until claimed, by ``read``
+    (its bytes; the block goes back at once) or ``view`` (an array that
+    hands it back when it goes).  The blocks nobody claimed go back when
+    this object goes: an exception anywhere (Ctrl-C between two bytecodes)
+    loses none, and a claim runs no bytecode.
+
+    ``Reply(address)``: the Reply of a finished native call whose DONE the
+    kernel hands to Python (a PfbDispatchCall*, DONE, still its caller's);
+    Route.call makes its own."""
     cdef readonly object message
     cdef readonly object arena
+    cdef readonly list counted
     cdef set _held  # offsets of the blocks not claimed yet
     cdef object _results  # arena.array(), made on the first claim
+
+    def __init__(self, uintptr_t address):
+        cdef PfbDispatchCall* call = <PfbDispatchCall*>address
+        if call == NULL or call.state != PFB_DISPATCH_DONE or call.reply == NULL:
+            raise ValueError("pyfunc_bridge: not a completed native call")
+        self._take(call)
 
     def __dealloc__(self):
         if self._held and self.arena is not None:
             for offset in self._held:
                 (<NativeArena>self.arena).hand_back(offset)
+
+    cdef int _take(self, PfbDispatchCall* call) except -1:
+        """Decodes the DONE of `call` (pfb_reply_decode): its result blocks
+        are this object's from now on; one it refuses, it hands back."""
+        cdef const PfbPoolMessage* m = &call.reply[0].message
+        cdef uint32_t room = m.count if m.count else 1, decoded = 0, i
+        cdef uint64_t arena_bytes = call.arena.bytes if call.arena != NULL else 0
+        cdef PfbReplyResult* out = <PfbReplyResult*>malloc(room * sizeof(PfbReplyResult))
+        cdef PfbReplyResult* r
+        cdef int d
+        cdef NativeArena arena
+        cdef int rc = pfb_reply_decode(call.reply, arena_bytes, out, room, &decoded) \
+            if out != NULL else ENOMEM
+        try:
+            if rc:
+                pfb_dispatch_reply_hand_back(call)
+                if rc == ERANGE:
+                    r = &out[decoded]
+                    raise RuntimeError(
+                        f"pyfunc_bridge: a worker described a result block ({r.record.offset}, "
+                        f"{r.record.size}) that does not hold {r.nbytes} bytes in its "
+                        f"{arena_bytes}-byte arena")
+                if rc == ENOMEM:
+                    raise MemoryError()
+                raise OSError(EPROTO, "pyfunc_bridge: a malformed tensor record")
+            self._held = set()
+            if call.arena != NULL:
+                arena = self.arena = NativeArena.__new__(NativeArena)
+                pfb_dispatch_arena_keep(call.arena)  # the NativeArena's own reference
+                arena._a = call.arena
+                for i in range(decoded):
+                    if out[i].record.size:  # (an empty result has no block)
+                        self._held.add(out[i].record.offset)
+            items = []
+            self.counted = []
+            if m.status == PFB_POOL_STATUS_OK:
+                for i in range(decoded):
+                    r = &out[i]
+                    items.append((r.record.code, r.record.bits, r.record.lanes, r.record.flags,
+                                  r.record.offset, r.record.size,
+                                  tuple([r.dims[d] for d in range(r.record.ndim)])))
+                    self.counted.append((r.nbytes, bool(r.saves_copy), r.worker_copied))
+            self.message = Message(m.kind, m.call_id, m.token, m.flags, m.status, m.stamp,
+                                   (m.block_offset, m.block_size), items, m.ended)
+        finally:
+            free(out)
+        return 0
 
     def read(self, uint64_t offset, uint64_t size):
         """The bytes of the block at `offset` (`size` used); it goes back."""
@@ -68,32 +129,3 @@ cdef class Reply:
         if self._results is None:
             self._results = self.arena.array()
         return self._results
-
-
-cdef Reply _reply(PfbDispatchCall* call):
-    """The Reply of a DONE `call`: its blocks are the Reply's from now on."""
-    cdef Reply made = Reply.__new__(Reply)
-    cdef NativeArena arena
-    made.message = _decode_message(call.reply)
-    made._held = set()
-    if call.arena != NULL:
-        arena = made.arena = NativeArena.__new__(NativeArena)
-        pfb_dispatch_arena_keep(call.arena)  # the NativeArena's own reference
-        arena._a = call.arena
-        for item in made.message.items:
-            if item[5]:  # (its size: an empty result has no block)
-                made._held.add(item[4])
-        if made.message.status == PFB_POOL_STATUS_ERROR and made.message.block[1]:
-            made._held.add(made.message.block[0])
-    return made
-
-
-def native_reply(uintptr_t address):
-    """The Reply of the DONE of a finished native call (a PfbDispatchCall*
-    whose state is DONE, still its caller's: the kernel hands it to the
-    pool's Python path to decode): its result blocks are the Reply's."""
-    cdef PfbDispatchCall* call = <PfbDispatchCall*>address
-    if call == NULL or call.state != PFB_DISPATCH_DONE or call.reply == NULL:
-        raise ValueError("pyfunc_bridge: not a completed native call")
-    return _reply(call)
-

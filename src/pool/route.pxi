@@ -239,6 +239,7 @@ cdef class Route:
         cdef _Inputs records
         cdef PfbDispatchInput* inputs
         cdef PfbDispatchCall call
+        cdef const PfbPoolMessage* m
         cdef int64_t posted = _clock_ns(CLOCK_REALTIME), left = _timeout_ns(wait), part
         cdef int rc = 0
         cdef int moves = 0  # times inputs were moved to the socket for room
@@ -281,20 +282,17 @@ cdef class Route:
                 raise DispatchFailed(call.error_code,
                                      call.error.decode("utf-8", "replace") if call.error != NULL
                                      else "pyfunc_bridge: the pool call failed")
-            try:
-                reply = _reply(&call)
-            except BaseException:
-                pfb_dispatch_reply_hand_back(&call)
-                raise
-            message = reply.message
+            m = &call.reply[0].message
             if pfb_route_counting(r.counting):
                 pfb_route_add(&r.counts.calls, 1)
                 pfb_route_add(&r.counts.replied, 1)
                 pfb_route_add(&r.counts.bytes_in, records.data_bytes)
-                if message.stamp >= <uint64_t>posted:
-                    pfb_route_add(&r.counts.queued_ns, message.stamp - posted)
-                if message.ended >= message.stamp:
-                    pfb_route_add(&r.counts.worker_ns, message.ended - message.stamp)
+                if m.stamp >= <uint64_t>posted:
+                    pfb_route_add(&r.counts.queued_ns, m.stamp - posted)
+                if m.ended >= m.stamp:
+                    pfb_route_add(&r.counts.worker_ns, m.ended - m.stamp)
+            reply = Reply.__new__(Reply)
+            (<Reply>reply)._take(&call)  # (one it refuses, it hands back)
             return reply, call.worker
         finally:
             pfb_dispatch_finish(r.d, &call)  # (a call never submitted: nothing to end)

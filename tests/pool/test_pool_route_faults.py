@@ -220,3 +220,49 @@ def test_maps_in_daemon_threads_end_quietly_at_exit():
         run = fresh_python(_EXIT_SCRIPT, timeout=120)
         assert run.returncode == 0, run.stderr[-3000:]
         assert "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
+def scalar_sum(x):
+    """np.float64(x.sum()), a NumPy scalar (a PFB_POOL_TENSOR_SCALAR record).
+    With x[0] > 0 the worker then sends a corrupt DONE, as a broken worker
+    would: the record claims 1 byte of its block for the scalar's 8 (its
+    block stays a real one, which the parent hands back)."""
+    from pyfunc_bridge.worker import ring_server
+    server = ring_server.RingServer
+    if "honest_encode" not in server.__dict__:
+        server.honest_encode = server.encode
+    honest = server.honest_encode
+    if x[0] > 0:
+        def encode(self, value, framework, facts, index=0):
+            record = honest(self, value, framework, facts, index)
+            return (*record[:5], 1, record[6])
+        server.encode = encode
+    else:
+        server.encode = honest
+    return np.float64(x.sum())
+
+
+def test_a_corrupt_done_is_refused_alike_eagerly_and_natively(pool, stats_on):
+    """One decoder of a DONE (src/pool/reply_decode.c) checks every result
+    block, for the kernel's native calls and Python's: a block too small
+    for its result is refused with one error on both paths (before, a
+    scalar's short block reached np.frombuffer, ValueError)."""
+    text = r"a worker described a result block \(\d+, 1\) that does not hold 8 bytes"
+    with pytest.raises(Exception, match=text):
+        pfb.numpy_function(scalar_sum, [np.ones(2)], tf.float64, executor=pool)
+    assert float(pfb.numpy_function(scalar_sum, [np.zeros(2)], tf.float64,
+                                    executor=pool)) == 0.0
+
+    def mapped(firsts):
+        """A tf.data map of the function over rows [first, 0]."""
+        rows = tf.constant([[first, 0.0] for first in firsts], tf.float64)
+        return tf.data.Dataset.from_tensor_slices(rows).map(
+            lambda x: pfb.numpy_function(scalar_sum, [x], tf.float64, executor=pool))
+
+    # The kernel's first call offers it the route; its later ones go
+    # natively (the premise: some did), the corrupt one last.
+    before = native_calls(pool)
+    with pytest.raises(tf.errors.OpError, match=text):
+        list(mapped([0.0] * 12 + [1.0]))
+    assert native_calls(pool) > before
+    assert [float(v) for v in mapped([0.0] * 3)] == [0.0] * 3  # the worker serves on
