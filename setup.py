@@ -176,7 +176,8 @@ kernels = Extension(
 conversion = Extension(
     "pyfunc_bridge._conversion",
     sources=["src/conversion/_conversion.pyx"],
-    include_dirs=[np.get_include(), DLPACK_INCLUDE, "src"],
+    depends=["src/pool/copy_facts.h"],  # the copy facts' rule, shared with the pool
+    include_dirs=[np.get_include(), DLPACK_INCLUDE, "src", "src/pool"],
     # PyDataMem_SetHandler/GetHandler (alloc.pxi) are NumPy 1.22 API: NumPy
     # 2.0-2.2's headers (the newest on Python 3.10) target 1.21 by default and
     # leave them undeclared.
@@ -209,7 +210,7 @@ CYTHON_BUILD_DIR = os.path.join(
 setup(
     ext_modules=[kernels] + cythonize(
         [conversion],
-        include_path=["src/conversion"],
+        include_path=["src/conversion", "src/pool"],
         compiler_directives={"language_level": 3},
         build_dir=CYTHON_BUILD_DIR,
         quiet=True,

@@ -98,16 +98,6 @@ cdef bint _is_eager_tensor_type(object tp):
     return issubclass(tp, _eager_type())
 
 
-cdef bint _inside(const DLTensor* t, list ranges):
-    """Whether the tensor lies in an input's memory (TensorFlow's, immutable)."""
-    cdef uintptr_t start = <uintptr_t>t.data + t.byte_offset
-    cdef uintptr_t end = start + _nbytes(t)
-    for lo, hi in ranges:
-        if lo <= start and end <= hi:
-            return True
-    return False
-
-
 cdef DLManagedTensorVersioned* _consume(object obj, bint allow_cuda,
                                         object stream=None) except NULL:
     """Any DLPack producer (object or capsule) -> a validated tensor we own.
@@ -248,7 +238,7 @@ cdef DLManagedTensorVersioned* _export_owner(
             f"{_dtype_name(spec.dtype)} or declare Tout=tf.{_dtype_name(t.dtype)}")
     if spec.ndim >= 0:  # (the description is built only where a shape is declared)
         _check_dims(t.ndim, t.shape, spec, index, f"a {tp.__name__}")
-    if foreign and _inside(t, ranges):
+    if foreign and pfb_inside(<uintptr_t>t.data + t.byte_offset, _nbytes(t), ranges):
         foreign = False  # a view of an input: TensorFlow's memory, which nobody may write
     reason = _dl_copy_reason(t, copy_mode, foreign, lazy)
     if counts != NULL:
