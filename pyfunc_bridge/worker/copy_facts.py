@@ -1,6 +1,6 @@
 """A result's copy facts, gathered in the worker for the parent's copy=False."""
 from .compiled import pool_module
-from .values import CONVERTED_BY_THE_PARENT, framework_adapter
+from .values import CONVERTED_BY_THE_PARENT, framework_adapter, frameworks
 
 # What the parent's copy decision (_copy_reason, src/conversion/copy.pxi)
 # would have known of a result in-process: the parent sees only blocks of
@@ -70,12 +70,7 @@ class CopyFacts:
         producer: its adapter's resolve (lazy views) and writable_elsewhere,
         a view of an input being TensorFlow's memory, and the layout."""
         adapter = framework_adapter(value)
-        lazy = False
-        resolve = getattr(adapter, "resolve", None)
-        if resolve is not None:
-            resolved = resolve(value)
-            if resolved is not None:
-                value, lazy = resolved, True
+        value, lazy = frameworks().resolved(adapter, value)
         foreign = not lazy and (adapter.writable_elsewhere(value, outside)
                                 if adapter is not None else True)
         try:
