@@ -176,8 +176,7 @@ kernels = Extension(
 conversion = Extension(
     "pyfunc_bridge._conversion",
     sources=["src/conversion/_conversion.pyx"],
-    depends=["src/pool/copy_facts.h"],  # the copy facts' rule, shared with the pool
-    include_dirs=[np.get_include(), DLPACK_INCLUDE, "src", "src/pool"],
+    include_dirs=[np.get_include(), DLPACK_INCLUDE, "src"],
     # PyDataMem_SetHandler/GetHandler (alloc.pxi) are NumPy 1.22 API: NumPy
     # 2.0-2.2's headers (the newest on Python 3.10) target 1.21 by default and
     # leave them undeclared.
@@ -193,8 +192,9 @@ POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/records.c",
 pool_worker = Extension(
     "pyfunc_bridge._pool",
     sources=["src/pool/_pool.pyx"] + POOL_C_SOURCES,
-    depends=sorted(glob.glob("src/pool/*.h")),
-    include_dirs=[np.get_include(), "src/pool"],
+    # src/copy_facts.h: the conversion layer's copy facts, which workers judge too.
+    depends=sorted(glob.glob("src/pool/*.h")) + ["src/copy_facts.h"],
+    include_dirs=[np.get_include(), "src/pool", "src"],
     # PyDataMem_SetHandler is NumPy 1.22 API.
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
                    ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],

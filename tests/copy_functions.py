@@ -95,7 +95,7 @@ def large_transposed(x):
     return np.ones((256, 256), np.float32).T
 
 
-# The copy facts' rule (src/pool/copy_facts.h), case by case: a weak
+# The copy facts' rule (src/copy_facts.h), case by case: a weak
 # reference, a chain base held elsewhere, an input view, an offset into a
 # fresh array, a list result kept by the function.
 _WEAK = []

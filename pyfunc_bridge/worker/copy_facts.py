@@ -6,7 +6,7 @@ from .values import CONVERTED_BY_THE_PARENT, framework_adapter, frameworks
 # would have known of a result in-process: the parent sees only blocks of
 # the result arena (a fresh result as it is, anything else copied), yet
 # copy=False must refuse what it refuses in-process.  The facts are judged
-# here by the conversion layer's own rule (src/pool/copy_facts.h, through
+# here by the conversion layer's own rule (src/copy_facts.h, through
 # the pool module's facts.pxi); the parent decides.
 
 _CLEAN = (False, True, True, False)  # facts that copy=False refuses nothing for

@@ -37,7 +37,7 @@ F32, C64 = tf.float32, tf.complex64
     (cf.torch_view_of_fresh, "torch", F32, "aliasing"),
     (cf.torch_conjugate, "torch", C64, "lazy"),
     (cf.torch_as_numpy, "torch", F32, "aliasing"),
-    # Each part of the one rule both sides call (src/pool/copy_facts.h):
+    # Each part of the one rule both sides call (src/copy_facts.h):
     (cf.weakly_held, "numpy", F32, "aliasing"),          # pfb_weakly_referenced
     (cf.view_of_weakly_held, "numpy", F32, "aliasing"),  # pfb_writable_elsewhere's chain
     (cf.input_first_row, "numpy", F32, None),            # its end: an input

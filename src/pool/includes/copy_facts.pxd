@@ -1,4 +1,4 @@
-# The one declaration of copy_facts.h, the copy facts' rule that the
+# The one declaration of src/copy_facts.h, the copy facts' rule that the
 # conversion layer (in-process) and a pool's workers (facts.pxi) both call.
 from libc.stdint cimport uintptr_t
 from cpython.ref cimport PyObject

@@ -2,15 +2,16 @@
  * alignment.  The one rule, which the conversion layer judges in this
  * process (src/conversion/copy.pxi, outputs.pxi, converters.pxi,
  * frameworks.pxi) and a pool's workers judge for the parent's copy=False
- * (src/pool/facts.pxi, called by pyfunc_bridge/worker/copy_facts.py): so
- * copy=False refuses in a pool what it refuses in-process.  The copy
- * decision on the facts is _copy_reason's (copy.pxi).
+ * (src/pool/facts.pxi, called by pyfunc_bridge/worker/copy_facts.py, and
+ * the result arena's exclusivity, result_arena.pxi): so copy=False refuses
+ * in a pool what it refuses in-process.  The copy decision on the facts is
+ * _copy_reason's (copy.pxi).  Declared once, src/pool/includes/copy_facts.pxd.
  *
  * Header-only: each extension compiles its own copy, and the worker's needs
  * no TensorFlow.  Include after Python.h and numpy/arrayobject.h.
  */
-#ifndef PFB_POOL_COPY_FACTS_H_
-#define PFB_POOL_COPY_FACTS_H_
+#ifndef PFB_COPY_FACTS_H_
+#define PFB_COPY_FACTS_H_
 
 #include <stdint.h>
 
@@ -27,24 +28,7 @@ typedef int (*pfb_chain_end_fn)(PyObject *end, void *ctx);
 static inline int pfb_weakly_referenced(PyObject *obj) {
   Py_ssize_t offset = Py_TYPE(obj)->tp_weaklistoffset;
   if (offset > 0) return *(PyObject **)((char *)obj + offset) != NULL;
-  if (offset == 0) return 0;
-  /* Managed weak references (Python 3.12's heap types): ask weakref. */
-  static PyObject *count = NULL; /* weakref.getweakrefcount, kept for the process */
-  if (count == NULL) {
-    PyObject *module = PyImport_ImportModule("weakref");
-    if (module != NULL) {
-      count = PyObject_GetAttrString(module, "getweakrefcount");
-      Py_DECREF(module);
-    }
-  }
-  PyObject *n = count != NULL ? PyObject_CallOneArg(count, obj) : NULL;
-  int found = n != NULL ? PyObject_IsTrue(n) : -1;
-  Py_XDECREF(n);
-  if (found < 0) {
-    PyErr_Clear();
-    return 1; /* unknown: assume one, which only makes a copy */
-  }
-  return found;
+  return offset != 0; /* managed weak references (3.12 heap types): assume one, which only copies */
 }
 
 /* Whether Python could write ndarray `obj`'s memory after the call, given
@@ -145,4 +129,4 @@ static inline int pfb_inside(uintptr_t start, uintptr_t nbytes, PyObject *ranges
   return 0;
 }
 
-#endif /* PFB_POOL_COPY_FACTS_H_ */
+#endif /* PFB_COPY_FACTS_H_ */
