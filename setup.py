@@ -199,8 +199,9 @@ POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/records.c",
 pool_worker = Extension(
     "pyfunc_bridge._pool",
     sources=["src/pool/_pool.pyx"] + POOL_C_SOURCES,
-    depends=sorted(glob.glob("src/pool/*.h")),
-    include_dirs=[np.get_include(), "src/pool"],
+    # src/copy_facts.h: the conversion layer's copy facts, which workers judge too.
+    depends=sorted(glob.glob("src/pool/*.h")) + ["src/copy_facts.h"],
+    include_dirs=[np.get_include(), "src/pool", "src"],
     # PyDataMem_SetHandler is NumPy 1.22 API.
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
                    ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
@@ -216,7 +217,7 @@ CYTHON_BUILD_DIR = os.path.join(
 setup(
     ext_modules=[kernels] + cythonize(
         [conversion],
-        include_path=["src/conversion"],
+        include_path=["src/conversion", "src/pool"],
         compiler_directives={"language_level": 3},
         build_dir=CYTHON_BUILD_DIR,
         quiet=True,

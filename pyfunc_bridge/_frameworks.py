@@ -3,6 +3,7 @@ cross the bridge.  Each framework is imported only when an op is built for it.
 
 The adapter protocol is documented once, on :class:`Adapter`.
 """
+import operator
 import threading
 
 
@@ -270,6 +271,65 @@ def not_exported(value, index, reason, want=None):
     return (f"output {index}: the function returned a {type(value).__name__}"
             f"{'' if dtype is None else f' of dtype {dtype}'}, which pyfunc_bridge cannot "
             f"hand to TensorFlow ({reason}); {to} before returning it")
+
+
+class ResultError(ValueError):
+    """A framework result that cannot be handed to TensorFlow as it is
+    (result_capsule's refusals); the conversion layer raises its text as a
+    result that does not match the op's declaration.  `reason`: why the
+    adapter's export refused it (not_exported's), else None."""
+
+    def __init__(self, text, reason=None):
+        super().__init__(text)
+        self.reason = reason
+
+
+def resolved(adapter, value):
+    """(what the bridge exports for result `value`, whether that is a lazy
+    view's resolved copy): `adapter`'s resolve (torch's conjugate and negative
+    views), or `value` itself.  One rule, in this process (frameworks.pxi,
+    _export_dlpack_output) and in a pool's workers (worker/values.py,
+    worker/copy_facts.py)."""
+    resolve = getattr(adapter, "resolve", None)
+    if resolve is not None:
+        made = resolve(value)
+        if made is not None:
+            return made, True
+    return value, False
+
+
+def dlpack_device(value):
+    """``value.__dlpack_device__()``, checked: a (device_type, device_id) pair of ints."""
+    device = value.__dlpack_device__()
+    try:
+        if isinstance(device, tuple) and len(device) == 2:
+            return (operator.index(device[0]), operator.index(device[1]))
+    except TypeError:
+        pass
+    raise BufferError(
+        f"{type(value).__name__}.__dlpack_device__() returned {device!r:.80}; the DLPack "
+        f"protocol requires a (device_type, device_id) tuple of two ints")
+
+
+def result_capsule(to_capsule, value, index, on_host=True):
+    """The DLPack capsule of result `value` (output `index`) that its
+    adapter's `to_capsule` makes, or None: then ``value.__dlpack__`` exports
+    it.  Raises ResultError, with the one text in this process
+    (frameworks.pxi) and in a pool's workers (worker/values.py), where the
+    adapter's export refuses it (torch's bit types) or where it is in device
+    memory and the op (`on_host`) reads host memory."""
+    try:
+        capsule = to_capsule(value)
+    except BufferError as exc:
+        raise ResultError(not_exported(value, index, exc), exc) from None
+    if capsule is None and on_host:
+        device_type, device_id = dlpack_device(value)
+        if device_type != 1:  # kDLCPU
+            raise ResultError(
+                f"output {index} is a {type(value).__name__} in device memory (DLPack device "
+                f"{device_type}:{device_id}); this op runs on TensorFlow's CPU kernel, "
+                f"which reads host memory; return a CPU array (e.g. tensor.cpu())")
+    return capsule
 
 
 # Registered with the conversion layer when it loads (frameworks.pxi).

@@ -3,6 +3,8 @@ pool to refuse exactly as well (tests/pool/test_process_pool_copy.py names
 each with its Tout and the reason, test_pool_ring_calls.py runs them over the
 rings).  Like process_functions.py, a module that imports only NumPy (torch
 inside the functions that need it): workers import it by name."""
+import weakref
+
 import numpy as np
 
 SHARED = np.arange(6.0, dtype=np.float32)  # module state: a result that stays reachable
@@ -91,3 +93,48 @@ def large_fresh(x):
 
 def large_transposed(x):
     return np.ones((256, 256), np.float32).T
+
+
+# The copy facts' rule (src/copy_facts.h), case by case: a weak
+# reference, a chain base held elsewhere, an input view, an offset into a
+# fresh array, a list result kept by the function.
+_WEAK = []
+_KEPT = []
+
+
+def weakly_held(x):
+    made = np.ones(4, np.float32)
+    _WEAK[:] = [weakref.ref(made)]  # a weak reference can hand it out again
+    return made
+
+
+def view_of_weakly_held(x):
+    whole = np.ones(8, np.float32)
+    _WEAK[:] = [weakref.ref(whole)]
+    return whole[:4]
+
+
+def input_first_row(x):
+    return x[:1]  # TensorFlow's memory, compact and aligned: shared as it is
+
+
+def aligned_view_of_fresh(x):
+    return np.ones(32, np.float32)[16:]  # 64 bytes into a fresh array
+
+
+def unaligned_view_of_fresh(x):
+    return np.ones(20, np.float32)[1:17]
+
+
+def kept_list(x):
+    _KEPT[:] = [[np.ones(4, np.float32)]]
+    return _KEPT[0]  # the list stays reachable, and so do its items
+
+
+def fresh_twice(x):
+    made = np.ones(4, np.float32)
+    return (made, made)
+
+
+def torch_input_first_row(x):
+    return x[:1]  # a view of the input: TensorFlow's memory, not foreign

@@ -516,3 +516,24 @@ def logged_sleep(i, seconds, folder):
     with open(os.path.join(folder, f"{int(i)}.end"), "w") as f:
         f.write(repr(time.time()))
     return np.int64(i)
+
+
+class DeviceArray:
+    """A DLPack producer in CUDA memory (it never exports: the bridge refuses
+    it on a CPU op first)."""
+
+    def __dlpack__(self, **kwargs):
+        raise AssertionError("pyfunc_bridge: not to be asked for a device capsule")
+
+    def __dlpack_device__(self):
+        return (2, 0)  # kDLCUDA
+
+
+def device_result(_):
+    return DeviceArray()
+
+
+def torch_bits16(_):
+    """A torch tensor of a bit type, which torch's own DLPack export refuses."""
+    import torch
+    return torch.zeros(4, dtype=torch.int16).view(torch.bits16)

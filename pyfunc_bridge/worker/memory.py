@@ -41,7 +41,9 @@ class WorkerMemory(CopyFacts):
         and torch tensor made from one keeps it alive, and its weak reference's
         callback runs when the last of them goes, whenever that is."""
         block = self.np.frombuffer(self.input_map, self.np.uint8, count=size, offset=offset)
-        ref = weakref.ref(block, self._input_gone)
+        # The weak reference is to its memoryview, which dies with it: the
+        # copy facts' rule then sees the block as any other array of a chain.
+        ref = weakref.ref(block.base, self._input_gone)
         self.input_blocks[id(ref)] = (ref, offset)
         return block
 

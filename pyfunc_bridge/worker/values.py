@@ -19,10 +19,17 @@ def adapter_named(name):
 
 def framework_adapter(value):
     """The adapter (pyfunc_bridge/_frameworks.py) that judges results of
-    `value`'s type, or None."""
+    `value`'s type, or None (the module is loaded: `_frameworks`)."""
     _load_adapters()
     top = getattr(type(value), "__module__", None)
     return _adapters.get(top.partition(".")[0]) if isinstance(top, str) else None
+
+
+def frameworks():
+    """pyfunc_bridge/_frameworks.py, the rules its functions share with the
+    conversion layer (resolved, result_capsule, not_exported)."""
+    _load_adapters()
+    return _frameworks
 
 
 def _load_adapters():
@@ -42,26 +49,31 @@ def _load_adapters():
 
 
 def as_numpy(np, value, framework, index=0):
-    """A framework's array (output `index`) as an ndarray (the parent takes
-    NumPy values)."""
-    if framework == "torch" and type(value).__module__.startswith("torch"):
-        import torch
-        if isinstance(value, torch.Tensor):
-            if value.requires_grad:
-                # In-process the bridge exports it by DLPack, which refuses
-                # it (torch's BufferError, "use tensor.detach()"): so here.
-                value.__dlpack__()
-            value = value.detach().cpu()
-            resolved = adapter_named("torch").resolve(value)  # its lazy views, as in-process
-            try:
-                return _torch_numpy(np, value if resolved is None else resolved)
-            except TypeError as exc:  # a dtype NumPy has none for (complex32, float8)
-                raise TypeError(_frameworks.not_exported(value, index, exc)) from None
-    if framework == "jax" and hasattr(value, "__array__") and hasattr(value, "__dlpack__"):
-        return np.asarray(value)
-    if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
+    """A result (output `index`) as NumPy's (the parent takes NumPy values).
+    A framework's array is first what the bridge exports of it in-process,
+    refused as there with the same text (_frameworks.py's resolved and
+    result_capsule, which frameworks.pxi calls too)."""
+    if isinstance(value, (np.ndarray, np.generic)) or not hasattr(type(value), "__dlpack__"):
+        return value
+    if framework is None:
         return np.from_dlpack(value)
-    return value
+    adapter = framework_adapter(value)
+    value, _ = _frameworks.resolved(adapter, value)
+    capsule = _frameworks.result_capsule(getattr(adapter, "to_capsule", _no_capsule),
+                                         value, index)
+    try:
+        if capsule is not None and type(value).__module__.startswith("torch"):
+            return _torch_numpy(np, value)  # (its bfloat16 too)
+        if framework == "jax" and hasattr(value, "__array__"):
+            return np.asarray(value)  # (ml_dtypes' bfloat16 too)
+        # Its own export, as in-process (torch's refuses a tensor that requires grad).
+        return np.from_dlpack(value)
+    except TypeError as exc:  # a dtype NumPy has none for (complex32, float8)
+        raise TypeError(_frameworks.not_exported(value, index, exc)) from None
+
+
+def _no_capsule(value):
+    return None
 
 
 def _torch_numpy(np, t):

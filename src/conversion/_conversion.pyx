@@ -62,7 +62,6 @@ from cpython.pycapsule cimport (
 )
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from cpython.weakref cimport PyWeakref_GET_OBJECT
-from cpython.list cimport PyList_Check, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.tuple cimport (
     PyTuple_Check, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM,
 )
@@ -73,6 +72,7 @@ from libc.string cimport memcmp, memcpy, memset, strcmp, strlen, strncpy
 cimport numpy as cnp
 
 from includes.bridge_abi cimport *
+from includes.copy_facts cimport *  # src/pool/includes: the rule a worker calls too
 from includes.dlpack cimport *
 from includes.numpy_c cimport (
     NPY_ARRAY_OWNDATA, NPY_ARRAY_WRITEABLE, PyArray_BASE, PyArray_FLAGS, PyArray_Check, PyArray_DATA,

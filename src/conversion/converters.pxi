@@ -232,8 +232,6 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
     (eager NumPy functions; _export_output's).
     """
     cdef int i, n = call.num_outputs
-    cdef Py_ssize_t held
-    cdef PyObject* item
     if n == 1 and result is not None and not isinstance(result, (list, tuple)):
         _export_result(call, 0, <PyObject*>result, outside_refs, dlpack, ranges, counts, True,
                        refused, convert)
@@ -250,13 +248,8 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
         # count is taken before the first export adds references.
         items = result if type(result) is tuple else tuple(result)
         if PyTuple_GET_SIZE(items) == n:
-            outside = []
-            for i in range(n):
-                item = PyTuple_GET_ITEM(items, i)
-                held = _stored(items, item)
-                if items is not result:
-                    held += _stored(result, item)
-                outside.append(Py_REFCNT(item) - held + (1 if outside_refs > 0 else 0))
+            outside = [pfb_item_outside_refs(<PyObject*>items, <PyObject*>result, i,
+                                             outside_refs) for i in range(n)]
             for i in range(n):
                 _export_result(call, i, PyTuple_GET_ITEM(items, i), outside[i], dlpack,
                                ranges, counts, False, refused, convert)
@@ -265,21 +258,6 @@ cdef int _export_outputs(PfbCall* call, object result, Py_ssize_t outside_refs,
     # what iteration yielded.
     _check_count(result if items is None else items, n, _ONE_ARRAY)
     return 0
-
-
-cdef Py_ssize_t _stored(object container, PyObject* item):
-    """How often the list or tuple `container` holds `item` in its storage
-    (0 for any other object, whatever isinstance says of it)."""
-    cdef Py_ssize_t i, count = 0
-    if PyList_Check(container):
-        for i in range(PyList_GET_SIZE(container)):
-            if PyList_GET_ITEM(container, i) == item:
-                count += 1
-    elif PyTuple_Check(container):
-        for i in range(PyTuple_GET_SIZE(container)):
-            if PyTuple_GET_ITEM(container, i) == item:
-                count += 1
-    return count
 
 
 cdef inline int _export_result(PfbCall* call, int i, PyObject* item, Py_ssize_t refs,

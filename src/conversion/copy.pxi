@@ -94,47 +94,23 @@ cdef inline bint _aligned(const void* data) noexcept:
 
 # ------------------------------------------------------------------ facts
 
-cdef object _getweakrefcount = weakref.getweakrefcount
+cdef int _input_end(PyObject* end, void* ctx) noexcept:
+    """How the conversion layer judges the end of a result's base chain
+    (copy_facts.h's pfb_writable_elsewhere, the one rule): a read-only input
+    view is TF memory that nobody can write; an input that is the call's alone
+    is safe while only the chain reaches it."""
+    if Py_TYPE(end) != <PyTypeObject*>_DLPackOwner:
+        return PFB_END_FOREIGN
+    if not (<_DLPackOwner>end).writable:
+        return PFB_END_READ_ONLY
+    return PFB_END_PRIVATE if _private_input(end) else PFB_END_FOREIGN
 
 
-cdef bint _weakly_referenced(PyObject* obj):
-    """Whether a weak reference (which can hand the object out again) exists."""
-    cdef Py_ssize_t offset = (<PyTypeWeaklist*>Py_TYPE(obj)).tp_weaklistoffset
-    if offset > 0:
-        return (<PyObject**>(<char*>obj + offset))[0] != NULL
-    return offset != 0 and _getweakrefcount(<object>obj) > 0
-
-
-cdef bint _array_writable_elsewhere(PyObject* obj, Py_ssize_t outside_refs):
+cdef inline bint _array_writable_elsewhere(PyObject* obj, Py_ssize_t outside_refs) noexcept:
     """Whether Python could write a result ndarray's memory after the call,
-    given the `outside_refs` references to it that the bridge does not hold.
-
-    Runs on borrowed pointers so that no reference taken here skews the counts.
-    The memory is safe when every array on the base chain is referenced
-    (strongly, and not weakly) only by its successor, and the chain ends at an
-    array that owns its data (a fresh array or a private view of one), or at a
-    read-only input view (TF memory that nobody can write).
-    """
-    cdef PyArrayObject* arr = <PyArrayObject*>obj
-    cdef PyObject* last = obj
-    cdef bint exclusive = outside_refs == 0 and not _weakly_referenced(obj)
-    cdef PyObject* base = PyArray_BASE(arr)
-    while base != NULL and PyArray_Check(base):
-        if Py_REFCNT(base) != 1 or _weakly_referenced(base):
-            exclusive = False
-        last = base
-        base = PyArray_BASE(<PyArrayObject*>base)
-    if base != NULL:
-        # A view of memory we did not allocate: safe for read-only input views
-        # (nobody can write TF's memory through them), and for an input that
-        # is the call's alone when only this private chain reaches it.
-        if Py_TYPE(base) == <PyTypeObject*>_DLPackOwner and not (<_DLPackOwner>base).writable:
-            exclusive = True
-        else:
-            exclusive = exclusive and _private_input(base)
-    elif not (PyArray_FLAGS(<PyArrayObject*>last) & NPY_ARRAY_OWNDATA):
-        exclusive = False  # foreign memory wrapped without an owner
-    return not exclusive
+    given the `outside_refs` references to it that the bridge does not hold:
+    copy_facts.h's rule, which a pool's workers judge with too."""
+    return pfb_writable_elsewhere(obj, outside_refs, _input_end, NULL)
 
 
 cdef bint _private_input(PyObject* base):
@@ -143,7 +119,7 @@ cdef bint _private_input(PyObject* base):
     if Py_TYPE(base) != <PyTypeObject*>_DLPackOwner:
         return False
     # Read before the cast below, which may take a reference.
-    cdef bint sole = Py_REFCNT(base) == 1 and not _weakly_referenced(base)
+    cdef bint sole = Py_REFCNT(base) == 1 and not pfb_weakly_referenced(base)
     return sole and (<_DLPackOwner>base).private
 
 
@@ -155,7 +131,7 @@ cdef bint _owned_memory(PyObject* obj):
     the copy decision made the chain private (_array_writable_elsewhere)."""
     cdef PyObject* base = PyArray_BASE(<PyArrayObject*>obj)
     while base != NULL and PyArray_Check(base):
-        if Py_REFCNT(base) != 1 or _weakly_referenced(base):
+        if Py_REFCNT(base) != 1 or pfb_weakly_referenced(base):
             return False
         obj = base
         base = PyArray_BASE(<PyArrayObject*>base)
@@ -190,7 +166,8 @@ cdef object _dl_copy_reason(const DLTensor* t, int copy_mode, bint writable_else
 cdef object _array_copy_reason(PyArrayObject* arr, int copy_mode, bint writable_elsewhere):
     """_copy_reason with the layout facts of an ndarray."""
     return _copy_reason(copy_mode, PyArray_SIZE(arr) == 0, writable_elsewhere,
-                        PyArray_IS_C_CONTIGUOUS(arr), _aligned(PyArray_DATA(arr)))
+                        PyArray_IS_C_CONTIGUOUS(arr),
+                        pfb_array_aligned(<PyObject*>arr, PFB_TENSOR_ALIGNMENT, False))
 
 
 cdef DLManagedTensorVersioned* _input_given_back(PyObject* raw, Py_ssize_t outside_refs,
@@ -210,7 +187,7 @@ cdef DLManagedTensorVersioned* _input_given_back(PyObject* raw, Py_ssize_t outsi
     cdef PyArrayObject* arr = <PyArrayObject*>raw
     cdef PyObject* base = PyArray_BASE(arr)
     if (outside_refs != 0 or base == NULL or Py_TYPE(base) != <PyTypeObject*>_DLPackOwner
-            or Py_REFCNT(base) != 1 or _weakly_referenced(raw)):
+            or Py_REFCNT(base) != 1 or pfb_weakly_referenced(raw)):
         return NULL
     cdef DLManagedTensorVersioned* m = (<_DLPackOwner>base).managed
     if m == NULL or ((<_DLPackOwner>base).writable and not (<_DLPackOwner>base).private):

@@ -6,14 +6,19 @@
 # resolve.
 
 from functools import partial
-from operator import index as _index
 
 cdef dict _adapters_by_module = {}   # top-level module name -> adapter
 # id(result type) -> (weak reference to the type, handler).  Weakly keyed, so
 # that dynamically made classes are not kept alive; an entry goes when its
 # type dies, and the reference check catches an id reused before that.
 cdef dict _handlers = {}
-cdef object _not_exported = None  # _frameworks.not_exported: the text, once for workers too
+# pyfunc_bridge/_frameworks.py's rules, which a pool's workers call too: the
+# not-exported text, lazy views, the adapter's export and its refusals.
+cdef object _not_exported = None
+cdef object _resolved_by = None
+cdef object _result_capsule = None
+cdef object _ResultError = None
+cdef object _dlpack_device = None
 
 
 def register_framework(adapter):
@@ -25,9 +30,12 @@ def register_framework(adapter):
 
 def _register_adapters():
     """Every framework's arrays are judged by its adapter (imports no framework)."""
-    global _not_exported
-    from pyfunc_bridge._frameworks import ADAPTERS, not_exported
-    _not_exported = not_exported
+    global _not_exported, _resolved_by, _result_capsule, _ResultError, _dlpack_device
+    from pyfunc_bridge import _frameworks
+    _not_exported, _resolved_by = _frameworks.not_exported, _frameworks.resolved
+    _result_capsule, _ResultError = _frameworks.result_capsule, _frameworks.ResultError
+    _dlpack_device = _frameworks.dlpack_device
+    ADAPTERS = _frameworks.ADAPTERS
     for adapter in ADAPTERS.values():
         register_framework(adapter)
 
@@ -53,7 +61,8 @@ def _forget_handler(ref, key):
 
 
 cdef tuple _handler(object tp):
-    """(writable_elsewhere, to_capsule, resolve or None) for results of type `tp`."""
+    """(writable_elsewhere, to_capsule, the adapter where it resolves lazy
+    views or None) for results of type `tp`."""
     key = id(tp)
     entry = _handlers.get(key)
     if entry is not None and (<tuple>entry)[0]() is tp:
@@ -69,7 +78,7 @@ cdef tuple _handler(object tp):
         else:
             handler = (adapter.writable_elsewhere,
                        getattr(adapter, "to_capsule", _no_capsule),
-                       getattr(adapter, "resolve", None))
+                       adapter if hasattr(adapter, "resolve") else None)
     _handlers[key] = (weakref.ref(tp, partial(_forget_handler, key=key)), handler)
     return <tuple>handler
 
@@ -77,35 +86,15 @@ cdef tuple _handler(object tp):
 cdef object _resolved(object obj):
     """A resolved copy of `obj` when its framework says its memory does not hold
     its values as they read (torch's lazy conjugate / negative views); else None."""
-    resolve = (<tuple>_handler(type(obj)))[2]
-    return None if resolve is None else resolve(obj)
-
-
-cdef tuple _dlpack_device(object obj):
-    """``obj.__dlpack_device__()``, checked: a (device_type, device_id) pair of ints."""
-    device = obj.__dlpack_device__()
-    try:
-        if isinstance(device, tuple) and len(device) == 2:
-            return (_index(device[0]), _index(device[1]))
-    except TypeError:
-        pass
-    raise BufferError(
-        f"{type(obj).__name__}.__dlpack_device__() returned {device!r:.80}; the DLPack "
-        f"protocol requires a (device_type, device_id) tuple of two ints")
+    adapter = (<tuple>_handler(type(obj)))[2]
+    if adapter is None:
+        return None
+    made, lazy = _resolved_by(adapter, obj)
+    return made if lazy else None
 
 
 cdef bint _is_eager_tensor_type(object tp):
     return issubclass(tp, _eager_type())
-
-
-cdef bint _inside(const DLTensor* t, list ranges):
-    """Whether the tensor lies in an input's memory (TensorFlow's, immutable)."""
-    cdef uintptr_t start = <uintptr_t>t.data + t.byte_offset
-    cdef uintptr_t end = start + _nbytes(t)
-    for lo, hi in ranges:
-        if lo <= start and end <= hi:
-            return True
-    return False
 
 
 cdef DLManagedTensorVersioned* _consume(object obj, bint allow_cuda,
@@ -179,30 +168,23 @@ cdef DLManagedTensorVersioned* _export_dlpack_output(
             or getattr(tp, "__dlpack__", None) is None or isinstance(value, np.generic)):
         return _export_output(raw, outside_refs, index, spec, copy_mode, counts,
                               False, False, None, convert)
-    writable_elsewhere, to_capsule, resolve = _handler(tp)
+    writable_elsewhere, to_capsule, resolver = _handler(tp)
     # A lazy view (torch's conjugate / negative views) is a fact: its memory
     # does not hold the values, so its adapter's resolved tensor, fresh and
     # held by nobody else, is what is exported; the copy decision names it.
     cdef bint lazy = False
-    if resolve is not None:
-        resolved = resolve(value)
-        if resolved is not None:
-            value = resolved
-            lazy = True
+    if resolver is not None:
+        value, lazy = _resolved_by(resolver, value)
     cdef bint foreign = (copy_mode != PFB_COPY_TRUE and not lazy
                          and writable_elsewhere(value, outside_refs))
     cdef bint on_host = spec.device.device_type == kDLCPU
     try:
-        capsule = to_capsule(value)
-    except BufferError as exc:  # the adapter's own export refused it (torch's bit types)
-        _raise_not_exported(value, index, spec, exc)
+        capsule = _result_capsule(to_capsule, value, index, on_host)
+    except _ResultError as exc:  # the adapter's export refused it, or device memory
+        if exc.reason is not None:
+            _raise_not_exported(value, index, spec, exc.reason)  # naming the declared dtype
+        raise _OutputError(str(exc)) from None
     if capsule is None:
-        device_type, device_id = _dlpack_device(value)
-        if on_host and device_type != kDLCPU:
-            raise _OutputError(
-                f"output {index} is a {tp.__name__} in device memory (DLPack device "
-                f"{device_type}:{device_id}); this op runs on TensorFlow's CPU kernel, "
-                f"which reads host memory; return a CPU array (e.g. tensor.cpu())")
         capsule = value
     consumer = <uintptr_t>stream if stream != NULL else None
     cdef DLManagedTensorVersioned* m
@@ -248,7 +230,7 @@ cdef DLManagedTensorVersioned* _export_owner(
             f"{_dtype_name(spec.dtype)} or declare Tout=tf.{_dtype_name(t.dtype)}")
     if spec.ndim >= 0:  # (the description is built only where a shape is declared)
         _check_dims(t.ndim, t.shape, spec, index, f"a {tp.__name__}")
-    if foreign and _inside(t, ranges):
+    if foreign and pfb_inside(<uintptr_t>t.data + t.byte_offset, _nbytes(t), ranges):
         foreign = False  # a view of an input: TensorFlow's memory, which nobody may write
     reason = _dl_copy_reason(t, copy_mode, foreign, lazy)
     if counts != NULL:

@@ -24,6 +24,7 @@ from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZ
 cimport numpy as cnp
 
 from includes.arena cimport *
+from includes.copy_facts cimport *
 from includes.dispatch cimport *
 from includes.numpy_handler cimport PyDataMem_Handler, PyDataMem_SetHandler
 from includes.pthread cimport *
@@ -46,4 +47,5 @@ include "ring.pxi"          # Channel
 include "reply.pxi"         # NativeArena, Reply: the one decoder of a DONE
 include "route.pxi"         # Route, Declined, DispatchFailed
 include "dispatcher.pxi"    # Dispatcher
+include "facts.pxi"         # a worker's copy facts (copy_facts.h)
 include "result_arena.pxi"  # ResultArena and its NumPy handler

@@ -124,14 +124,6 @@ cdef void _destroy_handler(object capsule) noexcept:
         _destroy_handler_parts(h)
 
 
-cdef Py_ssize_t _weaklist_offset = (<PyTypeWeaklist*>&PyArray_Type).tp_weaklistoffset
-
-
-cdef inline bint _weakly_referenced(PyObject* arr) noexcept:
-    return (_weaklist_offset > 0
-            and (<PyObject**>(<char*>arr + _weaklist_offset))[0] != NULL)
-
-
 cdef class ResultArena:
     """A worker's result arena (a writable buffer: the mapping of its memfd)
     with its block allocator and NumPy data-memory handler.
@@ -261,22 +253,15 @@ cdef class ResultArena:
         allocated and only its one referrer (the result, or its container)
         can reach it."""
         cdef _Handler* h = self._h
-        cdef PyObject* last = obj
-        cdef PyObject* base
         cdef PfbArenaBlock* block
         cdef uint64_t offset
         cdef bint fresh
         cdef void* data
-        if Py_TYPE(obj) != &PyArray_Type or Py_REFCNT(obj) != 1 or _weakly_referenced(obj):
+        # The copy facts' rule (copy_facts.h), every chain end foreign: memory
+        # NumPy did not allocate (a buffer, an input's view) is not the call's.
+        if (Py_TYPE(obj) != &PyArray_Type
+                or pfb_writable_elsewhere(obj, Py_REFCNT(obj) - 1, _foreign_end, NULL)):
             return
-        base = PyArray_BASE(<PyArrayObject*>obj)
-        while base != NULL and PyArray_Check(base):
-            if Py_REFCNT(base) != 1 or _weakly_referenced(base):
-                return  # another view, or a name, reaches the memory
-            last = base
-            base = PyArray_BASE(<PyArrayObject*>base)
-        if base != NULL or not PyArray_FLAGS(<PyArrayObject*>last) & NPY_ARRAY_OWNDATA:
-            return  # memory NumPy did not allocate (a buffer, an input's view)
         data = PyArray_DATA(<PyArrayObject*>obj)
         if (not _in_arena(h, data) or not PyArray_IS_C_CONTIGUOUS(<PyArrayObject*>obj)
                 or PyArray_NBYTES(<PyArrayObject*>obj) == 0):

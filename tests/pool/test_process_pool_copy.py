@@ -37,6 +37,15 @@ F32, C64 = tf.float32, tf.complex64
     (cf.torch_view_of_fresh, "torch", F32, "aliasing"),
     (cf.torch_conjugate, "torch", C64, "lazy"),
     (cf.torch_as_numpy, "torch", F32, "aliasing"),
+    # Each part of the one rule both sides call (src/copy_facts.h):
+    (cf.weakly_held, "numpy", F32, "aliasing"),          # pfb_weakly_referenced
+    (cf.view_of_weakly_held, "numpy", F32, "aliasing"),  # pfb_writable_elsewhere's chain
+    (cf.input_first_row, "numpy", F32, None),            # its end: an input
+    (cf.aligned_view_of_fresh, "numpy", F32, None),      # pfb_array_aligned
+    (cf.unaligned_view_of_fresh, "numpy", F32, "unaligned"),
+    (cf.kept_list, "numpy", [F32], "aliasing"),          # pfb_item_outside_refs
+    (cf.fresh_twice, "numpy", [F32, F32], None),
+    (cf.torch_input_first_row, "torch", F32, None),      # pfb_inside
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_copy_false_refuses_in_a_pool_what_it_refuses_in_process(pool, func, framework,
                                                                  tout, refused, eager_path):

@@ -3,6 +3,7 @@ in-process ones, for every API, framework, result kind and payload size, and
 the workers are processes of their own."""
 import gc
 import os
+import re
 import threading
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
-from conftest import in_arena
+from conftest import in_arena, without_op_label
 import pyfunc_bridge as pfb
 from pyfunc_bridge.pool import process_pool as _process
 from process_pool_helpers import run_script
@@ -155,6 +156,26 @@ def test_a_torch_function_that_writes_its_input_fails_as_in_process(pool, shape,
                                  framework="torch", executor=executor)
         np.testing.assert_array_equal(got.numpy(), np.full(shape, 2.0, np.float32))
         np.testing.assert_array_equal(x.numpy(), np.ones(shape, np.float32))
+
+@pytest.mark.parametrize("func, args, tout", [
+    (pf.device_result, [tf.constant(1.0)], tf.float32),    # device memory on a CPU op
+    (pf.torch_bits16, [tf.constant(1)], tf.int16),         # the adapter's export refuses it
+    (pf.torch_requires_grad, [tf.constant(10)], tf.float32),  # torch's own export refuses it
+], ids=lambda v: getattr(v, "__name__", None))
+def test_a_framework_result_is_refused_with_the_in_process_text(pool, torch, func, args, tout):
+    """One rule turns a framework's result into what crosses, in-process and
+    in a worker (_frameworks.py's resolved and result_capsule): the same
+    refusal and text.  The worker does not know Tout's dtype, which the
+    parent's text names."""
+    def text(executor):
+        with pytest.raises(tf.errors.OpError) as raised:
+            pfb.array_function(func, args, tout, framework="torch", executor=executor)
+        first = without_op_label(raised.value.message).partition("\n")[0]
+        return first.partition(": ")[2]  # after "pyfunc_bridge" or the exception's class
+    want = re.sub(r"Tout declares (\w+): convert the result to \1",
+                  "convert the result to its declared Tout", text(None))
+    assert text(pool) == want
+
 
 def test_a_torch_result_that_requires_grad_fails_as_in_process(pool, torch):
     for executor in (None, pool):

@@ -1,0 +1,63 @@
+# A worker's copy facts (docs/pool.md, copy=False): the conversion layer's
+# own rule (copy_facts.h) judged on the worker's memory, where an input block
+# (np.frombuffer's memoryview of the input arena) stands for TensorFlow's
+# input memory.  pyfunc_bridge/worker/copy_facts.py calls these.
+
+cdef extern from "Python.h":
+    ctypedef struct Py_buffer_obj "Py_buffer":
+        PyObject* obj
+    Py_buffer_obj* PyMemoryView_GET_BUFFER(PyObject* view)
+    PyTypeObject PyMemoryView_Type
+
+
+cdef struct _InputArena:
+    PyObject* input_map  # the input arena's mapping
+    bint read_only       # its blocks stand for read-only TF memory
+
+
+cdef int _foreign_end(PyObject* end, void* ctx) noexcept:
+    return PFB_END_FOREIGN
+
+
+cdef int _input_block_end(PyObject* end, void* ctx) noexcept:
+    """An input block is read-only TF memory in-process, or (writable) the
+    call's alone while only the chain holds it (its one weak reference is the
+    worker's: WorkerMemory.input_block)."""
+    cdef _InputArena* inputs = <_InputArena*>ctx
+    if Py_TYPE(end) != &PyMemoryView_Type or PyMemoryView_GET_BUFFER(end).obj != inputs.input_map:
+        return PFB_END_FOREIGN
+    if inputs.read_only:
+        return PFB_END_READ_ONLY
+    return PFB_END_PRIVATE if Py_REFCNT(end) == 1 else PFB_END_FOREIGN
+
+
+def writable_elsewhere(cnp.ndarray arr not None, Py_ssize_t outside_refs, bint read_only,
+                       input_map):
+    """Whether Python could write result `arr`'s memory after the call, as the
+    conversion layer judges in-process (`outside_refs`: references to it the
+    worker does not hold; `read_only`: input blocks are read-only)."""
+    cdef _InputArena judged
+    judged.input_map = <PyObject*>input_map
+    judged.read_only = read_only
+    return pfb_writable_elsewhere(<PyObject*>arr, outside_refs, _input_block_end, &judged)
+
+
+def layout(cnp.ndarray arr not None):
+    """(compact, aligned) of `arr` as the parent would find them in-process,
+    where its allocator aligns every fresh array."""
+    return (PyArray_IS_C_CONTIGUOUS(<PyArrayObject*>arr),
+            pfb_array_aligned(<PyObject*>arr, PFB_POOL_ALIGN, True))
+
+
+def outside_refs(tuple items, result, Py_ssize_t result_outside):
+    """Per item of `items` (iterating the function's list or tuple `result`,
+    to which the worker holds all but `result_outside` references) the
+    references to it the worker does not hold, counted as in-process."""
+    return [pfb_item_outside_refs(<PyObject*>items, <PyObject*>result, i, result_outside)
+            for i in range(len(items))]
+
+
+def inside(uintptr_t start, uintptr_t nbytes, list ranges not None):
+    """Whether that memory lies in one of the call's input blocks, `ranges`:
+    TensorFlow's memory in-process, so a view of it is not foreign."""
+    return pfb_inside(start, nbytes, ranges) == 1
