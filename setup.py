@@ -188,7 +188,9 @@ conversion = Extension(
 
 # No TensorFlow flag, header or library: a worker loads this module.
 POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/records.c",
-                  "src/pool/dispatch.c"]
+                  "src/pool/dispatch_life.c", "src/pool/dispatch_queue.c",
+                  "src/pool/dispatch_reply.c", "src/pool/dispatch_route.c",
+                  "src/pool/dispatch_submit.c"]
 pool_worker = Extension(
     "pyfunc_bridge._pool",
     sources=["src/pool/_pool.pyx"] + POOL_C_SOURCES,
