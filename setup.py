@@ -162,8 +162,10 @@ kernels = Extension(
         "src/kernel/xla_ops.cc",
     ],
     # The headers too: pool_route.cc embeds the dispatcher's structs, so a
-    # kernel built against older ones would misread a pool module's memory.
-    depends=sorted(glob.glob("src/*.h") + glob.glob("src/kernel/*.h") + glob.glob("src/pool/*.h")),
+    # kernel built against older ones would misread a pool module's memory
+    # (not dispatch_internal.h, which the kernel never includes).
+    depends=sorted(glob.glob("src/*.h") + glob.glob("src/kernel/*.h")
+                   + [h for h in glob.glob("src/pool/*.h") if not h.endswith("_internal.h")]),
     include_dirs=TF_INCLUDES + [DLPACK_INCLUDE, FARMHASH_INCLUDE, HIGHWAYHASH_INCLUDE, "src"],
     extra_compile_args=[f for f in TF_COMPILE_FLAGS if not f.startswith("-I")]
     + OPT + KERNEL_SANITIZER_FLAGS + ["-Wno-deprecated-declarations", "-Wno-sign-compare"],
