@@ -147,6 +147,7 @@ kernels = Extension(
     sources=[
         "src/kernel/ops.cc",
         "src/kernel/bridge.cc",
+        "src/kernel/inputs.cc",
         "src/kernel/eager_tensors.cc",
         "src/kernel/gpu_stream.cc",
         "src/kernel/numpy_function.cc",
