@@ -150,6 +150,7 @@ kernels = Extension(
     sources=[
         "src/kernel/ops.cc",
         "src/kernel/bridge.cc",
+        "src/kernel/inputs.cc",
         "src/kernel/eager_tensors.cc",
         "src/kernel/gpu_stream.cc",
         "src/kernel/numpy_function.cc",
@@ -169,8 +170,10 @@ kernels = Extension(
         "src/pool/reply_decode.c",
     ],
     # The headers too: pool_route.cc embeds the dispatcher's structs, so a
-    # kernel built against older ones would misread a pool module's memory.
-    depends=sorted(glob.glob("src/*.h") + glob.glob("src/kernel/*.h") + glob.glob("src/pool/*.h")),
+    # kernel built against older ones would misread a pool module's memory
+    # (not dispatch_internal.h, which the kernel never includes).
+    depends=sorted(glob.glob("src/*.h") + glob.glob("src/kernel/*.h")
+                   + [h for h in glob.glob("src/pool/*.h") if not h.endswith("_internal.h")]),
     include_dirs=TF_INCLUDES + [DLPACK_INCLUDE, FARMHASH_INCLUDE, HIGHWAYHASH_INCLUDE, "src"],
     extra_compile_args=[f for f in TF_COMPILE_FLAGS if not f.startswith("-I")]
     + OPT + KERNEL_SANITIZER_FLAGS + ["-Wno-deprecated-declarations", "-Wno-sign-compare"],
@@ -195,7 +198,9 @@ conversion = Extension(
 
 # No TensorFlow flag, header or library: a worker loads this module.
 POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/records.c",
-                  "src/pool/reply_decode.c", "src/pool/dispatch.c"]
+                  "src/pool/reply_decode.c", "src/pool/dispatch_life.c",
+                  "src/pool/dispatch_queue.c", "src/pool/dispatch_reply.c",
+                  "src/pool/dispatch_route.c", "src/pool/dispatch_submit.c"]
 pool_worker = Extension(
     "pyfunc_bridge._pool",
     sources=["src/pool/_pool.pyx"] + POOL_C_SOURCES,

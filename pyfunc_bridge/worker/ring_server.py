@@ -46,7 +46,7 @@ class RingServer:
         self.stopped = False
         self.load_grace_ns = 0  # a pool with a timeout: see function()
         # Words per INPUTS_BACK: what fits a message in this ring.
-        # (as dispatch.c's post_words: at most 63 slots, one less than the ring)
+        # (as dispatch_queue.c's post_words: at most 63 slots, one less than the ring)
         self.words_per_message = 8 * (min(channel.ring_slots, 64) - 1)
 
     def run(self):

@@ -2,7 +2,7 @@
 # TensorFlow (DataType enum of types.proto, name), DLPack and NumPy spell it.
 # Every other dtype fact of this layer and of the op layer (Tout names,
 # pyfunc_bridge/_tout.py) is derived from it.  The kernel has its own table
-# (src/kernel/bridge.cc, ToDLDataType): one per language boundary.
+# (src/kernel/inputs.cc, ToDLDataType): one per language boundary.
 
 cdef enum:
     TF_DT_STRING = 7   # named: EagerTensor._datatype_enum() is compared with them

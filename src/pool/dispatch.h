@@ -4,7 +4,7 @@
  * Python (pyfunc_bridge/pool/) attaches workers, reports their deaths
  * (lost) and decodes what is not plain memory.  The steps, the threads
  * (reply threads, reader roles), the scheduler and who owns each block:
- * docs/pool.md; lock order and what each lock guards: dispatch.c.
+ * docs/pool.md; lock order and what each lock guards: dispatch_internal.h.
  *
  * Lifetime: a dispatcher is referenced by its creator (Python's Dispatcher,
  * whose pfb_dispatch_delete closes it), by each route and by each result

@@ -82,7 +82,7 @@ int pfb_ring_wait_items(PfbRing* ring, int64_t timeout_ns, uint32_t checks);
 int pfb_ring_read(PfbRing* ring, PfbPoolSlot* out, uint32_t max_slots);
 
 /* The consumer's sleep (wait_items', and the parent's reply ring's, whose
- * consumer is one of several threads, dispatch.c's reader role): announces
+ * consumer is one of several threads, dispatch_reply.c's reader role): announces
  * `sleeper` (PFB_POOL_SLEEPER_*) and sleeps, unless the ring is closed or
  * `ready(context)` (checked after the announcement), until a producer or
  * pfb_ring_wake wakes that sleeper, or `timeout_ns` (negative: no limit).

@@ -121,7 +121,7 @@
  *
  * The consumer side is one process, but on the reply ring more than one of
  * its threads may be the consumer, one at a time (the parent's reader role,
- * dispatch.c): the reply thread, or a caller waiting for a call of that
+ * dispatch_reply.c): the reply thread, or a caller waiting for a call of that
  * worker, which then reads the worker's DONE itself (one wake-up per call,
  * not two).  So `consumer_sleeping` holds a bit per kind of sleeper
  * (PFB_POOL_SLEEPER_*), each set and cleared atomically by its sleeper, and
@@ -397,7 +397,7 @@ typedef struct PfbPoolControl {
   uint32_t worker_pid;
   uint32_t worker_ready;        /* 1 once it serves its request ring */
   /* The call it runs now (a CALL's id), 0 between calls.  The one record
-   * the parent reads for scheduling (dispatch.c, choose) and a pool's
+   * the parent reads for scheduling (dispatch_queue.c, pfb_disp_choose) and a pool's
    * timeout (pyfunc_bridge/pool/timeouts.py, Deadlines). */
   uint64_t running_call;
   /* CLOCK_MONOTONIC ns its timeout counts from: when it started, but a

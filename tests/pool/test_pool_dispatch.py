@@ -1,4 +1,4 @@
-"""The parent's native side of a pool's rings (src/pool/dispatch.c, through
+"""The parent's native side of a pool's rings (src/pool/dispatch_*.c, through
 the worker module's Dispatcher, which every ProcessPool with arenas has):
 calls posted, served by real pool workers and completed by the dispatcher's
 reply threads without Python; LOAD once per worker; input blocks back when

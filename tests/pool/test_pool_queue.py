@@ -1,4 +1,4 @@
-"""The dispatcher's one scheduler (src/pool/dispatch.c, issue 28): a worker
+"""The dispatcher's one scheduler (src/pool/dispatch_queue.c, issue 28): a worker
 has at most two calls posted and unanswered (its credits), and a worker held
 by a long call takes no more; the other calls wait in the pool queue, their
 inputs already in the input arena, and go to the worker that comes free.
@@ -24,7 +24,7 @@ from test_pool_dispatch import ready, register
 
 pw = _worker.pool_module()
 TOKEN = 40
-CREDITS = 2  # src/pool/dispatch.c
+CREDITS = 2  # src/pool/dispatch_queue.c
 
 
 def gated(directory):

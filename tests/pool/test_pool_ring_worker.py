@@ -6,7 +6,7 @@ freed by RESULTS_BACK, functions arrive by LOAD, errors come back pickled.
 The test plays the parent's native side with the pool's own Channel and
 input allocator; the worker is a real pool worker.
 
-The pool's native dispatcher (src/pool/dispatch.c) is kept out of these
+The pool's native dispatcher (src/pool/dispatch_*.c) is kept out of these
 tests' pools; tests/pool/test_pool_dispatch.py runs it against real workers."""
 import pickle
 import struct
