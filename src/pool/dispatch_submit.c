@@ -181,7 +181,7 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
   for (uint32_t i = 0; i < count; ++i)
     if (q->sizes[i]) memcpy(d->input_base + q->offsets[i], inputs[i].data, q->sizes[i]);
   /* Unique in the process: a DONE's answer that went by the socket is
-   * found by its id alone (pyfunc_bridge/pool/answers.py, native_reply). */
+   * found by its id alone (pyfunc_bridge/pool/answers.py, decode_answer). */
   call->id = __atomic_add_fetch(&next_call_id, 1, SC);
   call->state = PFB_DISPATCH_WAITING;
   pfb_disp_queued_build(q, flags, inputs, slots);
