@@ -30,6 +30,7 @@ from includes.pthread cimport *
 from includes.records cimport *
 from includes.ring cimport *
 from includes.shm_layout cimport *
+from dtype_table cimport *
 
 import collections
 import os
