@@ -176,6 +176,8 @@ kernels = Extension(
 conversion = Extension(
     "pyfunc_bridge._conversion",
     sources=["src/conversion/_conversion.pyx"],
+    # process.pxi checks a worker's result block with the pool's own check.
+    depends=["src/pool/records.h", "src/pool/shm_layout.h"],
     include_dirs=[np.get_include(), DLPACK_INCLUDE, "src"],
     # PyDataMem_SetHandler/GetHandler (alloc.pxi) are NumPy 1.22 API: NumPy
     # 2.0-2.2's headers (the newest on Python 3.10) target 1.21 by default and

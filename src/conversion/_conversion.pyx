@@ -75,6 +75,7 @@ cimport numpy as cnp
 from includes.bridge_abi cimport *
 from includes.dlpack cimport *
 from dtype_table cimport *
+from includes.pool_records cimport pfb_pool_block_holds
 from includes.numpy_c cimport (
     NPY_ARRAY_OWNDATA, NPY_ARRAY_WRITEABLE, PyArray_BASE, PyArray_FLAGS, PyArray_Check, PyArray_DATA,
     PyArray_Descr, PyArray_IS_C_CONTIGUOUS, PyArray_Type, PyArray_NewFromDescr, PyArray_SIZE, PyArrayObject,

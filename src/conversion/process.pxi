@@ -45,7 +45,9 @@ def worker_result(object native_arena, cnp.ndarray results, Py_ssize_t offset, P
         dims[i] = shape[i]
         nbytes *= dims[i]
     cdef Py_ssize_t arena = cnp.PyArray_NBYTES(results) if results.dtype == np.uint8 else 0
-    if offset < 0 or size < nbytes or offset + size > arena or offset % PFB_TENSOR_ALIGNMENT:
+    # The pool's one check of a block (a negative number is a huge one: refused).
+    if not pfb_pool_block_holds(<uint64_t>offset, <uint64_t>size, <uint64_t>nbytes,
+                                <uint64_t>arena):
         raise RuntimeError(
             f"pyfunc_bridge: a worker described a result block ({offset}, {size}) that "
             f"does not hold {nbytes} bytes in its {arena}-byte arena")

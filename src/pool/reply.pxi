@@ -52,6 +52,9 @@ cdef class Reply:
             raise ValueError(f"pyfunc_bridge: no unclaimed result block at offset {offset}")
         self._held.discard(offset)
         try:
+            if not pfb_pool_block_holds(offset, size, size, (<NativeArena>self.arena)._a.bytes):
+                raise RuntimeError(f"pyfunc_bridge: a worker described a block ({offset}, "
+                                   f"{size}) outside its arena")
             return bytes(self._array()[offset:offset + size])
         finally:
             (<NativeArena>self.arena).hand_back(offset)

@@ -8,6 +8,8 @@ cdef extern from "records.h" nogil:
         PFB_POOL_MAX_MESSAGE_SLOTS
 
     bint pfb_pool_message_fits(uint64_t slots, uint32_t ring_slots)
+    bint pfb_pool_block_holds(uint64_t offset, uint64_t size, uint64_t nbytes,
+                              uint64_t arena_bytes)
     void pfb_msg_init(PfbPoolSlot* out, uint16_t kind)
     int pfb_msg_add_tensor(PfbPoolSlot* out, uint32_t max_slots, const PfbPoolTensor* tensor,
                            const int64_t* dims)
