@@ -29,6 +29,7 @@ from includes.numpy_handler cimport PyDataMem_Handler, PyDataMem_SetHandler
 from includes.pthread cimport *
 from includes.records cimport *
 from includes.ring cimport *
+from includes.route_counts cimport *
 from includes.shm_layout cimport *
 from dtype_table cimport *
 
