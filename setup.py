@@ -79,7 +79,7 @@ def _up_to_date(obj, src, depends):
         # The .pyx, what it includes and cimports from its folder, and src/'s headers.
         src = os.path.join(HERE, os.path.splitext(generated)[0] + ".pyx")
         ours += glob.glob(os.path.join(os.path.dirname(src), "**", "*.p*"), recursive=True)
-        ours += glob.glob(os.path.join(SRC, "*.h"))
+        ours += glob.glob(os.path.join(SRC, "*.h")) + glob.glob(os.path.join(SRC, "*.pxd"))
     built = os.path.getmtime(obj)
     return all(os.path.getmtime(p) <= built for p in [src, *ours] if os.path.exists(p))
 
@@ -204,8 +204,8 @@ POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/records.c",
 pool_worker = Extension(
     "pyfunc_bridge._pool",
     sources=["src/pool/_pool.pyx"] + POOL_C_SOURCES,
-    # src/copy_facts.h: the conversion layer's copy facts, which workers judge too.
-    depends=sorted(glob.glob("src/pool/*.h")) + ["src/copy_facts.h"],
+    # src/copy_facts.h and dtype_table.h: rules of the conversion layer too.
+    depends=sorted(glob.glob("src/pool/*.h") + ["src/copy_facts.h", "src/dtype_table.h"]),
     include_dirs=[np.get_include(), "src/pool", "src"],
     # PyDataMem_SetHandler is NumPy 1.22 API.
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION"),
@@ -222,13 +222,13 @@ CYTHON_BUILD_DIR = os.path.join(
 setup(
     ext_modules=[kernels] + cythonize(
         [conversion],
-        include_path=["src/conversion", "src/pool"],
+        include_path=["src/conversion", "src/pool", "src"],
         compiler_directives={"language_level": 3},
         build_dir=CYTHON_BUILD_DIR,
         quiet=True,
     ) + cythonize(
         [pool_worker],
-        include_path=["src/pool"],
+        include_path=["src/pool", "src"],
         compiler_directives={"language_level": 3},
         build_dir=CYTHON_BUILD_DIR,
         quiet=True,

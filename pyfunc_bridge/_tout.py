@@ -9,8 +9,8 @@ _supported_dtypes = None
 
 
 def supported_dtypes():
-    """The dtypes that cross the bridge, from the conversion layer's dtype
-    table (src/conversion/dtypes.pxi; loaded on the first op)."""
+    """The dtypes that cross the bridge: the project's dtype table
+    (src/dtype_table.h), through the conversion layer (loaded on the first op)."""
     global _supported_dtypes
     if _supported_dtypes is None:
         _supported_dtypes = frozenset(

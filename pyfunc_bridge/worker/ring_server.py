@@ -17,7 +17,7 @@ from .values import adapter_named, as_numpy, strings_array, wrap_input
 # so a call needs no pickle.  The worker polls its socket and its doorbell
 # (an eventfd the parent rings after posting, when the worker has said it
 # sleeps) at once.  Dtypes travel as DLPack codes (the pool module's
-# dl_dtype and np_dtype: the one table).
+# dl_dtype and np_dtype, from the one table, src/dtype_table.h).
 
 # How long a worker that ran out of requests keeps looking at its ring
 # before it sleeps: an eager caller's next call comes within tens of µs, and

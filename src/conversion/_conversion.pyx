@@ -74,6 +74,7 @@ cimport numpy as cnp
 from includes.bridge_abi cimport *
 from includes.copy_facts cimport *  # src/pool/includes: the rule a worker calls too
 from includes.dlpack cimport *
+from dtype_table cimport *
 from includes.numpy_c cimport (
     NPY_ARRAY_OWNDATA, NPY_ARRAY_WRITEABLE, PyArray_BASE, PyArray_FLAGS, PyArray_Check, PyArray_DATA,
     PyArray_Descr, PyArray_IS_C_CONTIGUOUS, PyArray_Type, PyArray_NewFromDescr, PyArray_SIZE, PyArrayObject,

@@ -149,7 +149,7 @@ def to_numpy(tensor, *, copy=None):
     """
     _check_copy(copy)
     _check_tensor_arg(tensor, "to_numpy")
-    if tensor._datatype_enum() == TF_DT_STRING:
+    if tensor._datatype_enum() == PFB_TF_DT_STRING:
         return tensor.numpy()
     cdef _DLPackOwner owner = _tf_export(tensor, None)
     cdef DLTensor* t = _owner_tensor(owner)

@@ -20,7 +20,7 @@ def direct_eager_calls():
 
 
 cdef DLManagedTensorVersioned* _export_eager_input(object tensor) except NULL:
-    if tensor._datatype_enum() == TF_DT_STRING:
+    if tensor._datatype_enum() == PFB_TF_DT_STRING:
         # An object array of bytes (a 0-d tensor's numpy() is bare bytes).
         return _export_strings(np.asarray(tensor.numpy(), dtype=object))
     return _consume_owner(_tf_export(tensor, None))  # the call owns it now

@@ -26,8 +26,8 @@ cdef bint _has_tf_dtype(object dt):
 
 
 # NumPy dtype -> the name of its tf.DType, for the dtypes the bridge supports
-# (dtypes.pxi's table): the only ones a message may tell the user to declare.
-_TF_NAME = {np.dtype(row[4]): row[1] for row in _DTYPES if row[1] != "string"}
+# (the dtype table's rows): the only ones a message may tell the user to declare.
+_TF_NAME = {descr: descr.name for descr in _numpy_dtypes}
 
 
 cdef str _numpy_spelling(object dt):

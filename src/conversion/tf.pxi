@@ -113,7 +113,7 @@ cdef _DLPackOwner _tf_export(object tensor, object copy):
     """An owner of a TF tensor's memory (zero-copy), READ_ONLY, bool as kDLBool."""
     _load_tf()
     cdef int datatype = tensor._datatype_enum()  # cheaper than tensor.dtype
-    if datatype == TF_DT_STRING:
+    if datatype == PFB_TF_DT_STRING:
         raise TypeError(
             "tf.string tensors have no DLPack form; use pfb.to_numpy (an object "
             "array of bytes)")
@@ -122,7 +122,7 @@ cdef _DLPackOwner _tf_export(object tensor, object copy):
     cdef _DLPackOwner owner = _adopt_checked(m)
     # TF's memory is immutable: no consumer may write it.
     m.flags |= DLPACK_FLAG_BITMASK_READ_ONLY
-    if datatype == TF_DT_BOOL:
+    if datatype == PFB_TF_DT_BOOL:
         m.dl_tensor.dtype.code = kDLBool  # TF exports bool as kDLUInt
     if m.dl_tensor.device.device_type == kDLCPU:
         # TF numbers its logical CPUs (CPU:1 exports as id 1); host memory is

@@ -7,6 +7,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "bridge_abi.h"
+#include "dtype_table.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/types.h"
 
@@ -16,35 +17,18 @@ using ::tensorflow::DataType;
 using ::tensorflow::Tensor;
 using ::tensorflow::tstring;
 
-// TF DataType -> DLPack dtype: the kernel's one dtype table.
+// TF DataType -> DLPack dtype, by the project's dtype table (dtype_table.h).
 absl::Status ToDLDataType(DataType dtype, DLDataType* out) {
-  auto set = [out](uint8_t code, uint8_t bits) {
-    *out = DLDataType{code, bits, 1};
-    return absl::OkStatus();
-  };
-  switch (dtype) {
-    case tensorflow::DT_HALF: return set(kDLFloat, 16);
-    case tensorflow::DT_FLOAT: return set(kDLFloat, 32);
-    case tensorflow::DT_DOUBLE: return set(kDLFloat, 64);
-    case tensorflow::DT_BFLOAT16: return set(kDLBfloat, 16);
-    case tensorflow::DT_INT8: return set(kDLInt, 8);
-    case tensorflow::DT_INT16: return set(kDLInt, 16);
-    case tensorflow::DT_INT32: return set(kDLInt, 32);
-    case tensorflow::DT_INT64: return set(kDLInt, 64);
-    case tensorflow::DT_UINT8: return set(kDLUInt, 8);
-    case tensorflow::DT_UINT16: return set(kDLUInt, 16);
-    case tensorflow::DT_UINT32: return set(kDLUInt, 32);
-    case tensorflow::DT_UINT64: return set(kDLUInt, 64);
-    case tensorflow::DT_BOOL: return set(kDLBool, 8);
-    case tensorflow::DT_COMPLEX64: return set(kDLComplex, 64);
-    case tensorflow::DT_COMPLEX128: return set(kDLComplex, 128);
-    case tensorflow::DT_STRING:
-      return set(PFB_STRING_DTYPE_CODE, PFB_STRING_DTYPE_BITS);
-    default:
-      return absl::InvalidArgumentError(
-          "pyfunc_bridge does not support tensors of dtype " +
-          tensorflow::DataTypeString(dtype));
+  const int row = pfb_dtype_by_tf(dtype);
+  if (row >= 0) {
+    *out = DLDataType{pfb_dtypes[row].code, pfb_dtypes[row].bits, 1};
+  } else if (dtype == tensorflow::DT_STRING) {
+    *out = DLDataType{PFB_STRING_DTYPE_CODE, PFB_STRING_DTYPE_BITS, 1};
+  } else {
+    return absl::InvalidArgumentError(
+        "pyfunc_bridge does not support tensors of dtype " + tensorflow::DataTypeString(dtype));
   }
+  return absl::OkStatus();
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include "bridge.h"
 #include "pool/futex.h"
 #include "pool/reply_decode.h"
+#include "pool/route_counts.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -47,9 +48,8 @@ namespace {
 // which of its calls hold blocks).
 constexpr int64_t kRoomWaitNs = 1000000000;
 
-void Add(uint64_t* counter, uint64_t value) {
-  __atomic_add_fetch(counter, value, __ATOMIC_RELAXED);
-}
+// A kernel's result goes to TF over its block: the pool's alignment must do.
+static_assert(PFB_POOL_ALIGN % PFB_TENSOR_ALIGNMENT == 0, "result blocks' alignment");
 
 // A worker's result block as a TF buffer: the tensor shares the worker's
 // memory (no copy), and when TF drops the last tensor over it, the block goes
@@ -280,16 +280,16 @@ NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOu
   const NativeInputs& in = *in_;
   const int64_t began = began_, posted = posted_;
   PfbDispatchCall& call = call_;
-  const bool counting = __atomic_load_n(route->counting, __ATOMIC_RELAXED) != 0;
+  const bool counting = pfb_route_counting(route->counting);
   PfbDispatchRouteCounts* counts = const_cast<PfbDispatchRouteCounts*>(&route->counts);
   if (call.state == PFB_DISPATCH_FAILED) {
     if (counting) {
       // The function's error; not a call its worker answered (the pool's
       // calls and bytes_in), as on the Python path.
-      Add(&counts->errors, 1);
-      Add(&counts->strings_in, in.string_bytes);
-      Add(&counts->worker_in, in.to_worker);
-      Add(&counts->total_ns, pfb_clock_ns(CLOCK_MONOTONIC) - began);
+      pfb_route_add(&counts->errors, 1);
+      pfb_route_add(&counts->strings_in, in.string_bytes);
+      pfb_route_add(&counts->worker_in, in.to_worker);
+      pfb_route_add(&counts->total_ns, pfb_clock_ns(CLOCK_MONOTONIC) - began);
     }
     ctx->SetStatus(absl::Status(static_cast<absl::StatusCode>(call.error_code),
                                 call.error != nullptr ? call.error : "pyfunc_bridge: the "
@@ -299,20 +299,15 @@ NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOu
   replied_ = true;  // from here on, the result blocks are this call's
   const PfbPoolMessage& m = call.reply[0].message;
   // A call its worker answered: the pool's figures, and the inputs' share
-  // of the function's.
+  // of the function's (route_counts.h, as the Python path counts).
   auto count_answered = [&] {
-    Add(&counts->calls, 1);
-    Add(&counts->bytes_in, in.bytes);
-    Add(&counts->strings_in, in.string_bytes);
-    Add(&counts->worker_in, in.to_worker);
-    if (m.stamp >= static_cast<uint64_t>(posted)) Add(&counts->queued_ns, m.stamp - posted);
-    if (m.ended >= m.stamp) Add(&counts->worker_ns, m.ended - m.stamp);
+    pfb_route_count_answered(counts, &m, posted, in.bytes, in.string_bytes, in.to_worker);
   };
   // A call handed to Python (which counts the rest).
   auto replied = [&] {
     if (counting) {
       count_answered();
-      Add(&counts->replied, 1);
+      pfb_route_add(&counts->replied, 1);
     }
     return NativeOutcome::kReply;
   };
@@ -370,12 +365,12 @@ NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOu
   }
   if (counting) {
     count_answered();
-    Add(&counts->bytes_out, bytes_out);
-    Add(&counts->shared_out, shared);
-    Add(&counts->copied_out, copied);
-    Add(&counts->copies_saved, saved);
-    Add(&counts->worker_copied, worker_copied);
-    Add(&counts->total_ns, pfb_clock_ns(CLOCK_MONOTONIC) - began);
+    pfb_route_add(&counts->bytes_out, bytes_out);
+    pfb_route_add(&counts->shared_out, shared);
+    pfb_route_add(&counts->copied_out, copied);
+    pfb_route_add(&counts->copies_saved, saved);
+    pfb_route_add(&counts->worker_copied, worker_copied);
+    pfb_route_add(&counts->total_ns, pfb_clock_ns(CLOCK_MONOTONIC) - began);
   }
   return NativeOutcome::kDone;
 }

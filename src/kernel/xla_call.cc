@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "dtype_table.h"
 #include "python_gil.h"
+#include "tensorflow/core/framework/types.pb.h"
 #include "tensorflow/core/platform/errors.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla_gpu.h"
@@ -31,32 +33,33 @@ namespace {
 
 // ----------------------------------------------------------------- buffers --
 
+// The rows of the dtype table (dtype_table.h) are numbers, so that the pool
+// module needs neither TF's nor DLPack's headers: checked here, once.
+#define PFB_CHECK_ROW_(name, tf, dt, xla, code, bits, kind) \
+  static_assert(tensorflow::DT_##dt == (tf), #name);
+PFB_DTYPES(PFB_CHECK_ROW_)
+#undef PFB_CHECK_ROW_
+static_assert(tensorflow::DT_STRING == PFB_TF_DT_STRING, "string");
+static_assert(kDLInt == PFB_DL_INT && kDLUInt == PFB_DL_UINT && kDLFloat == PFB_DL_FLOAT &&
+                  kDLOpaqueHandle == PFB_DL_OPAQUE_HANDLE && kDLBfloat == PFB_DL_BFLOAT &&
+                  kDLComplex == PFB_DL_COMPLEX && kDLBool == PFB_DL_BOOL,
+              "DLPack's codes");
+
+// XLA element type -> DLPack dtype, by the dtype table's XLA column.
 absl::Status ToDLDataType(ffi::DataType type, DLDataType* out) {
-  auto set = [out](uint8_t code, uint8_t bits) {
-    *out = DLDataType{code, bits, 1};
-    return absl::OkStatus();
-  };
+  int row;
   switch (type) {
-    case ffi::DataType::PRED: return set(kDLBool, 8);
-    case ffi::DataType::S8: return set(kDLInt, 8);
-    case ffi::DataType::S16: return set(kDLInt, 16);
-    case ffi::DataType::S32: return set(kDLInt, 32);
-    case ffi::DataType::S64: return set(kDLInt, 64);
-    case ffi::DataType::U8: return set(kDLUInt, 8);
-    case ffi::DataType::U16: return set(kDLUInt, 16);
-    case ffi::DataType::U32: return set(kDLUInt, 32);
-    case ffi::DataType::U64: return set(kDLUInt, 64);
-    case ffi::DataType::F16: return set(kDLFloat, 16);
-    case ffi::DataType::F32: return set(kDLFloat, 32);
-    case ffi::DataType::F64: return set(kDLFloat, 64);
-    case ffi::DataType::BF16: return set(kDLBfloat, 16);
-    case ffi::DataType::C64: return set(kDLComplex, 64);
-    case ffi::DataType::C128: return set(kDLComplex, 128);
+#define PFB_XLA_CASE_(name, tf, dt, xla, code, bits, kind) \
+  case ffi::DataType::xla: row = PFB_DTYPE_##dt; break;
+    PFB_DTYPES(PFB_XLA_CASE_)
+#undef PFB_XLA_CASE_
     default:
       return absl::InvalidArgumentError(
           "pyfunc_bridge: XLA buffer of element type " +
           std::to_string(static_cast<int>(type)) + ", which the bridge does not hand over");
   }
+  *out = DLDataType{pfb_dtypes[row].code, pfb_dtypes[row].bits, 1};
+  return absl::OkStatus();
 }
 
 // One XLA buffer: XLA owns its memory for the duration of the call.

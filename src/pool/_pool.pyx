@@ -31,7 +31,9 @@ from includes.pthread cimport *
 from includes.records cimport *
 from includes.reply_decode cimport *
 from includes.ring cimport *
+from includes.route_counts cimport *
 from includes.shm_layout cimport *
+from dtype_table cimport *
 
 import collections
 import os

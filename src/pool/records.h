@@ -30,6 +30,18 @@ static inline int pfb_pool_message_fits(uint64_t slots, uint32_t ring_slots) {
   return slots <= PFB_POOL_MAX_MESSAGE_SLOTS && (ring_slots == 0 || slots <= ring_slots);
 }
 
+/* Whether the block a record names, at `offset` with `size` bytes in an
+ * arena of `arena_bytes`, holds `nbytes`: inside the mapping, aligned to
+ * PFB_POOL_ALIGN (TensorFlow's PFB_TENSOR_ALIGNMENT divides it), big enough.
+ * The one check of another process's word about a block, before this one
+ * reads it: pfb_reply_decode's (reply_decode.c), for the kernel's results
+ * and the Python path's alike. */
+static inline int pfb_pool_block_holds(uint64_t offset, uint64_t size, uint64_t nbytes,
+                                       uint64_t arena_bytes) {
+  return size >= nbytes && offset % PFB_POOL_ALIGN == 0 && offset <= arena_bytes &&
+         size <= arena_bytes - offset;
+}
+
 /* Starts a message of `kind` (every other header field zero) in out[0]. */
 void pfb_msg_init(PfbPoolSlot* out, uint16_t kind);
 

@@ -1,6 +1,6 @@
 # The records of the rings (shm_layout.h) as Python sees them: message
 # kinds, tensor and CALL flags, copy-fact bits, the Message tuple, and the
-# one dtype table.
+# dtype table's lookups for them.
 
 ALIGN = PFB_POOL_ALIGN
 SLOT_BYTES = PFB_POOL_SLOT_BYTES
@@ -71,25 +71,25 @@ cdef set _TENSOR_KINDS = {PFB_POOL_MSG_CALL, PFB_POOL_MSG_DONE}
 
 
 # ----------------------------------------------------------------- dtypes --
-# DLPack's DLDataTypeCode (PfbPoolTensor.code) of each NumPy dtype kind whose
-# values travel as memory, bfloat16's apart: the one table, for the records
-# Python posts (route.pxi), those the worker reads and writes
+# A record's dtype is DLPack's (code, bits), by the project's one dtype table
+# (src/dtype_table.h, shared with the kernel and the conversion layer), for
+# the records Python posts (route.pxi), those the worker reads and writes
 # (pyfunc_bridge/worker/ring_server.py) and the replies the parent decodes
 # (pyfunc_bridge/pool/answers.py, decode_answer).
-cdef dict _DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
-cdef dict _DL_KINDS = {code: kind for kind, code in _DL_CODES.items()}
-cdef int _DL_BFLOAT = 4  # kDLBfloat
+cdef tuple _ROW_NAMES = tuple([pfb_dtypes[i].name.decode() for i in range(PFB_NUM_DTYPES)])
 
 
-def dl_dtype(dtype):
-    """(code, bits, lanes) of a NumPy dtype whose values travel as memory,
-    or None."""
-    code = _DL_CODES.get(dtype.kind)
-    if code is not None and (dtype.isnative or dtype.itemsize == 1):
-        return code, dtype.itemsize * 8, 1
-    if dtype.kind == "V" and dtype.name == "bfloat16" and dtype.names is None:
-        return _DL_BFLOAT, 16, 1
-    return None
+def dl_dtype(cnp.dtype dtype not None):
+    """(code, bits, lanes) of a NumPy dtype in the table, in native byte
+    order, or None."""
+    cdef int row = pfb_dtype_by_numpy(dtype.kind, dtype.itemsize)
+    if row < 0 or not (dtype.itemsize == 1 or dtype.isnative):
+        return None
+    # (Python's names: the cimported property reads a NULL as a tuple.)
+    if dtype.kind == c'V' and ((<object>dtype).names is not None
+                               or (<object>dtype).name != _ROW_NAMES[row]):
+        return None  # raw bytes, or another ml_dtypes type
+    return pfb_dtypes[row].code, pfb_dtypes[row].bits, 1
 
 
 cdef dict _NP_DTYPES = {}  # (code, bits) -> np_dtype's answer: each call and result asks
@@ -99,16 +99,13 @@ def np_dtype(int code, int bits):
     """The NumPy dtype of a record's (code, bits): dl_dtype's inverse."""
     made = _NP_DTYPES.get((code, bits))
     if made is None:
-        kind = _DL_KINDS.get(code)
-        if code == _DL_BFLOAT and bits == 16:
-            import ml_dtypes
-            made = np.dtype(ml_dtypes.bfloat16)
-        elif kind is None or bits % 8:
+        row = pfb_dtype_by_dl(code, bits, 1)
+        if row < 0:
             raise ValueError(f"pyfunc_bridge: a tensor of DLPack dtype ({code}, {bits}) "
                              f"cannot cross the ring")
-        else:
-            made = np.dtype(f"{kind}{bits // 8}")
-        _NP_DTYPES[(code, bits)] = made
+        if pfb_dtypes[row].numpy_kind == c'V':
+            import ml_dtypes  # noqa: F401 - names its types to NumPy (a worker's first bfloat16)
+        made = _NP_DTYPES[(code, bits)] = np.dtype(_ROW_NAMES[row])
     return made
 
 

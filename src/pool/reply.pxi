@@ -112,7 +112,7 @@ cdef class Reply:
         if offset not in self._held:
             raise ValueError(f"pyfunc_bridge: no unclaimed result block at offset {offset}")
         self._held.discard(offset)
-        try:
+        try:  # (checked with its record by pfb_reply_decode)
             return bytes(self._array()[offset:offset + size])
         finally:
             (<NativeArena>self.arena).hand_back(offset)

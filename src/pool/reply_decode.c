@@ -19,8 +19,8 @@ static uint64_t data_bytes(const PfbPoolTensor* record, const int64_t* dims) {
 static int block_holds(const PfbReplyResult* r, uint64_t arena_bytes) {
   const PfbPoolTensor* t = &r->record;
   if (r->nbytes == 0 && t->size == 0) return 1;
-  return r->nbytes != UINT64_MAX && t->size >= r->nbytes && t->offset % PFB_POOL_ALIGN == 0 &&
-         t->offset <= arena_bytes && t->size <= arena_bytes - t->offset;
+  return r->nbytes != UINT64_MAX &&
+         pfb_pool_block_holds(t->offset, t->size, r->nbytes, arena_bytes);
 }
 
 int pfb_reply_decode(const PfbPoolSlot* message, uint64_t arena_bytes, PfbReplyResult* out,

@@ -8,19 +8,6 @@ import pickle
 
 import numpy as np
 
-cdef extern from *:
-    """
-    /* A route's counters are added to by kernels' threads too: atomic. */
-    static inline void pfb_route_add(uint64_t* counter, uint64_t value) {
-      __atomic_add_fetch(counter, value, __ATOMIC_RELAXED);
-    }
-    static inline int pfb_route_counting(const int* flag) {
-      return __atomic_load_n(flag, __ATOMIC_RELAXED);
-    }
-    """
-    void pfb_route_add(uint64_t* counter, uint64_t value) nogil
-    int pfb_route_counting(const int* flag) nogil
-
 
 class Declined(OSError):
     """The dispatcher did not take a call, by errno (dispatch.h,
@@ -282,15 +269,11 @@ cdef class Route:
                 raise DispatchFailed(call.error_code,
                                      call.error.decode("utf-8", "replace") if call.error != NULL
                                      else "pyfunc_bridge: the pool call failed")
-            m = &call.reply[0].message
             if pfb_route_counting(r.counting):
-                pfb_route_add(&r.counts.calls, 1)
+                # (The inputs' share of the function's figures: the caller's.)
+                pfb_route_count_answered(&r.counts, &call.reply[0].message, posted,
+                                         records.data_bytes, 0, 0)
                 pfb_route_add(&r.counts.replied, 1)
-                pfb_route_add(&r.counts.bytes_in, records.data_bytes)
-                if m.stamp >= <uint64_t>posted:
-                    pfb_route_add(&r.counts.queued_ns, m.stamp - posted)
-                if m.ended >= m.stamp:
-                    pfb_route_add(&r.counts.worker_ns, m.ended - m.stamp)
             reply = Reply.__new__(Reply)
             (<Reply>reply)._take(&call)  # (one it refuses, it hands back)
             return reply, call.worker

@@ -332,9 +332,9 @@ typedef struct PfbPoolMessage {
 
 /* One input or output: a slot after a CALL or DONE. */
 typedef struct PfbPoolTensor {
-  uint8_t code;       /* DLPack's DLDataTypeCode (kDLInt 0, kDLUInt 1,   */
-  uint8_t bits;       /*   kDLFloat 2, kDLBfloat 4, kDLComplex 5,        */
-  uint16_t lanes;     /*   kDLBool 6); strings: PFB_POOL_TENSOR_STRINGS */
+  uint8_t code;       /* DLPack's code and bits, a row of the dtype     */
+  uint8_t bits;       /*   table (src/dtype_table.h); strings:          */
+  uint16_t lanes;     /*   PFB_POOL_TENSOR_STRINGS; lanes 1             */
   int32_t ndim;       /* 0 (a 0-d value) .. PFB_POOL_MAX_NDIM */
   uint32_t flags;     /* PFB_POOL_TENSOR_* */
   uint32_t reserved;  /* zero */
