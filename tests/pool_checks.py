@@ -6,6 +6,7 @@ stream of Ctrl-C."""
 import os
 import random
 import signal
+import sys
 import threading
 import time
 
@@ -156,6 +157,26 @@ def call_pid(pool, box):
                                             executor=pool))
     except Exception as exc:  # noqa: BLE001 - reported
         box["error"] = f"{type(exc).__name__}: {exc}"
+
+
+def served_or_exit(pool, name, seconds, also=None):
+    """Calls process_functions.pid in pool `name` on a daemon thread for up
+    to `seconds` (a fault script's last call): (the pid that ran it, the
+    pool's workers_replaced).  A call still waiting, failed, or run by a
+    worker the pool no longer lists is written to stderr, with `also` as it
+    is then, and the process exits at once with 1 (close() would wait for a
+    worker the dispatcher holds)."""
+    box = {}
+    caller = threading.Thread(target=call_pid, args=(pool, box), daemon=True)
+    caller.start()
+    caller.join(seconds)
+    counted = pfb.stats().pools.get(name)  # absent while nothing is counted
+    replaced = counted.workers_replaced if counted else 0
+    if caller.is_alive() or "error" in box or box["pid"] not in pool.pids():
+        print(f"the call: {box or 'still waits'}; workers {pool.pids()}; replaced {replaced}"
+              + ("" if also is None else f"; {also!r}"), file=sys.stderr, flush=True)
+        os._exit(1)
+    return box["pid"], replaced
 
 
 def child_exit_code(pid, hung, seconds=60):

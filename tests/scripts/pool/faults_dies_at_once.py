@@ -8,7 +8,7 @@ Run by tests/pool/test_process_pool_faults.py in a fresh interpreter
 (tests/fresh_python.py)."""
 import os, signal, sys, threading
 import pyfunc_bridge as pfb
-from pool_checks import call_pid
+from pool_checks import served_or_exit
 from pyfunc_bridge.worker import start_worker
 
 failing, real = sys.argv[1], start_worker.__file__
@@ -41,16 +41,7 @@ threading.settrace(tracer)  # the reader threads started from now on
 sys.addaudithook(on_start)
 start_worker.__file__ = failing
 os.kill(first, signal.SIGKILL)
-box = {}
-caller = threading.Thread(target=call_pid, args=(pool, box), daemon=True)
-caller.start()
-caller.join(120)
-counted = pfb.stats().pools.get("dies at once")  # absent while nothing is counted
-replaced = counted.workers_replaced if counted else 0
-if caller.is_alive() or "error" in box or box["pid"] not in pool.pids():
-    print(f"the call: {box or 'still waits'}; workers {pool.pids()}; replaced {replaced};"
-          f" seen {sorted(seen)}", file=sys.stderr, flush=True)
-    os._exit(1)  # (close() would wait for the worker the dispatcher holds)
+_, replaced = served_or_exit(pool, "dies at once", 120, also=seen)
 assert "attach" in seen and replaced == 2, (seen, replaced)
 pool.close()
 print("done")

@@ -5,9 +5,9 @@ the next worker then serves the pool's calls.
 
 Run by tests/pool/test_process_pool_faults.py in a fresh interpreter
 (tests/fresh_python.py)."""
-import os, signal, sys, threading, time
+import os, signal, sys, time
 import pyfunc_bridge as pfb
-from pool_checks import call_pid
+from pool_checks import served_or_exit
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.worker import start_worker
 
@@ -36,16 +36,7 @@ first = pool.pids()[0]
 spawner.popen = exits_first
 start_worker.__file__ = failing
 os.kill(first, signal.SIGKILL)
-box = {}
-caller = threading.Thread(target=call_pid, args=(pool, box), daemon=True)
-caller.start()
-caller.join(300)
-counted = pfb.stats().pools.get("dies before hello")  # absent while nothing is counted
-replaced = counted.workers_replaced if counted else 0
-if caller.is_alive() or "error" in box or box["pid"] not in pool.pids():
-    print(f"the call: {box or 'still waits'}; workers {pool.pids()}; replaced {replaced}",
-          file=sys.stderr, flush=True)
-    os._exit(1)  # (close() would wait for a worker the pool still holds)
-assert box["pid"] != first and replaced == 2, (box, first, replaced)
+served, replaced = served_or_exit(pool, "dies before hello", 300)
+assert served != first and replaced == 2, (served, first, replaced)
 pool.close()
 print("done")
