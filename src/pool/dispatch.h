@@ -291,8 +291,6 @@ typedef struct PfbDispatchApi {
   int (*call)(PfbDispatch* d, uint64_t token, uint32_t flags, const PfbDispatchInput* inputs,
               uint32_t count, int64_t room_ns, int64_t wait_ns, PfbDispatchCall* call);
   void (*finish)(PfbDispatch* d, PfbDispatchCall* call);
-  int (*read_tensor)(const PfbPoolSlot* message, uint32_t* cursor, PfbPoolTensor* tensor,
-                     int64_t* dims);
   void (*arena_keep)(PfbDispatchArena* arena);
   void (*arena_drop)(PfbDispatchArena* arena);
   void (*arena_hand_back)(PfbDispatchArena* arena, uint64_t offset);
