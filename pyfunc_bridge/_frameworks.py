@@ -289,7 +289,7 @@ def resolved(adapter, value):
     view's resolved copy): `adapter`'s resolve (torch's conjugate and negative
     views), or `value` itself.  One rule, in this process (frameworks.pxi,
     _export_dlpack_output) and in a pool's workers (worker/values.py,
-    worker/copy_facts.py)."""
+    worker/memory.py)."""
     resolve = getattr(adapter, "resolve", None)
     if resolve is not None:
         made = resolve(value)

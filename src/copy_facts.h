@@ -2,7 +2,7 @@
  * alignment.  The one rule, which the conversion layer judges in this
  * process (src/conversion/copy.pxi, outputs.pxi, converters.pxi,
  * frameworks.pxi) and a pool's workers judge for the parent's copy=False
- * (src/pool/facts.pxi, called by pyfunc_bridge/worker/copy_facts.py, and
+ * (src/pool/facts.pxi, called by pyfunc_bridge/worker/memory.py, and
  * the result arena's exclusivity, result_arena.pxi): so copy=False refuses
  * in a pool what it refuses in-process.  The copy decision on the facts is
  * _copy_reason's (copy.pxi).  Declared once, src/pool/includes/copy_facts.pxd.

@@ -1,10 +1,9 @@
 """What a worker holds across calls: its shared memory (the input blocks its
-arrays still view, the result arena) and its copy facts' rules."""
+arrays still view, the result arena) and its copy facts' rules over it."""
 import weakref
 
 from .compiled import pool_module
-from .copy_facts import CopyFacts, address
-from .values import CONVERTED_BY_THE_PARENT, as_numpy
+from .values import CONVERTED_BY_THE_PARENT, as_numpy, framework_adapter, frameworks
 
 # NumPy allocations of at least this many bytes that a function makes go to
 # the result arena: copying a smaller result costs less than a wake-up, and
@@ -12,19 +11,34 @@ from .values import CONVERTED_BY_THE_PARENT, as_numpy
 # scatter over the arena and split its free space.
 _ARENA_MIN_BYTES = 64 << 10
 
+# The copy facts: what the parent's copy decision (_copy_reason,
+# src/conversion/copy.pxi) would have known of a result in-process.  The
+# parent sees only blocks of the result arena (a fresh result as it is,
+# anything else copied), yet copy=False must refuse what it refuses
+# in-process: the facts are judged here by the conversion layer's own rule
+# (src/copy_facts.h, through the pool module's facts.pxi); the parent decides.
+_CLEAN = (False, True, True, False)  # facts that copy=False refuses nothing for
 
-class WorkerMemory(CopyFacts):
+
+def address(arr):
+    return arr.__array_interface__["data"][0]
+
+
+class WorkerMemory:
     """What the worker holds across calls: its mappings, the input blocks its
-    arrays still view, the result arena, and (CopyFacts) the copy facts'
-    rules over them."""
+    arrays still view, the result arena, and the copy facts' rules over them
+    (what an array views, an input block, memory the function allocated or
+    memory it did not, decides whether anything else can write it)."""
 
     def __init__(self, sock, np, input_map, result_map):
-        super().__init__(np, input_map)
+        self.np = np
+        self.input_map = input_map  # the input arena: its blocks are input blocks
         self.sock = sock
         self.inputs_base = address(np.frombuffer(input_map, np.uint8))
         self.results = np.frombuffer(result_map, np.uint8)
-        # The result arena's allocator and NumPy handler (src/pool/): a fresh
-        # result of the function is already in shared memory.
+        # The result arena's allocator and NumPy handler, and copy_facts.h's
+        # rule (src/pool/): a fresh result of the function is already in
+        # shared memory.
         self.pw = pool_module()
         self.arena = self.pw.ResultArena(result_map, _ARENA_MIN_BYTES)
         # id(weak reference) -> (the reference, offset) of each input block
@@ -85,3 +99,66 @@ class WorkerMemory(CopyFacts):
             out = self.results[block[0]:block[0] + value.nbytes].view(value.dtype)
             np.copyto(out.reshape(value.shape), value, casting="no")
         return (*dl, flags, *block, value.shape), value
+
+    def one_facts(self, value, outside, read_only, framework, ranges):
+        """(writable_elsewhere, compact, aligned, lazy) of a result as the
+        function returned it, or None when copy=False refuses nothing (an
+        empty array, a fresh compact aligned one, a value converted anew).
+        `outside`: references to it the worker does not hold; `read_only`:
+        the call's input blocks stand for read-only TF memory (ring_server's
+        inputs_writable decides); `framework`: array_function's (DLPack
+        producers judged by their adapter); `ranges`: the call's input
+        blocks' addresses."""
+        np = self.np
+        if isinstance(value, np.ndarray):
+            if not value.size:
+                return None
+            facts = (self.pw.writable_elsewhere(value, outside, read_only, self.input_map),
+                     *self.pw.layout(value), False)
+        elif (framework is not None and hasattr(type(value), "__dlpack__")
+              and not isinstance(value, np.generic)):
+            facts = self.dlpack_facts(value, outside, ranges)
+        elif isinstance(value, (np.generic, *CONVERTED_BY_THE_PARENT)) or value is None:
+            return None  # converted to a fresh array
+        else:  # an object exporting an array: its memory is not ours (aliasing)
+            try:
+                arr = np.asarray(value)
+            except Exception:  # noqa: BLE001 - the parent reports what it is
+                return None
+            if arr.dtype.kind == "O" or not arr.size:
+                return None
+            facts = (True, *self.pw.layout(arr), False)
+        return None if facts is None or facts == _CLEAN else facts
+
+    def items_facts(self, values, result, outside, read_only, framework, ranges):
+        """one_facts of each of `values`, the items of the function's list or
+        tuple `result` (as a tuple), to which the worker holds all but
+        `outside` references."""
+        counts = self.pw.outside_refs(values, result, outside)  # before any reference
+        return [self.one_facts(values[i], counts[i], read_only, framework, ranges)
+                for i in range(len(values))]
+
+    def dlpack_facts(self, value, outside, ranges):
+        """_export_dlpack_output's facts (frameworks.pxi) of a DLPack
+        producer: its adapter's resolve (lazy views) and writable_elsewhere,
+        a view of an input being TensorFlow's memory, and the layout."""
+        adapter = framework_adapter(value)
+        value, lazy = frameworks().resolved(adapter, value)
+        foreign = not lazy and (adapter.writable_elsewhere(value, outside)
+                                if adapter is not None else True)
+        try:
+            source = value.detach() if hasattr(value, "detach") else value
+            if type(value).__module__.startswith("torch") and str(source.dtype) == "torch.bfloat16":
+                import torch
+                # NumPy's DLPack has no bfloat16; its bits are int16 (not
+                # .numpy(), which marks the storage not resizable, as
+                # writable_elsewhere would then judge the next result of it).
+                source = source.view(torch.int16)
+            arr = self.np.from_dlpack(source)
+        except Exception:  # noqa: BLE001 - the parent reports what it is
+            return None
+        if not arr.size:
+            return None
+        if foreign and self.pw.inside(address(arr), arr.nbytes, ranges):
+            foreign = False  # a view of an input: TensorFlow's memory in-process
+        return (foreign, *self.pw.layout(arr), lazy)

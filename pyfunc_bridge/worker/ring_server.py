@@ -204,14 +204,13 @@ class RingServer:
 
     def pulled(self, value, flags):
         """An input (pulled over the socket, or a block's numbers) as the
-        function gets it: writable unless copy=False (the block is the call's
-        own copy), and always under torch (which has no read-only tensors); 0-d a
+        function gets it: writable or not as _inputs_writable says; 0-d a
         NumPy scalar under PFB_POOL_CALL_SCALARS.  A value the records
         cannot describe stays as it came."""
         pw, np = self.pw, self.worker.np
         if not isinstance(value, np.ndarray):
             return value
-        if flags & (pw.CALL_WRITABLE | pw.CALL_TORCH):
+        if _inputs_writable(pw, flags):
             if not value.flags.writeable:
                 value = value.copy()
         else:
@@ -275,9 +274,10 @@ class RingServer:
             facts = [None] * len(items)
             if flags & pw.CALL_FACTS:
                 ranges = self.input_ranges(message.items) if framework is not None else ()
-                facts = (worker.items_facts(items, result, outside, writable, framework, ranges)
+                read_only = not _inputs_writable(pw, flags)
+                facts = (worker.items_facts(items, result, outside, read_only, framework, ranges)
                          if shape_kind != pw.DONE_ONE
-                         else [worker.one_facts(result, outside, writable, framework, ranges)])
+                         else [worker.one_facts(result, outside, read_only, framework, ranges)])
             try:
                 for index, (value, value_facts) in enumerate(zip(items, facts)):
                     tensors.append(self.encode(value, framework, value_facts, index))
@@ -377,6 +377,14 @@ class RingServer:
             worker.results[block[0]:block[0] + len(data)] = worker.np.frombuffer(data,
                                                                                  worker.np.uint8)
         return block
+
+
+def _inputs_writable(pw, flags):
+    """Whether a CALL's inputs are the function's to write: unless copy=False
+    (each block is the call's own copy), and always under torch, which has no
+    read-only tensors; otherwise they stand for TF's read-only memory, for
+    the function (pulled) and for the copy facts (one_facts) alike."""
+    return bool(flags & (pw.CALL_WRITABLE | pw.CALL_TORCH))
 
 
 class _NoRoom(Exception):

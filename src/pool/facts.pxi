@@ -1,7 +1,7 @@
 # A worker's copy facts (docs/pool.md, copy=False): the conversion layer's
 # own rule (copy_facts.h) judged on the worker's memory, where an input block
 # (np.frombuffer's memoryview of the input arena) stands for TensorFlow's
-# input memory.  pyfunc_bridge/worker/copy_facts.py calls these.
+# input memory.  pyfunc_bridge/worker/memory.py (WorkerMemory) calls these.
 
 cdef extern from "Python.h":
     ctypedef struct Py_buffer_obj "Py_buffer":

@@ -34,7 +34,7 @@ FLAG_FRAMEWORKS = {flag: name for name, flag in FRAMEWORK_FLAGS.items() if flag}
 
 def facts_flags(facts):
     """A result's copy facts, (writable_elsewhere, compact, aligned, lazy) or
-    None (pyfunc_bridge/worker/copy_facts.py, CopyFacts.one_facts), as PfbPoolTensor flag bits."""
+    None (pyfunc_bridge/worker/memory.py, WorkerMemory.one_facts), as PfbPoolTensor flag bits."""
     if facts is None:
         return 0
     aliased, compact, aligned, lazy = facts

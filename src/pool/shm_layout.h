@@ -285,7 +285,7 @@ enum {
   PFB_POOL_TENSOR_SHARED = 4,
   /* The copy facts of a result as the function returned it, before the
    * worker shared or copied it (only under PFB_POOL_CALL_FACTS; the worker's
-   * CopyFacts, pyfunc_bridge/worker/copy_facts.py, computes them for both of
+   * WorkerMemory, pyfunc_bridge/worker/memory.py, computes them for both of
    * its paths, with copy_facts.h's rule).  Each set bit is a reason copy=False refuses the result (the
    * conversion layer's _copy_reason says which and raises); none set: it
    * refuses nothing.
