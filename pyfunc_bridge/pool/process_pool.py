@@ -414,16 +414,10 @@ class _DefaultPool:
         return default_pool().ring_call(func, framework, args, writable, scalars, facts,
                                         copied)
 
-    native_reply = ProcessPool.native_reply
-
-    @property
-    def name(self):  # (in errors: whichever default pool ran the call)
-        return repr(self)
-
-    @property
-    def _counters(self):
-        # (Pools of one name share a record: the default pool's, whichever ran it.)
-        return statistics.record(_DEFAULT_POOL_NAME)
+    def native_reply(self, address, copied):
+        # Named so in errors, and counted in the default pool's record
+        # (pools of one name share one), whichever default pool ran it.
+        return decode_answer(repr(self), address, copied, statistics.record(_DEFAULT_POOL_NAME))
 
     def __repr__(self):
         return "'process' (the shared default ProcessPool)"
