@@ -10,7 +10,7 @@ error, whose message starts with the class's full name."""
 import builtins
 import pickle
 
-# TensorFlow's codes of the pool's errors, as src/conversion/errors.pxi maps them.
+# TensorFlow's codes of the pool's errors (ERROR_CODES).
 UNKNOWN, DEADLINE_EXCEEDED, FAILED_PRECONDITION = 2, 4, 9
 
 # The reason a pool closed at interpreter exit gives (_close_pools).
@@ -77,6 +77,19 @@ class PoolClosedError(RuntimeError):
 
 # The pool's own errors: the eager calls' combined classes and dispatch_error.
 POOL_ERRORS = (WorkerError, CallTimeoutError, PoolClosedError)
+
+# The pool's rows of the one table of Python exception -> TensorFlow code
+# (src/conversion/errors.pxi, ERROR_CODES, takes them first), which a call
+# the dispatcher fails gets too (error_code); WorkerError is UNKNOWN.
+ERROR_CODES = (
+    (CallTimeoutError, DEADLINE_EXCEEDED),  # a ProcessPool's timeout, never the function's
+    (PoolClosedError, FAILED_PRECONDITION),  # a call on a closed ProcessPool, whenever it closed
+)
+
+
+def error_code(error):
+    """TensorFlow's code of one of the pool's errors."""
+    return next((code for cls, code in ERROR_CODES if isinstance(error, cls)), UNKNOWN)
 
 
 class WorkerTraceback(Exception):

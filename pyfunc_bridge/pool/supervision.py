@@ -14,8 +14,7 @@ import time
 import weakref
 
 from pyfunc_bridge.pool.answers import ring_answers
-from pyfunc_bridge.pool.errors import (DEADLINE_EXCEEDED, FAILED_PRECONDITION, UNKNOWN,
-                                       CallTimeoutError, PoolClosedError, WorkerError)
+from pyfunc_bridge.pool.errors import CallTimeoutError, WorkerError, error_code
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.pool.worker_process import WorkerProcess
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL, FrameReader, send
@@ -152,9 +151,8 @@ class Supervisor:
         text = f"{type(error).__module__}.{type(error).__qualname__}: {error}"
         # (A worker that died, or was ended for a timeout: the ring calls it
         # never started are sent anew.)
-        code = (DEADLINE_EXCEEDED if isinstance(error, CallTimeoutError) else
-                FAILED_PRECONDITION if isinstance(error, PoolClosedError) else UNKNOWN)
-        dispatch.lost(worker.index, code, text, isinstance(error, (WorkerError, CallTimeoutError)))
+        dispatch.lost(worker.index, error_code(error), text,
+                      isinstance(error, (WorkerError, CallTimeoutError)))
         worker.generation = None
 
     def lost(self, worker, unreadable=None):

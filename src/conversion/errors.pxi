@@ -7,13 +7,12 @@
 
 # The pool's errors live in the pool, in a module that imports only the
 # standard library (pyfunc_bridge/pool/errors.py).
-from pyfunc_bridge.pool.errors import POOL_ERRORS, CallTimeoutError, PoolClosedError
+from pyfunc_bridge.pool.errors import ERROR_CODES as _POOL_ERROR_CODES
+from pyfunc_bridge.pool.errors import POOL_ERRORS, PoolClosedError
 
 cdef enum:
     TF_UNKNOWN = 2
     TF_INVALID_ARGUMENT = 3
-    TF_DEADLINE_EXCEEDED = 4
-    TF_FAILED_PRECONDITION = 9
     TF_RESOURCE_EXHAUSTED = 8
     TF_OUT_OF_RANGE = 11
     TF_UNIMPLEMENTED = 12
@@ -22,8 +21,7 @@ cdef enum:
 # Checked in order; anything else is UNKNOWN.
 ERROR_CODES = (
     (_UnsupportedOutput, TF_INTERNAL),  # as TF's numpy_function reports them
-    (CallTimeoutError, TF_DEADLINE_EXCEEDED),  # a ProcessPool's timeout, never the function's
-    (PoolClosedError, TF_FAILED_PRECONDITION),  # a call on a closed ProcessPool, whenever it closed
+    *_POOL_ERROR_CODES,  # the pool's own errors, whose rows the pool keeps (pool/errors.py)
     ((ValueError, TypeError), TF_INVALID_ARGUMENT),
     (StopIteration, TF_OUT_OF_RANGE),
     (MemoryError, TF_RESOURCE_EXHAUSTED),

@@ -56,3 +56,13 @@ def test_a_call_on_a_closed_pool_raises_pool_closed_error():
     with pytest.raises(tf.errors.FailedPreconditionError, match="PoolClosedError"):
         tf.function(lambda x: pfb.numpy_function(pf.double, [x], tf.int32,
                                                  executor=pool))(tf.constant(1))
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_a_pool_error_has_one_code_on_every_path(name):
+    # A native call the dispatcher fails gets errors.error_code (Supervisor's
+    # _detach), a Python call the conversion layer's table: the same rows.
+    from pyfunc_bridge import _library
+    error = getattr(pfb, name)("the message")
+    code = PUBLIC[name](None, None, "").error_code
+    assert errors.error_code(error) == _library.conversion().error_code(error) == code
