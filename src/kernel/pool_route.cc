@@ -30,12 +30,9 @@ using ::tensorflow::tstring;
 // input arena before submit returns), described by the records' one rule
 // (input_records.h), with their counts for the statistics.
 struct NativeInputs {
-  struct Free {
-    void operator()(char* block) const { std::free(block); }
-  };
   absl::InlinedVector<PfbDispatchInput, 8> items;
   std::vector<std::vector<int64_t>> dims;
-  std::vector<std::unique_ptr<char, Free>> strings;  // the strings blocks
+  std::vector<std::unique_ptr<char, decltype(&std::free)>> strings;  // the strings blocks
   PfbInputCounts counts{};
 };
 
@@ -99,7 +96,7 @@ bool MakeInputs(OpKernelContext* ctx, int first_input, uint32_t call_flags, Nati
       char* block = pfb_input_strings(&in->items[i], elements.data(), elements.size(), t.dims(),
                                       in->dims[i].data(), &in->counts);
       if (block == nullptr) return false;
-      in->strings.emplace_back(block);
+      in->strings.emplace_back(block, &std::free);
     } else {
       DLDataType dtype;
       if (!ToDLDataType(t.dtype(), &dtype).ok()) return false;

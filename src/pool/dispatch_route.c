@@ -44,11 +44,10 @@ int pfb_dispatch_fits(PfbDispatch* d, const PfbDispatchInput* inputs, uint32_t c
 
 /* Every route's (dispatch.h, PfbDispatchApi). */
 static const PfbDispatchApi api = {
-    pfb_dispatch_call,       pfb_dispatch_finish,
-    pfb_msg_read_tensor,     pfb_dispatch_arena_keep, pfb_dispatch_arena_drop,
-    pfb_dispatch_arena_hand_back, pfb_dispatch_route_keep, pfb_dispatch_route_drop,
-    pfb_dispatch_reply_hand_back, pfb_dispatch_post, pfb_dispatch_abandon,
-    pfb_dispatch_wait};
+    pfb_dispatch_call,       pfb_dispatch_finish,     pfb_dispatch_arena_keep,
+    pfb_dispatch_arena_drop, pfb_dispatch_arena_hand_back, pfb_dispatch_route_keep,
+    pfb_dispatch_route_drop, pfb_dispatch_reply_hand_back, pfb_dispatch_post,
+    pfb_dispatch_abandon,    pfb_dispatch_wait};
 
 PfbDispatchRoute* pfb_dispatch_route_new(PfbDispatch* d, uint64_t token, uint32_t flags) {
   PfbDispatchRoute* route = (PfbDispatchRoute*)calloc(1, sizeof(PfbDispatchRoute));

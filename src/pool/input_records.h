@@ -47,27 +47,24 @@ char* pfb_input_strings(PfbDispatchInput* item, const PfbBytes* elements, uint64
                         int32_t ndim, const int64_t* dims, PfbInputCounts* counts);
 
 /* How a call goes, decided before its first submit (rc 0) and after each
- * submit declined for room (rc ENOSPC: none free now; E2BIG: never). */
-enum {
-  PFB_SEND_DECLINED = 0, /* nothing else can carry it: the caller gives up */
-  PFB_SEND_AS_IS,        /* its records as they are */
-  PFB_SEND_PACKED,       /* more records than a message holds (`fits` 0, from
-                            pfb_dispatch_fits): one pulled payload of the whole
-                            argument list (PFB_POOL_CALL_PACKED) */
-  PFB_SEND_MOVED,        /* the inputs marked in `to_socket` are pulled over
-                            the socket (PFB_POOL_TENSOR_SOCKET) */
-};
+ * submit declined for room (rc ENOSPC: none free now; E2BIG: never):
+ * DECLINED, nothing else can carry it; AS_IS, its records as they are;
+ * PACKED, more records than a message holds (`fits` 0, from
+ * pfb_dispatch_fits), so one pulled payload of the whole argument list
+ * (PFB_POOL_CALL_PACKED); MOVED, some inputs are pulled over the socket:
+ * their records became PFB_POOL_TENSOR_SOCKET ones of payload id 0, for the
+ * caller to fill. */
+enum { PFB_SEND_DECLINED = 0, PFB_SEND_AS_IS, PFB_SEND_PACKED, PFB_SEND_MOVED };
 
 /* The transport of the call of `count` records `inputs`, by the submit's
  * `rc`, `fits`, the input arena's free bytes `room` (pfb_dispatch_free_bytes)
  * and `moves`, the times inputs were moved already.  Its largest blocks go by
  * the socket until the rest fit the room free now (ENOSPC, first move);
  * otherwise, or where they fit in bytes but not in the arena's pieces, all of
- * them.  `to_socket` (count entries) is set for PFB_SEND_MOVED.  Only a
- * caller that can pickle (Python) carries out PACKED or MOVED; the kernel
- * declines instead. */
-int pfb_input_transport(const PfbDispatchInput* inputs, uint32_t count, int rc, int fits,
-                        uint64_t room, int moves, uint8_t* to_socket);
+ * them.  Only a caller that can pickle (Python) carries out PACKED or
+ * MOVED; the kernel declines instead. */
+int pfb_input_transport(PfbDispatchInput* inputs, uint32_t count, int rc, int fits,
+                        uint64_t room, int moves);
 
 #ifdef __cplusplus
 }

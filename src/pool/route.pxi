@@ -24,34 +24,26 @@ class DispatchFailed(RuntimeError):
 _payload_ids = itertools.count(1)
 
 
-cdef object _as_array(object value):
+cdef object _as_array(object value, object other):
     """`value` as the records take it (bytes: a 0-d array of bytes; a NumPy
-    scalar: a 0-d array; an array as it is), or None: a value they cannot
-    describe."""
+    scalar: a 0-d array; an array as it is), or `other` for a value they
+    cannot describe."""
     if isinstance(value, bytes):
-        arr = np.empty((), dtype=object)
-        arr[()] = value
-        return arr
+        return np.array(value, dtype=object)
     if isinstance(value, np.ndarray):
         return value
     if isinstance(value, np.generic):
         return np.asarray(value)
-    return None
-
-
-cdef object _pulled(object value):
-    """`value` as a worker that pulls it gets it: as its block would have
-    made it, or as it is where no block could (shm_layout.h)."""
-    arr = _as_array(value)
-    return value if arr is None else arr
+    return other
 
 
 cdef _put_payload(object value, PfbDispatchInput* item, dict payloads, list ids):
     """Fills `item` for an input the worker pulls over its socket: the
-    pickle of `value` goes into `payloads` under a fresh id (listed in
-    `ids`, whose caller drops them)."""
+    pickle of `value`, as its block would have made it or as it is where no
+    block could (shm_layout.h), goes into `payloads` under a fresh id (listed
+    in `ids`, whose caller drops them)."""
     try:
-        data = pickle.dumps(value, protocol=5)
+        data = pickle.dumps(_as_array(value, value), protocol=5)
     except Exception as exc:
         raise TypeError(f"pyfunc_bridge: an input of the call (a {type(value).__name__}) "
                         f"cannot be sent to the worker process: {type(exc).__name__}: {exc}. "
@@ -60,12 +52,7 @@ cdef _put_payload(object value, PfbDispatchInput* item, dict payloads, list ids)
     payload_id = next(_payload_ids)
     payloads[payload_id] = data
     ids.append(payload_id)
-    item.data = NULL
-    item.nbytes = payload_id
-    item.code = item.bits = 0
-    item.lanes = 1
-    item.flags = PFB_POOL_TENSOR_SOCKET
-    item.ndim = 0
+    item[0] = PfbDispatchInput(NULL, payload_id, 0, 0, 1, PFB_POOL_TENSOR_SOCKET, 0, NULL)
 
 
 cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list keep,
@@ -76,22 +63,20 @@ cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list k
     free).  0, or EINVAL."""
     cdef Py_ssize_t d, j
     cdef PfbBytes* parts
-    arr = _as_array(value)
+    arr = _as_array(value, None)
     if arr is None or arr.ndim > PFB_POOL_MAX_NDIM:
         return EINVAL
     for d in range(arr.ndim):
         dims[d] = arr.shape[d]
     if arr.dtype.kind == "O":
         elements = list(arr.flat)
-        for element_value in elements:
-            if not isinstance(element_value, bytes):
-                return EINVAL
+        if not all([isinstance(element, bytes) for element in elements]):
+            return EINVAL
         parts = <PfbBytes*>malloc(max(len(elements), 1) * sizeof(PfbBytes))
         if parts == NULL:
             raise MemoryError()
-        for j in range(len(elements)):
-            parts[j].data = <bytes>elements[j]  # (unchecked: a bytes subclass too)
-            parts[j].size = len(<bytes>elements[j])
+        for j in range(len(elements)):  # (<bytes>, unchecked: a bytes subclass too)
+            parts[j] = PfbBytes(<bytes>elements[j], len(<bytes>elements[j]))
         block[0] = pfb_input_strings(item, parts, len(elements), arr.ndim, dims, counts)
         free(parts)
         if block[0] == NULL:
@@ -115,7 +100,6 @@ cdef class _Inputs:
     cdef PfbDispatchInput* items
     cdef int64_t* dims
     cdef char** blocks        # the strings blocks, owned
-    cdef uint8_t* to_socket   # pfb_input_transport's choice
     cdef Py_ssize_t n
     cdef list keep            # the arrays the records point to
     cdef object values
@@ -129,14 +113,13 @@ cdef class _Inputs:
         self.items = <PfbDispatchInput*>calloc(max(n, 1), sizeof(PfbDispatchInput))
         self.dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
         self.blocks = <char**>calloc(max(n, 1), sizeof(char*))
-        self.to_socket = <uint8_t*>calloc(max(n, 1), 1)
-        if not (self.items and self.dims and self.blocks and self.to_socket):
+        if not (self.items and self.dims and self.blocks):
             raise MemoryError()
         for i in range(n):
             rc = _ring_input(values[i], &self.items[i], &self.dims[i * PFB_POOL_MAX_NDIM],
                              self.keep, &self.blocks[i], call_flags, &self.counts)
             if rc and payloads is not None:
-                _put_payload(_pulled(values[i]), &self.items[i], payloads, ids)
+                _put_payload(values[i], &self.items[i], payloads, ids)
             elif rc:
                 raise Declined(rc, f"pyfunc_bridge: input {i} ({type(values[i]).__name__}) "
                                    f"is neither numbers nor bytes")
@@ -153,21 +136,19 @@ cdef class _Inputs:
             return False
         how = pfb_input_transport(self.items, count[0], rc,
                                   pfb_dispatch_fits(d, self.items, count[0]),
-                                  pfb_dispatch_free_bytes(d) if rc == ENOSPC else 0, moves,
-                                  self.to_socket)
+                                  pfb_dispatch_free_bytes(d) if rc == ENOSPC else 0, moves)
         if how == PFB_SEND_PACKED:
             for payload_id in self.ids:  # (those pulled alone so far)
                 self.payloads.pop(payload_id, None)
             del self.ids[:]
-            _put_payload([_pulled(value) for value in self.values], &self.items[0],
-                         self.payloads, self.ids)
+            _put_payload([_as_array(v, v) for v in self.values], &self.items[0], self.payloads,
+                         self.ids)
             flags[0] |= PFB_POOL_CALL_PACKED
             count[0] = 1
         elif how == PFB_SEND_MOVED:
-            for i in range(count[0]):
-                if self.to_socket[i]:
-                    _put_payload(_pulled(self.values[i]), &self.items[i], self.payloads,
-                                 self.ids)
+            for i in range(count[0]):  # (those it moved have no payload id yet)
+                if self.items[i].flags & PFB_POOL_TENSOR_SOCKET and self.items[i].nbytes == 0:
+                    _put_payload(self.values[i], &self.items[i], self.payloads, self.ids)
         return how == PFB_SEND_PACKED or how == PFB_SEND_MOVED
 
     def __dealloc__(self):
@@ -176,7 +157,6 @@ cdef class _Inputs:
             for i in range(self.n):
                 free(self.blocks[i])
         free(self.blocks)
-        free(self.to_socket)
         free(self.items)
         free(self.dims)
 
@@ -215,7 +195,6 @@ cdef class Route:
         caller counts the function's."""
         cdef PfbDispatchRoute* r = self._r
         cdef _Inputs records
-        cdef PfbDispatchInput* inputs
         cdef PfbDispatchCall call
         cdef const PfbPoolMessage* m
         cdef int64_t posted = _clock_ns(CLOCK_REALTIME), left = _timeout_ns(wait), part
@@ -227,13 +206,12 @@ cdef class Route:
         memset(&call, 0, sizeof(call))
         try:
             records = _Inputs(values, payloads, ids, flags)
-            inputs = records.items
             records.send(0, &count, &flags, r.d, 0)
             while True:
                 part = _SLICE_NS if left < 0 or left > _SLICE_NS else left
                 with nogil:
-                    rc = pfb_dispatch_call(r.d, r.token, flags, inputs, count, _SLICE_NS, part,
-                                           &call)
+                    rc = pfb_dispatch_call(r.d, r.token, flags, records.items, count, _SLICE_NS,
+                                           part, &call)
                 if rc == ETIMEDOUT:
                     if call.id and left >= 0:  # (a slice of waiting for room is not counted)
                         left -= part

@@ -25,5 +25,5 @@ cdef extern from "input_records.h" nogil:
                            const int64_t* dims, uint32_t call_flags, PfbInputCounts* counts)
     char* pfb_input_strings(PfbDispatchInput* item, const PfbBytes* elements, uint64_t count,
                             int32_t ndim, const int64_t* dims, PfbInputCounts* counts)
-    int pfb_input_transport(const PfbDispatchInput* inputs, uint32_t count, int rc, int fits,
-                            uint64_t room, int moves, uint8_t* to_socket)
+    int pfb_input_transport(PfbDispatchInput* inputs, uint32_t count, int rc, int fits,
+                            uint64_t room, int moves)
