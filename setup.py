@@ -164,8 +164,9 @@ kernels = Extension(
         "src/kernel/xla_late.cc",
         "src/kernel/xla_sites.cc",
         "src/kernel/xla_ops.cc",
-        # The pool's decoder of a DONE, which the kernel calls itself (one
-        # decoder for both paths), and the record reader it uses.
+        # The pool's input records and decoder of a DONE, which the kernel
+        # calls itself (one rule for both paths), and the record reader.
+        "src/pool/input_records.c",
         "src/pool/records.c",
         "src/pool/reply_decode.c",
     ],
@@ -197,7 +198,8 @@ conversion = Extension(
 )
 
 # No TensorFlow flag, header or library: a worker loads this module.
-POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/records.c",
+POOL_C_SOURCES = ["src/pool/arena.c", "src/pool/ring.c", "src/pool/input_records.c",
+                  "src/pool/records.c",
                   "src/pool/reply_decode.c", "src/pool/dispatch_life.c",
                   "src/pool/dispatch_queue.c", "src/pool/dispatch_reply.c",
                   "src/pool/dispatch_route.c", "src/pool/dispatch_submit.c"]

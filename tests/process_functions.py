@@ -153,6 +153,17 @@ def _equal(a, b):
     return np.array_equal(a, b)
 
 
+def over_blocks(*args):
+    """For each input, whether it views a block of the input arena (its
+    chain of bases ends at a view of the arena's mapping) rather than being
+    a pulled copy."""
+    def viewed(a):
+        while isinstance(a, np.ndarray):
+            a = a.base
+        return isinstance(a, memoryview) and not isinstance(a.obj, (bytes, bytearray))
+    return np.array([viewed(a) for a in args])
+
+
 def keeper():
     """A function that keeps every input it is given (an accumulator) and
     returns them all, concatenated: it reads the inputs of earlier calls."""

@@ -2,6 +2,7 @@
 #include "pool_route.h"
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "absl/container/inlined_vector.h"
 #include "bridge.h"
 #include "pool/futex.h"
+#include "pool/input_records.h"
 #include "pool/reply_decode.h"
 #include "pool/route_counts.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
@@ -25,19 +27,13 @@ using ::tensorflow::TensorShape;
 using ::tensorflow::tstring;
 
 // The call's inputs as the dispatcher takes them (it copies them into the
-// input arena before submit returns): numbers as they are, strings encoded
-// as shm_layout.h says (a uint64 length before each element's bytes).
+// input arena before submit returns), described by the records' one rule
+// (input_records.h), with their counts for the statistics.
 struct NativeInputs {
   absl::InlinedVector<PfbDispatchInput, 8> items;
   std::vector<std::vector<int64_t>> dims;
-  std::vector<std::string> strings;
-  // The inputs' data as the statistics count it (the Python path's rules,
-  // stats.pxi _count_input): the pool's bytes (strings' bytes, not their
-  // length prefixes), and the function's, by reason: strings converted,
-  // numbers copied to the worker (but a NumPy scalar, which is a value).
-  uint64_t bytes = 0;
-  uint64_t string_bytes = 0;
-  uint64_t to_worker = 0;
+  std::vector<std::unique_ptr<char, decltype(&std::free)>> strings;  // the strings blocks
+  PfbInputCounts counts{};
 };
 
 namespace {
@@ -85,46 +81,29 @@ class ArenaBuffer : public tensorflow::TensorBuffer {
   size_t size_;
 };
 
-bool MakeInputs(OpKernelContext* ctx, int first_input, bool scalars, NativeInputs* in) {
+bool MakeInputs(OpKernelContext* ctx, int first_input, uint32_t call_flags, NativeInputs* in) {
   const int n = ctx->num_inputs() - first_input;
   in->dims.resize(n);
-  in->strings.resize(n);
+  in->items.resize(n);
   for (int i = 0; i < n; ++i) {
     const Tensor& t = ctx->input(first_input + i);
-    PfbDispatchInput item{};
     if (t.dims() > PFB_POOL_MAX_NDIM) return false;
     for (int64_t d : t.shape().dim_sizes()) in->dims[i].push_back(d);
-    item.ndim = t.dims();
-    item.dims = in->dims[i].data();
-    item.lanes = 1;
     if (t.dtype() == tensorflow::DT_STRING) {
-      std::string& block = in->strings[i];
       auto flat = t.flat<tstring>();
-      for (int64_t j = 0; j < flat.size(); ++j) {
-        const uint64_t size = flat(j).size();
-        char length[8];
-        for (int b = 0; b < 8; ++b) length[b] = static_cast<char>((size >> (8 * b)) & 0xff);
-        block.append(length, 8);
-        block.append(flat(j).data(), size);
-      }
-      item.flags = PFB_POOL_TENSOR_STRINGS;
-      item.code = item.bits = 0;
-      item.data = block.data();
-      item.nbytes = block.size();
-      in->string_bytes += block.size() - 8 * static_cast<uint64_t>(flat.size());
-      in->bytes += block.size() - 8 * static_cast<uint64_t>(flat.size());
+      std::vector<PfbBytes> elements(flat.size());
+      for (int64_t j = 0; j < flat.size(); ++j) elements[j] = {flat(j).data(), flat(j).size()};
+      char* block = pfb_input_strings(&in->items[i], elements.data(), elements.size(), t.dims(),
+                                      in->dims[i].data(), &in->counts);
+      if (block == nullptr) return false;
+      in->strings.emplace_back(block, &std::free);
     } else {
       DLDataType dtype;
       if (!ToDLDataType(t.dtype(), &dtype).ok()) return false;
-      item.code = dtype.code;
-      item.bits = dtype.bits;
-      item.lanes = dtype.lanes;
-      item.data = t.tensor_data().data();
-      item.nbytes = t.tensor_data().size();
-      in->bytes += item.nbytes;
-      if (!(scalars && t.dims() == 0)) in->to_worker += item.nbytes;
+      pfb_input_numbers(&in->items[i], t.tensor_data().data(), t.tensor_data().size(),
+                        dtype.code, dtype.bits, dtype.lanes, t.dims(), in->dims[i].data(),
+                        call_flags, &in->counts);
     }
-    in->items.push_back(item);
   }
   return true;
 }
@@ -216,7 +195,7 @@ NativeCall::~NativeCall() {
 bool NativeCall::Describe(OpKernelContext* ctx, const PfbDispatchRoute* route, int first_input) {
   began_ = pfb_clock_ns(CLOCK_MONOTONIC);
   in_ = std::make_unique<NativeInputs>();
-  if (!MakeInputs(ctx, first_input, (route->flags & PFB_POOL_CALL_SCALARS) != 0, in_.get())) {
+  if (!MakeInputs(ctx, first_input, route->flags, in_.get())) {
     return false;
   }
   route_ = route;
@@ -287,8 +266,8 @@ NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOu
       // The function's error; not a call its worker answered (the pool's
       // calls and bytes_in), as on the Python path.
       pfb_route_add(&counts->errors, 1);
-      pfb_route_add(&counts->strings_in, in.string_bytes);
-      pfb_route_add(&counts->worker_in, in.to_worker);
+      pfb_route_add(&counts->strings_in, in.counts.string_bytes);
+      pfb_route_add(&counts->worker_in, in.counts.to_worker);
       pfb_route_add(&counts->total_ns, pfb_clock_ns(CLOCK_MONOTONIC) - began);
     }
     ctx->SetStatus(absl::Status(static_cast<absl::StatusCode>(call.error_code),
@@ -301,7 +280,8 @@ NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOu
   // A call its worker answered: the pool's figures, and the inputs' share
   // of the function's (route_counts.h, as the Python path counts).
   auto count_answered = [&] {
-    pfb_route_count_answered(counts, &m, posted, in.bytes, in.string_bytes, in.to_worker);
+    pfb_route_count_answered(counts, &m, posted, in.counts.bytes, in.counts.string_bytes,
+                             in.counts.to_worker);
   };
   // A call handed to Python (which counts the rest).
   auto replied = [&] {

@@ -9,7 +9,7 @@ with NumPy's headers only, and a worker loads it by path
 """
 from libc.errno cimport (E2BIG, EAGAIN, EINVAL, EMSGSIZE, ENOMEM, ENOSPC, EPIPE, EPROTO,
                          ERANGE, ETIMEDOUT)
-from libc.stdint cimport SIZE_MAX, int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport SIZE_MAX, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset, strncpy
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
@@ -26,6 +26,7 @@ cimport numpy as cnp
 from includes.arena cimport *
 from includes.copy_facts cimport *
 from includes.dispatch cimport *
+from includes.input_records cimport *
 from includes.numpy_handler cimport PyDataMem_Handler, PyDataMem_SetHandler
 from includes.pthread cimport *
 from includes.records cimport *

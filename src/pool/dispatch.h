@@ -210,7 +210,7 @@ uint64_t pfb_dispatch_free_bytes(PfbDispatch* d);
 /* Whether a CALL of these inputs fits the workers' request rings (before a
  * worker was attached: a message), by pfb_pool_message_fits (records.h).
  * pfb_dispatch_call declines one that does not (E2BIG); it travels packed
- * (PFB_POOL_CALL_PACKED, src/pool/route.pxi). */
+ * (PFB_POOL_CALL_PACKED, input_records.h). */
 int pfb_dispatch_fits(PfbDispatch* d, const PfbDispatchInput* inputs, uint32_t count);
 
 /* Counters, for tests and statistics. */

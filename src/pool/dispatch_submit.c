@@ -121,7 +121,7 @@ int pfb_disp_alloc_blocks(PfbDispatch* d, const uint64_t* sizes, uint32_t count,
      * their calls.  With no call in flight, the room there is now is all
      * there will be (functions keep the rest): the caller hears ENOSPC at
      * once rather than after the timeout, and pulls inputs instead
-     * (route.pxi, _move_to_socket). */
+     * (input_records.h, pfb_input_transport). */
     /* Counted before `outstanding` is read (on_done lowers it, then reads
      * this): either this sees the DONE, or its reply thread sees this
      * waiter and wakes it. */

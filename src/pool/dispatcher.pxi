@@ -108,7 +108,7 @@ cdef class Dispatcher:
         call that failed.  For tests and measurements of the native path."""
         cdef uint32_t n = len(arrays)
         cdef Py_ssize_t k
-        cdef _Inputs inputs = _Inputs(arrays, None, None)
+        cdef _Inputs inputs = _Inputs(arrays, None, None, flags)
         cdef uint64_t* stamps = <uint64_t*>calloc(max(times, 1) * 2, sizeof(uint64_t))
         cdef PfbDispatchCall call
         cdef int rc = 0

@@ -23,7 +23,7 @@ extern "C" {
 /* Whether a message of `slots` slots travels on a ring of `ring_slots`
  * (0: none known yet, so only the longest message counts): the one rule for
  * both directions.  A CALL that does not goes packed (PFB_POOL_CALL_PACKED,
- * dispatch_submit.c and src/pool/route.pxi), a DONE by the worker's socket
+ * dispatch_submit.c and input_records.h), a DONE by the worker's socket
  * (PFB_POOL_STATUS_SOCKET, Channel.fits and worker/ring_server.py), so that
  * a pool call takes as many inputs and outputs as an in-process one. */
 static inline int pfb_pool_message_fits(uint64_t slots, uint32_t ring_slots) {

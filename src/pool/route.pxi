@@ -24,34 +24,26 @@ class DispatchFailed(RuntimeError):
 _payload_ids = itertools.count(1)
 
 
-cdef object _as_array(object value):
+cdef object _as_array(object value, object other):
     """`value` as the records take it (bytes: a 0-d array of bytes; a NumPy
-    scalar: a 0-d array; an array as it is), or None: a value they cannot
-    describe."""
+    scalar: a 0-d array; an array as it is), or `other` for a value they
+    cannot describe."""
     if isinstance(value, bytes):
-        arr = np.empty((), dtype=object)
-        arr[()] = value
-        return arr
+        return np.array(value, dtype=object)
     if isinstance(value, np.ndarray):
         return value
     if isinstance(value, np.generic):
         return np.asarray(value)
-    return None
-
-
-cdef object _pulled(object value):
-    """`value` as a worker that pulls it gets it: as its block would have
-    made it, or as it is where no block could (shm_layout.h)."""
-    arr = _as_array(value)
-    return value if arr is None else arr
+    return other
 
 
 cdef _put_payload(object value, PfbDispatchInput* item, dict payloads, list ids):
     """Fills `item` for an input the worker pulls over its socket: the
-    pickle of `value` goes into `payloads` under a fresh id (listed in
-    `ids`, whose caller drops them)."""
+    pickle of `value`, as its block would have made it or as it is where no
+    block could (shm_layout.h), goes into `payloads` under a fresh id (listed
+    in `ids`, whose caller drops them)."""
     try:
-        data = pickle.dumps(value, protocol=5)
+        data = pickle.dumps(_as_array(value, value), protocol=5)
     except Exception as exc:
         raise TypeError(f"pyfunc_bridge: an input of the call (a {type(value).__name__}) "
                         f"cannot be sent to the worker process: {type(exc).__name__}: {exc}. "
@@ -60,103 +52,44 @@ cdef _put_payload(object value, PfbDispatchInput* item, dict payloads, list ids)
     payload_id = next(_payload_ids)
     payloads[payload_id] = data
     ids.append(payload_id)
-    item.data = NULL
-    item.nbytes = payload_id
-    item.code = item.bits = 0
-    item.lanes = 1
-    item.flags = PFB_POOL_TENSOR_SOCKET
-    item.ndim = 0
-
-
-cdef bint _packed(object values, PfbDispatchInput* inputs, uint32_t* count, uint32_t* flags,
-                  PfbDispatch* d, dict payloads, list ids) except -1:
-    """Packs a call whose records would not fit the ring (pfb_dispatch_fits;
-    PFB_POOL_CALL_PACKED): inputs[0] becomes its one record, whose payload
-    is the list of every input as a pulled one (those pulled alone so far
-    are dropped).  Whether it did."""
-    if payloads is None or count[0] < 2 or pfb_dispatch_fits(d, inputs, count[0]):
-        return False
-    for payload_id in ids:
-        payloads.pop(payload_id, None)
-    del ids[:]
-    _put_payload([_pulled(value) for value in values], &inputs[0], payloads, ids)
-    flags[0] |= PFB_POOL_CALL_PACKED
-    count[0] = 1
-    return True
-
-
-cdef bint _move_to_socket(object values, PfbDispatchInput* inputs, Py_ssize_t n, uint64_t room,
-                          dict payloads, list ids) except -1:
-    """The rule for a call whose inputs the arena has no room for (ENOSPC)
-    or never will (E2BIG): its largest inputs go by the socket until the
-    rest fit the room free now (`room`; with 0, or where none needs to,
-    all of them).  Whether any moved."""
-    cdef Py_ssize_t i
-    blocks = []  # (its block's bytes, index) of each input that has one
-    for i in range(n):
-        if not inputs[i].flags & PFB_POOL_TENSOR_SOCKET:
-            blocks.append((-(-<object>inputs[i].nbytes // PFB_POOL_ALIGN) * PFB_POOL_ALIGN, i))
-    blocks.sort(reverse=True)
-    need = sum(size for size, _ in blocks)
-    moved = False
-    for size, i in blocks:
-        if room and need <= room:
-            break
-        need -= size
-        _put_payload(_pulled(values[i]), &inputs[i], payloads, ids)
-        moved = True
-    if not moved and room:  # they fit the room in bytes, not in its pieces: all go
-        return _move_to_socket(values, inputs, n, 0, payloads, ids)
-    return moved
+    item[0] = PfbDispatchInput(NULL, payload_id, 0, 0, 1, PFB_POOL_TENSOR_SOCKET, 0, NULL)
 
 
 cdef int _ring_input(object value, PfbDispatchInput* item, int64_t* dims, list keep,
-                     uint64_t* data_bytes) except -1:
-    """Fills `item` (and `dims`) for one input as the dispatcher takes it,
-    numbers as they are and bytes as a strings block (shm_layout.h), keeping
-    what it points to in `keep`; adds its data's bytes (strings' without
-    their length prefixes) to `data_bytes`.  0, or EINVAL."""
-    cdef Py_ssize_t d
-    arr = _as_array(value)
-    if arr is None:
+                     char** block, uint32_t call_flags, PfbInputCounts* counts) except -1:
+    """Fills `item` (and `dims`) for one input by the records' one rule
+    (input_records.h), from its data, dtype and shape: numbers as they are
+    (kept in `keep`), bytes as a strings block (in `block`, the caller's to
+    free).  0, or EINVAL."""
+    cdef Py_ssize_t d, j
+    cdef PfbBytes* parts
+    arr = _as_array(value, None)
+    if arr is None or arr.ndim > PFB_POOL_MAX_NDIM:
         return EINVAL
-    if arr.ndim > PFB_POOL_MAX_NDIM:
-        return EINVAL
-    kind = arr.dtype.kind
-    if kind == "O":
-        parts = []
-        total = 0
-        for element in arr.flat:
-            if not isinstance(element, bytes):
-                return EINVAL
-            parts.append(len(element).to_bytes(8, "little"))
-            parts.append(element)
-            total += len(element)
-        block = b"".join(parts)
-        keep.append(block)
-        item.data = <const char*>block
-        item.nbytes = len(block)
-        item.code = item.bits = 0
-        item.flags = PFB_POOL_TENSOR_STRINGS
-        data_bytes[0] += total
-    else:
-        dl = dl_dtype(arr.dtype)
-        if dl is None:
-            return EINVAL
-        item.code = dl[0]
-        if not arr.flags.c_contiguous:
-            arr = arr.copy(order="C")  # (ascontiguousarray would make a 0-d array 1-d)
-        keep.append(arr)
-        item.data = cnp.PyArray_DATA(arr)
-        item.nbytes = cnp.PyArray_NBYTES(arr)
-        item.bits = arr.dtype.itemsize * 8
-        item.flags = 0
-        data_bytes[0] += item.nbytes
-    item.lanes = 1
-    item.ndim = arr.ndim
-    item.dims = dims
     for d in range(arr.ndim):
         dims[d] = arr.shape[d]
+    if arr.dtype.kind == "O":
+        elements = list(arr.flat)
+        if not all([isinstance(element, bytes) for element in elements]):
+            return EINVAL
+        parts = <PfbBytes*>malloc(max(len(elements), 1) * sizeof(PfbBytes))
+        if parts == NULL:
+            raise MemoryError()
+        for j in range(len(elements)):  # (<bytes>, unchecked: a bytes subclass too)
+            parts[j] = PfbBytes(<bytes>elements[j], len(<bytes>elements[j]))
+        block[0] = pfb_input_strings(item, parts, len(elements), arr.ndim, dims, counts)
+        free(parts)
+        if block[0] == NULL:
+            raise MemoryError()
+        return 0
+    dl = dl_dtype(arr.dtype)
+    if dl is None:
+        return EINVAL
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")  # (ascontiguousarray would make a 0-d array 1-d)
+    keep.append(arr)
+    pfb_input_numbers(item, cnp.PyArray_DATA(arr), cnp.PyArray_NBYTES(arr), dl[0], dl[1], 1,
+                      arr.ndim, dims, call_flags, counts)
     return 0
 
 
@@ -166,26 +99,64 @@ cdef class _Inputs:
     `payloads`, its id in `ids`), or without `payloads` raises Declined."""
     cdef PfbDispatchInput* items
     cdef int64_t* dims
-    cdef list keep            # what the records point to
-    cdef uint64_t data_bytes  # _ring_input's count, for the route's bytes_in
+    cdef char** blocks        # the strings blocks, owned
+    cdef Py_ssize_t n
+    cdef list keep            # the arrays the records point to
+    cdef object values
+    cdef dict payloads
+    cdef list ids
+    cdef PfbInputCounts counts  # for the route's bytes_in
 
-    def __cinit__(self, values, dict payloads, list ids):
-        cdef Py_ssize_t n = len(values), i
+    def __cinit__(self, values, dict payloads, list ids, uint32_t call_flags):
+        cdef Py_ssize_t i, n = len(values)
+        self.n, self.values, self.payloads, self.ids, self.keep = n, values, payloads, ids, []
         self.items = <PfbDispatchInput*>calloc(max(n, 1), sizeof(PfbDispatchInput))
         self.dims = <int64_t*>calloc(max(n, 1) * PFB_POOL_MAX_NDIM, sizeof(int64_t))
-        self.keep = []
-        if self.items == NULL or self.dims == NULL:
+        self.blocks = <char**>calloc(max(n, 1), sizeof(char*))
+        if not (self.items and self.dims and self.blocks):
             raise MemoryError()
         for i in range(n):
             rc = _ring_input(values[i], &self.items[i], &self.dims[i * PFB_POOL_MAX_NDIM],
-                             self.keep, &self.data_bytes)
+                             self.keep, &self.blocks[i], call_flags, &self.counts)
             if rc and payloads is not None:
-                _put_payload(_pulled(values[i]), &self.items[i], payloads, ids)
+                _put_payload(values[i], &self.items[i], payloads, ids)
             elif rc:
                 raise Declined(rc, f"pyfunc_bridge: input {i} ({type(values[i]).__name__}) "
                                    f"is neither numbers nor bytes")
 
+    cdef bint send(self, int rc, uint32_t* count, uint32_t* flags, PfbDispatch* d,
+                   int moves) except -1:
+        """Carries out the transport that pfb_input_transport chooses after a
+        submit's `rc` (0: before the first): packs the call (inputs[0]
+        becomes its one record, whose payload is the list of every input as
+        a pulled one), or pickles the inputs it moves to the socket.
+        Whether it did either (never without `payloads`)."""
+        cdef uint32_t i
+        if self.payloads is None:
+            return False
+        how = pfb_input_transport(self.items, count[0], rc,
+                                  pfb_dispatch_fits(d, self.items, count[0]),
+                                  pfb_dispatch_free_bytes(d) if rc == ENOSPC else 0, moves)
+        if how == PFB_SEND_PACKED:
+            for payload_id in self.ids:  # (those pulled alone so far)
+                self.payloads.pop(payload_id, None)
+            del self.ids[:]
+            _put_payload([_as_array(v, v) for v in self.values], &self.items[0], self.payloads,
+                         self.ids)
+            flags[0] |= PFB_POOL_CALL_PACKED
+            count[0] = 1
+        elif how == PFB_SEND_MOVED:
+            for i in range(count[0]):  # (those it moved have no payload id yet)
+                if self.items[i].flags & PFB_POOL_TENSOR_SOCKET and self.items[i].nbytes == 0:
+                    _put_payload(self.values[i], &self.items[i], self.payloads, self.ids)
+        return how == PFB_SEND_PACKED or how == PFB_SEND_MOVED
+
     def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.blocks != NULL:
+            for i in range(self.n):
+                free(self.blocks[i])
+        free(self.blocks)
         free(self.items)
         free(self.dims)
 
@@ -224,7 +195,6 @@ cdef class Route:
         caller counts the function's."""
         cdef PfbDispatchRoute* r = self._r
         cdef _Inputs records
-        cdef PfbDispatchInput* inputs
         cdef PfbDispatchCall call
         cdef const PfbPoolMessage* m
         cdef int64_t posted = _clock_ns(CLOCK_REALTIME), left = _timeout_ns(wait), part
@@ -235,14 +205,13 @@ cdef class Route:
         ids = []  # payload ids of this call's inputs in `payloads`
         memset(&call, 0, sizeof(call))
         try:
-            records = _Inputs(values, payloads, ids)
-            inputs = records.items
-            _packed(values, inputs, &count, &flags, r.d, payloads, ids)
+            records = _Inputs(values, payloads, ids, flags)
+            records.send(0, &count, &flags, r.d, 0)
             while True:
                 part = _SLICE_NS if left < 0 or left > _SLICE_NS else left
                 with nogil:
-                    rc = pfb_dispatch_call(r.d, r.token, flags, inputs, count, _SLICE_NS, part,
-                                           &call)
+                    rc = pfb_dispatch_call(r.d, r.token, flags, records.items, count, _SLICE_NS,
+                                           part, &call)
                 if rc == ETIMEDOUT:
                     if call.id and left >= 0:  # (a slice of waiting for room is not counted)
                         left -= part
@@ -250,13 +219,7 @@ cdef class Route:
                             raise TimeoutError(f"pyfunc_bridge: the call was not done "
                                                f"within {wait} s (abandoned)")
                     PyErr_CheckSignals()
-                elif (rc == ENOSPC or rc == E2BIG) and payloads is not None and (
-                        # (the rings' size may have come meanwhile)
-                        _packed(values, inputs, &count, &flags, r.d, payloads, ids)
-                        or _move_to_socket(values, inputs, count,
-                                           pfb_dispatch_free_bytes(r.d)
-                                           if rc == ENOSPC and not moves else 0,
-                                           payloads, ids)):
+                elif rc and records.send(rc, &count, &flags, r.d, moves):
                     moves += 1  # the same call, with fewer blocks (the second time: none)
                 elif rc:
                     raise Declined(rc, f"pyfunc_bridge: the dispatcher declined the call "
@@ -272,7 +235,7 @@ cdef class Route:
             if pfb_route_counting(r.counting):
                 # (The inputs' share of the function's figures: the caller's.)
                 pfb_route_count_answered(&r.counts, &call.reply[0].message, posted,
-                                         records.data_bytes, 0, 0)
+                                         records.counts.bytes, 0, 0)
                 pfb_route_add(&r.counts.replied, 1)
             reply = Reply.__new__(Reply)
             (<Reply>reply)._take(&call)  # (one it refuses, it hands back)

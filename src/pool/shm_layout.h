@@ -240,7 +240,7 @@ enum {
   /* A call whose input records would not fit its ring (more inputs than
    * its slots: pfb_pool_message_fits, records.h): its one record is a
    * PFB_POOL_TENSOR_SOCKET input whose payload is the pickled list of all
-   * its inputs, each as a pulled input (src/pool/route.pxi, _packed), which
+   * its inputs, each as a pulled input (input_records.h, PFB_SEND_PACKED), which
    * the function gets as its arguments. */
   PFB_POOL_CALL_PACKED = 64
 };

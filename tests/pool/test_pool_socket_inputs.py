@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import process_functions as pf
-from conftest import input_arena_whole
+from conftest import input_arena_whole, wait_for
 from fresh_python import fresh_python
 import pyfunc_bridge as pfb
 
@@ -97,6 +97,19 @@ def test_kept_inputs_fill_the_arena_and_later_calls_are_pulled(small):
             pfb.numpy_function(pf.double, [tf.constant(later)], tf.float32,
                                executor=small).numpy(), later * 2)
     assert small.free_input_bytes == 0
+
+
+def test_the_largest_inputs_are_pulled_until_the_rest_fit_the_room(small):
+    """A call the arena has no room for now, with no call in flight (ENOSPC):
+    its largest inputs go by the socket until the rest fit the room free
+    (input_records.h, pfb_input_transport), whatever their order."""
+    keep = pf.keeper()
+    pfb.numpy_function(keep, [tf.zeros([512], tf.float32)], tf.float32, executor=small)
+    wait_for(lambda: small.free_input_bytes == 2048)  # 2 KiB kept for good
+    large, little = tf.zeros([768], tf.float32), tf.ones([256], tf.float32)  # 3 KiB, 1 KiB
+    for inputs, blocks in (([large, little], [False, True]), ([little, large], [True, False])):
+        got = pfb.numpy_function(pf.over_blocks, inputs, tf.bool, executor=small)
+        assert got.numpy().tolist() == blocks
 
 
 def test_torch_gets_pulled_inputs_as_tensors(torch):
