@@ -24,6 +24,9 @@ class CopyFacts:
     def __init__(self, np, input_map):
         self.np = np
         self.input_map = input_map  # the input arena: its blocks are input blocks
+        # id() of each live pulled input's memoryview -> its weak reference
+        # (WorkerMemory.pulled_input): input memory too, as a block is.
+        self.pulled = {}
         self.facts = pool_module()  # copy_facts.h's rule (facts.pxi)
 
     def one_facts(self, value, outside, writable, framework, ranges):
@@ -40,8 +43,9 @@ class CopyFacts:
         if isinstance(value, np.ndarray):
             if not value.size:
                 return None
-            facts = (self.facts.writable_elsewhere(value, outside, read_only, self.input_map),
-                     *self.facts.layout(value), False)
+            facts = (self.facts.writable_elsewhere(value, outside, read_only, self.input_map,
+                                                   self.pulled),
+                     *self.facts.layout(value, self.pulled), False)
         elif (framework is not None and hasattr(type(value), "__dlpack__")
               and not isinstance(value, np.generic)):
             facts = self.dlpack_facts(value, outside, ranges)
@@ -88,4 +92,4 @@ class CopyFacts:
             return None
         if foreign and self.facts.inside(address(arr), arr.nbytes, ranges):
             foreign = False  # a view of an input: TensorFlow's memory in-process
-        return (foreign, *self.facts.layout(arr), lazy)
+        return (foreign, *self.facts.layout(arr, self.pulled), lazy)

@@ -47,6 +47,29 @@ class WorkerMemory(CopyFacts):
         self.input_blocks[id(ref)] = (ref, offset)
         return block
 
+    def pulled_input(self, value):
+        """`value`, an input pulled over the socket, as a view of a memoryview
+        the copy facts then know for an input's memory, as a block's (the
+        call's input memory, as TensorFlow's is in-process), not as memory
+        the function found.  Unpickled, an array views bytes or a bytearray."""
+        np = self.np
+        end = value
+        while isinstance(end, np.ndarray):
+            end = end.base
+        if end is None or isinstance(value, np.generic):
+            return value  # (an array owning its data is the call's already)
+        try:
+            flat = np.frombuffer(memoryview(end), np.uint8)  # (its base: a memoryview)
+        except (TypeError, ValueError):
+            return value
+        value = np.ndarray(value.shape, value.dtype, flat, address(value) - address(flat),
+                           value.strides)
+        view = flat.base
+        del flat
+        key = id(view)
+        self.pulled[key] = weakref.ref(view, lambda _, key=key: self.pulled.pop(key, None))
+        return value
+
     def _input_gone(self, ref):
         _, offset = self.input_blocks.pop(id(ref))
         self.inputs_freed.append(offset)  # INPUTS_BACK names a block by its offset

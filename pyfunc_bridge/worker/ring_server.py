@@ -199,7 +199,8 @@ class RingServer:
         pw = self.pw
         if flags & pw.CALL_PACKED:
             (record,) = message.items
-            return [self.pulled(value, flags) for value in self.pull(record[4])]
+            return [self.pulled(self.worker.pulled_input(value), flags)
+                    for value in self.pull(record[4])]
         return [self.arg(t, flags) for t in message.items]
 
     def pulled(self, value, flags):
@@ -225,7 +226,7 @@ class RingServer:
         np = worker.np
         code, bits, lanes, tflags, offset, size, shape = tensor
         if tflags & pw.TENSOR_SOCKET:
-            return self.pulled(self.pull(offset), flags)
+            return self.pulled(worker.pulled_input(self.pull(offset)), flags)
         if tflags & pw.TENSOR_STRINGS:
             block = worker.input_block(offset, size) if size else b""
             arr = strings_array(np, memoryview(block), shape)
