@@ -1,4 +1,6 @@
 """A result's copy facts, gathered in the worker for the parent's copy=False."""
+import weakref
+
 from .compiled import pool_module
 from .values import CONVERTED_BY_THE_PARENT, framework_adapter, frameworks
 
@@ -24,9 +26,9 @@ class CopyFacts:
     def __init__(self, np, input_map):
         self.np = np
         self.input_map = input_map  # the input arena: its blocks are input blocks
-        # id() of each live pulled input's memoryview -> its weak reference
-        # (WorkerMemory.pulled_input): input memory too, as a block is.
-        self.pulled = {}
+        # id() -> the memoryview of each pulled input (WorkerMemory.pulled_input,
+        # by id: a writable one does not hash): input memory too, as a block is.
+        self.pulled = weakref.WeakValueDictionary()
         self.facts = pool_module()  # copy_facts.h's rule (facts.pxi)
 
     def one_facts(self, value, outside, writable, framework, ranges):

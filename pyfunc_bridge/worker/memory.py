@@ -56,19 +56,16 @@ class WorkerMemory(CopyFacts):
         end = value
         while isinstance(end, np.ndarray):
             end = end.base
-        if end is None or isinstance(value, np.generic):
-            return value  # (an array owning its data is the call's already)
+        if end is None or end is value:
+            return value  # (not an array, or one owning its data: the call's already)
         try:
             flat = np.frombuffer(memoryview(end), np.uint8)  # (its base: a memoryview)
+            view = np.ndarray(value.shape, value.dtype, flat, address(value) - address(flat),
+                              value.strides)
         except (TypeError, ValueError):
             return value
-        value = np.ndarray(value.shape, value.dtype, flat, address(value) - address(flat),
-                           value.strides)
-        view = flat.base
-        del flat
-        key = id(view)
-        self.pulled[key] = weakref.ref(view, lambda _, key=key: self.pulled.pop(key, None))
-        return value
+        self.pulled[id(flat.base)] = flat.base
+        return view
 
     def _input_gone(self, ref):
         _, offset = self.input_blocks.pop(id(ref))

@@ -14,7 +14,7 @@ cdef extern from "Python.h":
 
 cdef struct _InputArena:
     PyObject* input_map  # the input arena's mapping
-    PyObject* pulled     # dict: id() of each live pulled input's memoryview
+    PyObject* pulled     # the pulled inputs' memoryviews by id (CopyFacts.pulled)
     bint read_only       # inputs stand for read-only TF memory
 
 
@@ -31,7 +31,7 @@ cdef int _input_block_end(PyObject* end, void* ctx) noexcept:
     cdef Py_ssize_t refs = Py_REFCNT(end)  # (before <object>end below takes one)
     if Py_TYPE(end) != &PyMemoryView_Type or (
             PyMemoryView_GET_BUFFER(end).obj != inputs.input_map
-            and id(<object>end) not in <dict>inputs.pulled):
+            and id(<object>end) not in <object>inputs.pulled):
         return PFB_END_FOREIGN
     if inputs.read_only:
         return PFB_END_READ_ONLY
@@ -39,7 +39,7 @@ cdef int _input_block_end(PyObject* end, void* ctx) noexcept:
 
 
 def writable_elsewhere(cnp.ndarray arr not None, Py_ssize_t outside_refs, bint read_only,
-                       input_map, dict pulled not None):
+                       input_map, pulled):
     """Whether Python could write result `arr`'s memory after the call, as the
     conversion layer judges in-process (`outside_refs`: references to it the
     worker does not hold; `read_only`: inputs are read-only; `pulled`: the
@@ -51,7 +51,7 @@ def writable_elsewhere(cnp.ndarray arr not None, Py_ssize_t outside_refs, bint r
     return pfb_writable_elsewhere(<PyObject*>arr, outside_refs, _input_block_end, &judged)
 
 
-def layout(cnp.ndarray arr not None, dict pulled=None):
+def layout(cnp.ndarray arr not None, pulled=None):
     """(compact, aligned) of `arr` as the parent would find them in-process,
     where its allocator aligns every fresh array, and TensorFlow every input
     (`pulled`, as writable_elsewhere's: a view of a pulled input is aligned
