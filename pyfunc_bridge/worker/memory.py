@@ -21,7 +21,6 @@ class WorkerMemory(CopyFacts):
     def __init__(self, sock, np, input_map, result_map):
         super().__init__(np, input_map)
         self.sock = sock
-        self.inputs_base = address(np.frombuffer(input_map, np.uint8))
         self.results = np.frombuffer(result_map, np.uint8)
         # The result arena's allocator and NumPy handler (src/pool/): a fresh
         # result of the function is already in shared memory.

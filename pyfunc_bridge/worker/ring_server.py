@@ -8,6 +8,7 @@ import select
 import sys
 import time
 
+from .copy_facts import address
 from .frames import PICKLE_PROTOCOL, send
 from .values import adapter_named, as_numpy, strings_array, wrap_input
 
@@ -256,7 +257,14 @@ class RingServer:
         result = None
         try:
             # The inputs first: raised for, they go back with the DONE.
-            values = [wrap_input(np, v, framework) for v in self.args(message, flags)]
+            args = self.args(message, flags)
+            # Their memory (blocks or pulled), which a DLPack producer's copy
+            # facts take for TensorFlow's, as in-process; no reference kept.
+            ranges = [(address(a), address(a) + a.nbytes) for a in args
+                      if isinstance(a, np.ndarray) and a.dtype.kind != "O"] if (
+                flags & pw.CALL_FACTS and framework is not None) else ()
+            values = [wrap_input(np, v, framework) for v in args]
+            del args
             func = self.function(message.token, message.call_id)
             result = worker.arena.call(func, values)
             if framework == "torch" and not writable:
@@ -275,7 +283,6 @@ class RingServer:
                 items = (result,)
             facts = [None] * len(items)
             if flags & pw.CALL_FACTS:
-                ranges = self.input_ranges(message.items) if framework is not None else ()
                 facts = (worker.items_facts(items, result, outside, writable, framework, ranges)
                          if shape_kind != pw.DONE_ONE
                          else [worker.one_facts(result, outside, writable, framework, ranges)])
@@ -312,13 +319,6 @@ class RingServer:
         self.channel.post(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
                           flags=shape_kind, status=status, block=block,
                           stamp=started, ended=time.time_ns())
-
-    def input_ranges(self, records):
-        """The addresses of a CALL's input blocks (a DLPack producer's facts
-        take a view of one for TensorFlow's memory, as in-process)."""
-        base = self.worker.inputs_base
-        return [(base + r[4], base + r[4] + math.prod(r[6]) * (r[1] // 8) * r[2])
-                for r in records if r[5] and not r[3] & self.pw.TENSOR_STRINGS]
 
     def hand_back_tensors(self, tensors):
         """Frees the result blocks of records that will not be sent."""
