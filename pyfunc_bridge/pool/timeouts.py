@@ -27,12 +27,9 @@ def abandoned(pool, slot, call_id):
     replaced (Supervisor.lost), so that the pool serves the next call now,
     not once the function returns.  A worker that has not started the call,
     or is past it, runs on (it hands the results back)."""
-    with pool._lock:
-        # Under the lock, a worker marked alive has not been reaped (_check).
-        workers = pool._supervisor.workers
-        worker = workers[slot] if 0 <= slot < len(workers) else None
-        if (worker is not None and worker.alive and worker.channel is not None
-                and worker.channel.running()[0] == call_id):
+    with pool._lock:  # (a worker marked alive has not been reaped: its pid is its own)
+        worker = pool._supervisor.workers[slot]  # (a slot calls went to: started)
+        if worker.alive and worker.channel is not None and worker.channel.running()[0] == call_id:
             os.kill(worker.pid, signal.SIGKILL)
 
 
