@@ -440,6 +440,12 @@ def keeps_its_input(a):
     return a * 2
 
 
+def keeps_and_returns_its_input(a):
+    """Keeps each input and returns it as it is."""
+    _kept_inputs.append(a)
+    return a
+
+
 def is_writable(a):
     """Whether the function may write its input (copy=True, torch)."""
     return np.bool_(a.flags.writeable)

@@ -21,6 +21,7 @@ import pickle
 import sys
 import threading
 import weakref
+from functools import partial
 from numbers import Real
 
 from pyfunc_bridge import _locks
@@ -31,7 +32,7 @@ from pyfunc_bridge.pool.errors import (EXIT_TEXT, PoolClosedError, WorkerError,
 from pyfunc_bridge.pool.pickling import Functions
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.pool.supervision import Supervisor
-from pyfunc_bridge.pool.timeouts import Deadlines
+from pyfunc_bridge.pool.timeouts import Deadlines, abandoned
 from pyfunc_bridge.pool.worker_process import shared_memory
 from pyfunc_bridge.worker.compiled import pool_module
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL
@@ -252,7 +253,8 @@ class ProcessPool:
             if supervisor.broken:
                 supervisor.revive()  # (past its back-off: it starts the lost workers)
             try:
-                reply, index = route.call(args, self._payloads)
+                reply, index = route.call(args, self._payloads,
+                                          abandoned=partial(abandoned, self))
                 break
             except pw.Declined as declined:
                 if declined.errno == errno.EAGAIN and not self._closed:

@@ -1,5 +1,6 @@
-"""A pool's per-call timeout: the watchdog that ends a worker whose call runs
-past it, and the error that call then fails with."""
+"""The end of a call that may not run on: past the pool's per-call timeout
+(the watchdog that ends its worker, and the error that call then fails
+with), or abandoned by its caller (Ctrl-C)."""
 import os
 import signal
 import threading
@@ -17,6 +18,19 @@ _STACK_GRACE_SECONDS = 1.0   # for a timed-out worker to write its stack, then S
 LOAD_GRACE_SECONDS = 60.0
 # The worker's own modules, whose frames a stack leaves out.
 _WORKER_DIR = os.path.dirname(start_worker.__file__)
+
+
+def abandoned(pool, slot, call_id):
+    """The fate of a call its caller stopped waiting for (a Ctrl-C, Route.call's
+    `wait`) after it was posted to worker `slot`, as a timed-out call's: its
+    worker, if it runs it, is ended (SIGKILL: nobody reads a stack) and
+    replaced (Supervisor.lost), so that the pool serves the next call now,
+    not once the function returns.  A worker that has not started the call,
+    or is past it, runs on (it hands the results back)."""
+    with pool._lock:  # (a worker marked alive has not been reaped: its pid is its own)
+        worker = pool._supervisor.workers[slot]  # (a slot calls went to: started)
+        if worker.alive and worker.channel is not None and worker.channel.running()[0] == call_id:
+            os.kill(worker.pid, signal.SIGKILL)
 
 
 class Deadlines:

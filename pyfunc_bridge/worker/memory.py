@@ -33,8 +33,10 @@ class WorkerMemory:
     def __init__(self, sock, np, input_map, result_map):
         self.np = np
         self.input_map = input_map  # the input arena: its blocks are input blocks
+        # id() -> the memoryview of each pulled input (pulled_input, by id: a
+        # writable one does not hash): input memory too, as a block is.
+        self.pulled = weakref.WeakValueDictionary()
         self.sock = sock
-        self.inputs_base = address(np.frombuffer(input_map, np.uint8))
         self.results = np.frombuffer(result_map, np.uint8)
         # The result arena's allocator and NumPy handler, and copy_facts.h's
         # rule (src/pool/): a fresh result of the function is already in
@@ -60,6 +62,26 @@ class WorkerMemory:
         ref = weakref.ref(block.base, self._input_gone)
         self.input_blocks[id(ref)] = (ref, offset)
         return block
+
+    def pulled_input(self, value):
+        """`value`, an input pulled over the socket, as a view of a memoryview
+        the copy facts then know for an input's memory, as a block's (the
+        call's input memory, as TensorFlow's is in-process), not as memory
+        the function found.  Unpickled, an array views bytes or a bytearray."""
+        np = self.np
+        end = value
+        while isinstance(end, np.ndarray):
+            end = end.base
+        if end is None or end is value:
+            return value  # (not an array, or one owning its data: the call's already)
+        try:
+            flat = np.frombuffer(memoryview(end), np.uint8)  # (its base: a memoryview)
+            view = np.ndarray(value.shape, value.dtype, flat, address(value) - address(flat),
+                              value.strides)
+        except (TypeError, ValueError):
+            return value
+        self.pulled[id(flat.base)] = flat.base
+        return view
 
     def _input_gone(self, ref):
         _, offset = self.input_blocks.pop(id(ref))
@@ -113,8 +135,9 @@ class WorkerMemory:
         if isinstance(value, np.ndarray):
             if not value.size:
                 return None
-            facts = (self.pw.writable_elsewhere(value, outside, read_only, self.input_map),
-                     *self.pw.layout(value), False)
+            facts = (self.pw.writable_elsewhere(value, outside, read_only, self.input_map,
+                                                self.pulled),
+                     *self.pw.layout(value, self.pulled), False)
         elif (framework is not None and hasattr(type(value), "__dlpack__")
               and not isinstance(value, np.generic)):
             facts = self.dlpack_facts(value, outside, ranges)
@@ -161,4 +184,4 @@ class WorkerMemory:
             return None
         if foreign and self.pw.inside(address(arr), arr.nbytes, ranges):
             foreign = False  # a view of an input: TensorFlow's memory in-process
-        return (foreign, *self.pw.layout(arr), lazy)
+        return (foreign, *self.pw.layout(arr, self.pulled), lazy)

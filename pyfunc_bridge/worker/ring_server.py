@@ -9,6 +9,7 @@ import sys
 import time
 
 from .frames import PICKLE_PROTOCOL, send
+from .memory import address
 from .values import adapter_named, as_numpy, strings_array, wrap_input
 
 # ------------------------------------------------------------ the rings --
@@ -199,7 +200,8 @@ class RingServer:
         pw = self.pw
         if flags & pw.CALL_PACKED:
             (record,) = message.items
-            return [self.pulled(value, flags) for value in self.pull(record[4])]
+            return [self.pulled(self.worker.pulled_input(value), flags)
+                    for value in self.pull(record[4])]
         return [self.arg(t, flags) for t in message.items]
 
     def pulled(self, value, flags):
@@ -224,7 +226,7 @@ class RingServer:
         np = worker.np
         code, bits, lanes, tflags, offset, size, shape = tensor
         if tflags & pw.TENSOR_SOCKET:
-            return self.pulled(self.pull(offset), flags)
+            return self.pulled(worker.pulled_input(self.pull(offset)), flags)
         if tflags & pw.TENSOR_STRINGS:
             block = worker.input_block(offset, size) if size else b""
             arr = strings_array(np, memoryview(block), shape)
@@ -254,7 +256,14 @@ class RingServer:
         result = None
         try:
             # The inputs first: raised for, they go back with the DONE.
-            values = [wrap_input(np, v, framework) for v in self.args(message, flags)]
+            args = self.args(message, flags)
+            # Their memory (blocks or pulled), which a DLPack producer's copy
+            # facts take for TensorFlow's, as in-process; no reference kept.
+            ranges = [(address(a), address(a) + a.nbytes) for a in args
+                      if isinstance(a, np.ndarray) and a.dtype.kind != "O"] if (
+                flags & pw.CALL_FACTS and framework is not None) else ()
+            values = [wrap_input(np, v, framework) for v in args]
+            del args
             func = self.function(message.token, message.call_id)
             result = worker.arena.call(func, values)
             if framework == "torch" and not writable:
@@ -273,7 +282,6 @@ class RingServer:
                 items = (result,)
             facts = [None] * len(items)
             if flags & pw.CALL_FACTS:
-                ranges = self.input_ranges(message.items) if framework is not None else ()
                 read_only = not _inputs_writable(pw, flags)
                 facts = (worker.items_facts(items, result, outside, read_only, framework, ranges)
                          if shape_kind != pw.DONE_ONE
@@ -311,13 +319,6 @@ class RingServer:
         self.channel.post(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
                           flags=shape_kind, status=status, block=block,
                           stamp=started, ended=time.time_ns())
-
-    def input_ranges(self, records):
-        """The addresses of a CALL's input blocks (a DLPack producer's facts
-        take a view of one for TensorFlow's memory, as in-process)."""
-        base = self.worker.inputs_base
-        return [(base + r[4], base + r[4] + math.prod(r[6]) * (r[1] // 8) * r[2])
-                for r in records if r[5] and not r[3] & self.pw.TENSOR_STRINGS]
 
     def hand_back_tensors(self, tensors):
         """Frees the result blocks of records that will not be sent."""

@@ -179,7 +179,7 @@ cdef class Route:
         pfb_dispatch_route_keep(self._r)
         return <uintptr_t>self._r
 
-    def call(self, values, dict payloads=None, wait=None):
+    def call(self, values, dict payloads=None, wait=None, abandoned=None):
         """Runs the function on `values` (arrays of numbers or of bytes, NumPy
         scalars, bytes) in a worker (pfb_dispatch_call): (the Reply of its
         DONE, which holds its result blocks; the worker's slot).
@@ -189,7 +189,8 @@ cdef class Route:
         larger than the ring"); each stays there until this returns or
         raises.  Waits without the GIL in slices and handles signals between
         them: an exception there (Ctrl-C), or `wait` seconds gone after the
-        submit (TimeoutError; None: no limit), abandons the call.  Raises
+        submit (TimeoutError; None: no limit), abandons the call, which a
+        posted one reports to `abandoned(worker, call id)`.  Raises
         Declined, or DispatchFailed (its worker died with it, or the pool
         closed).  The route counts the pool's figures of the call; the
         caller counts the function's."""
@@ -241,7 +242,12 @@ cdef class Route:
             (<Reply>reply)._take(&call)  # (one it refuses, it hands back)
             return reply, call.worker
         finally:
+            # (Not ended here: abandoned.)
+            gone = call.id if call.id and call.state != PFB_DISPATCH_DONE and (
+                call.state != PFB_DISPATCH_FAILED) else 0
             pfb_dispatch_finish(r.d, &call)  # (a call never submitted: nothing to end)
+            if gone and call.worker >= 0 and abandoned is not None:
+                abandoned(call.worker, gone)
             for payload_id in ids:  # a worker that asks later gets None: the call fails
                 payloads.pop(payload_id, None)
 

@@ -54,6 +54,19 @@ def test_pulled_inputs_are_writable_unless_copy_false(small, copy):
     np.testing.assert_array_equal(x.numpy(), np.ones(BIG, np.float32))  # the caller's stays
 
 
+@pytest.mark.parametrize("func", [pf.identity, pf.keeps_and_returns_its_input])
+def test_copy_false_returns_a_pulled_input_as_in_process(small, func):
+    """A function that returns (and keeps) its input under copy=False needs
+    no copy in-process (TensorFlow's read-only memory): a pulled input is
+    the call's input memory too, as a block is, so the pool takes it alike."""
+    for n in (BIG, 3 * BIG + 1):  # (each larger than the whole arena: pulled)
+        x = np.arange(n, dtype=np.float32)
+        for executor in (None, small):
+            got = pfb.numpy_function(func, [tf.constant(x)], tf.float32, copy=False,
+                                     executor=executor)
+            np.testing.assert_array_equal(got.numpy(), x)
+
+
 def test_pulled_strings(small):
     s = tf.constant([b"x" * 70_000, b"", b"yz"])
     assert pfb.numpy_function(pf.total_length, [s], tf.int64, executor=small).numpy() == 70_002

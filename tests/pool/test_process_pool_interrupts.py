@@ -1,9 +1,15 @@
 """Process workers: Ctrl-C in a caller waiting on the pool, at any moment
 of a call, leaves every block with an owner (scripts in fresh interpreters,
 with timeouts)."""
+import os
+import signal
+import subprocess
+
 import pytest
 
-from process_pool_helpers import run_script
+from conftest import ROOT, TESTS, script_env, wait_for
+from fresh_python import TIMEOUT, started_python
+from process_pool_helpers import HERE, run_script
 from process_pool_helpers import failing_start  # noqa: F401 (fixtures)
 
 
@@ -20,6 +26,24 @@ _INTERRUPTED_SCRIPT = "pool/interrupts_interrupted.py"
 # worker, its reply decoded.  Every block must end with an owner: once the
 # calls are done, the arena is whole and the values right.
 _INTERRUPTED_ANYWHERE_SCRIPT = "pool/interrupts_interrupted_anywhere.py"
+
+
+# Ctrl-C from outside while the one worker runs a long call: the abandoned
+# call's worker is ended and replaced, so that the next call is served now.
+_ABANDONED_SCRIPT = "pool/interrupts_abandoned_call_ends.py"
+
+
+def test_ctrl_c_ends_the_worker_of_the_abandoned_call(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = script_env(ROOT, TESTS, HERE, PFB_TEST_MARKS=str(marks))
+    with started_python(_ABANDONED_SCRIPT, env=env, text=True, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE) as proc:
+        # The state: the worker is inside the 600 s call (or the script ended).
+        wait_for(lambda: os.listdir(marks) or proc.poll() is not None, seconds=TIMEOUT)
+        os.kill(proc.pid, signal.SIGINT)  # (started_python ends it, by its pid)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0 and out.strip() == "done", err[-3000:]
 
 
 def test_ctrl_c_at_any_moment_of_a_call_leaves_every_block_an_owner():
