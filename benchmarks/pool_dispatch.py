@@ -7,8 +7,9 @@ the caller, the dispatcher's reply thread).  The ways:
 
 - ``native``: a C loop over the dispatcher without the GIL
   (Dispatcher.call_many), as a kernel's native route calls;
-- ``python``: ProcessPool.ring_call, the rings from Python, as the
-  conversion layer's driver calls for eager calls and a kernel's first call;
+- ``python``: ProcessPool.ring_call and ProcessPool.decode, the rings from
+  Python, as the conversion layer's driver calls for eager calls and a
+  kernel's first call;
 - ``eager``: ``pfb.numpy_function(..., executor=pool)`` in eager mode, TF's
   per-op cost included, against ``in-process``: the same eager call without
   a pool.
@@ -47,6 +48,9 @@ def _timed(run, calls):
 
 def measure(calls):
     import tensorflow as tf
+
+    from pyfunc_bridge import _library
+    view = _library.conversion().worker_result  # what the conversion layer passes down
     rows = []
     with pfb.ProcessPool(1, arena_bytes=64 << 20, name="pool_dispatch bench") as pool:
         for name, func, value, n in (
@@ -63,8 +67,9 @@ def measure(calls):
 
             def python(k):
                 for _ in range(k):
-                    result = pool.ring_call(func, None, (value,), False, False)
-                    del result  # its block goes back
+                    _, reply, _ = pool.ring_call(func, None, (value,), False, False)
+                    result = pool.decode(reply, False, view)
+                    del reply, result  # its block goes back
 
             def eager(k, executor=pool):
                 for _ in range(k):

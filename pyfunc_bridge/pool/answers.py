@@ -40,7 +40,7 @@ ring_answers = RingAnswers()
 _RING_ANSWER_SECONDS = 60.0
 
 
-def decode_answer(pool_name, reply, copied, counters):
+def decode_answer(pool_name, reply, copied, counters, result_view):
     """(result, bytes moved, copy facts per result) of a DONE: `reply` is
     Route.call's Reply, or the address of a native call's DONE that the
     kernel does not turn into outputs itself (an error, a pickled value, a
@@ -49,12 +49,13 @@ def decode_answer(pool_name, reply, copied, counters):
     DONE (reply_decode.h) checked its blocks and counts each result's share
     of the statistics; the Reply holds its result blocks until each is
     claimed, and arrays over one hand it back when they go.  `copied`:
-    copy=True, which saves no copy; `counters` get the results' share."""
+    copy=True, which saves no copy; `counters` get the results' share;
+    `result_view(arena, results, offset, size, dtype, shape)`: the
+    conversion layer's array over a result block (worker_result), passed
+    down by the caller."""
     pw = pool_module()
     if not isinstance(reply, pw.Reply):
         reply = pw.Reply(reply)
-    from pyfunc_bridge import _library
-    result_view = _library.conversion().worker_result
     message = reply.message
     read_block = reply.read
 

@@ -234,20 +234,17 @@ class ProcessPool:
 
     # ------------------------------------------------ the converter's side --
 
-    def ring_call(self, func, framework, args, writable, scalars, facts=False, copied=False):
+    def ring_call(self, func, framework, args, writable, scalars, facts=False):
         """Runs `func` on `args` (the values _input_arrays made) in a worker
         over the rings (Route.call; docs/pool.md, "A Python call"): returns
-        (the route, which a kernel may keep for its later calls; (result,
-        bytes the worker wrote to shared memory, copy facts per result)).
-        `writable`: the function may write its inputs (PFB_POOL_CALL_WRITABLE);
-        `copied`: copy=True, whose results are copied out of the arena."""
+        (the route, which a kernel may keep for its later calls; the DONE's
+        Reply, which `decode` turns into values; the pid of the worker that
+        ran it).  `writable`: the function may write its inputs
+        (PFB_POOL_CALL_WRITABLE)."""
         route = self.native_route(func, framework, writable, scalars, facts)
         if route is None:
             raise self._closed_error()
         pw = pool_module()
-        from pyfunc_bridge import _library
-        conversion = _library.conversion()
-        traced = conversion.trace_now()  # 0 unless a profiler records (trace.pxi)
         supervisor = self._supervisor
         while True:
             if supervisor.broken:
@@ -255,7 +252,7 @@ class ProcessPool:
             try:
                 reply, index = route.call(args, self._payloads,
                                           abandoned=partial(abandoned, self))
-                break
+                return route, reply, supervisor.workers[index].pid
             except pw.Declined as declined:
                 if declined.errno == errno.EAGAIN and not self._closed:
                     # No worker attached: a broken pool refuses only then, since
@@ -272,10 +269,6 @@ class ProcessPool:
                 code, text = failed.args
                 failed = None
                 raise_acyclic(dispatch_error(code, text))
-        if traced:
-            conversion.trace_worker(traced, reply.message.stamp, reply.message.ended,
-                                    supervisor.workers[index].pid)
-        return route, decode_answer(self.name, reply, copied, self._counters)
 
     def native_route(self, func, framework, writable, scalars, facts=False):
         """The Route of `func`'s calls with these CALL flags (shm_layout.h,
@@ -314,11 +307,12 @@ class ProcessPool:
         if dispatch is not None:
             dispatch.forget(token)
 
-    def native_reply(self, address, copied):
-        """decode_answer of the DONE of a kernel's native call (`address`)
-        that the kernel hands to the conversion layer (the one way in, for
-        _DefaultPool too)."""
-        return decode_answer(self.name, address, copied, self._counters)
+    def decode(self, reply, copied, result_view):
+        """decode_answer of a DONE: ring_call's Reply, or the address of a
+        kernel's native call's DONE that the kernel hands to the conversion
+        layer.  `result_view`: the conversion layer's view of a result block
+        (worker_result), passed down so that the pool never calls up."""
+        return decode_answer(self.name, reply, copied, self._counters, result_view)
 
     # --------------------------------------------------------------- close --
 
@@ -412,14 +406,14 @@ class _DefaultPool:
     meanwhile by another thread (closed, then started anew) never sees a
     call that began in the old one."""
 
-    def ring_call(self, func, framework, args, writable, scalars, facts=False, copied=False):
-        return default_pool().ring_call(func, framework, args, writable, scalars, facts,
-                                        copied)
+    def ring_call(self, func, framework, args, writable, scalars, facts=False):
+        return default_pool().ring_call(func, framework, args, writable, scalars, facts)
 
-    def native_reply(self, address, copied):
-        # Named so in errors, and counted in the default pool's record
-        # (pools of one name share one), whichever default pool ran it.
-        return decode_answer(repr(self), address, copied, statistics.record(_DEFAULT_POOL_NAME))
+    def decode(self, reply, copied, result_view):
+        # Named and counted as the default pool, whichever one ran the call
+        # (pools of one name share one record).
+        return decode_answer(_DEFAULT_POOL_NAME, reply, copied,
+                             statistics.record(_DEFAULT_POOL_NAME), result_view)
 
     def __repr__(self):
         return "'process' (the shared default ProcessPool)"

@@ -1,9 +1,10 @@
 # Calls that run in a worker process (executor=, pyfunc_bridge/pool/process_pool.py):
 # the converter the driver calls for them, and the results that stay in the
 # worker's shared memory.  The pool does the traffic (ProcessPool.ring_call,
-# or the kernel's native call); this file only hands it the call's inputs
-# and turns the worker's results into ndarrays that the usual checks and
-# copy decision (_export_outputs) take.
+# or the kernel's native call); this file hands it the call's inputs, records
+# the call's trace events, and hands the pool's decoder (ProcessPool.decode)
+# worker_result, which turns a result block into an ndarray that the usual
+# checks and copy decision (_export_outputs) take: the pool never calls up.
 
 
 cdef class _ResultBlock:
@@ -97,16 +98,19 @@ cdef class _ProcessConverter(_NumpyConverter):
             # The kernel ran it natively; its reply's result blocks are ours.
             address = <uintptr_t>call.reply
             call.reply = NULL
-            result, moved, facts = self.pool.native_reply(address, copied)
+            result, moved, facts = self.pool.decode(address, copied, worker_result)
         else:
             if counts != NULL:  # numbers: to shared memory
                 _count_inputs(counts, args, &counts.copied[_WORKER])
             facts = call.copy_mode == PFB_COPY_FALSE  # the worker sends its copy facts
-            route, answer = self.pool.ring_call(entry.func, self.framework, args, writable,
-                                                self.scalars, facts, copied)
+            queued = trace_now()  # 0 unless a profiler records
+            route, reply, pid = self.pool.ring_call(entry.func, self.framework, args, writable,
+                                                    self.scalars, facts)
             _count_route(entry, route)  # its pool figures: pfb.stats() reads them
-            result, moved, facts = answer
-            answer = None
+            # Before the decoding, which may raise the function's error.
+            trace_worker(queued, reply.message.stamp, reply.message.ended, pid)
+            result, moved, facts = self.pool.decode(reply, copied, worker_result)
+            reply = None  # its blocks not viewed go back now
             if call.route != NULL and call.route[0] == NULL:
                 # Later calls of this kernel go without Python, on the same
                 # route (under copy=False their results carry the worker's
