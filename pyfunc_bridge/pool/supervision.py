@@ -5,7 +5,6 @@ it, backs off while workers cannot start, stops them at close, and lets go
 of them in a forked child."""
 import itertools
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -17,7 +16,7 @@ from pyfunc_bridge.pool.answers import ring_answers
 from pyfunc_bridge.pool.errors import CallTimeoutError, WorkerError, error_code
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.pool.worker_process import WorkerProcess
-from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL, FrameReader, send
+from pyfunc_bridge.worker.frames import FrameReader, send
 
 _CLOSE_GRACE_SECONDS = 1.0   # then a worker still running a function is killed
 _START_FAILURES = 3          # workers in a row that die before they are ready
@@ -116,8 +115,7 @@ class Supervisor:
         """Answers a worker's ("need", id) (shm_layout.h,
         PFB_POOL_TENSOR_SOCKET): ("payload", id, the pickled input), or None
         once its caller has stopped waiting."""
-        message = pickle.dumps(("payload", payload_id, self._pool._payloads.get(payload_id)),
-                               protocol=PICKLE_PROTOCOL)
+        message = ("payload", payload_id, self._pool._payloads.get(payload_id))
         with worker.write_lock:
             try:
                 send(worker.sock, message)
@@ -365,7 +363,7 @@ def _read(pool_ref, worker):
         # No local keeps a message while the next is awaited (a large
         # pickled result would stay alive until then).
         while True:
-            received = frames.read(pickle.loads)
+            received = frames.read()
             pool = pool_ref()
             if pool is None or not pool._supervisor._receive(worker, received):
                 break

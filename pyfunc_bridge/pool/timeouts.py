@@ -51,10 +51,11 @@ class Deadlines:
                                        daemon=True, name=f"{pool.name} watchdog")
 
     @staticmethod
-    def prepare(hello):
-        """Before a worker starts: the hello names its trace file (a memfd
-        this process reads), which is returned, and the load's grace."""
-        trace_fd = os.memfd_create(f"{hello['name']}-stack", os.MFD_CLOEXEC)
+    def prepare(hello, name):
+        """Before a worker of pool `name` starts: the hello names its trace
+        file (a memfd this process reads), which is returned, and the load's
+        grace."""
+        trace_fd = os.memfd_create(f"{name}-stack", os.MFD_CLOEXEC)
         hello["deadlines"] = {"trace_fd": trace_fd,
                               "load_grace_ns": int(LOAD_GRACE_SECONDS * 1e9)}
         return trace_fd

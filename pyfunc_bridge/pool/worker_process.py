@@ -2,7 +2,6 @@
 its socket, the hello) and letting go of what it held once it ended."""
 import mmap
 import os
-import pickle
 import socket
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import weakref
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.worker import start_worker
 from pyfunc_bridge.worker.compiled import pool_module
-from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL, send
+from pyfunc_bridge.worker.frames import send
 
 RING_SLOTS = 256  # per ring of a worker's control segment (16 KiB each)
 
@@ -55,12 +54,9 @@ class WorkerProcess:
         try:
             result_fd, self.result_map = shared_memory(pool.arena_bytes,
                                                         f"{pool.name}-results")
-            hello = {"path": list(sys.path), "result_bytes": pool.arena_bytes, "name": pool.name,
-                     "input_bytes": pool.arena_bytes if pool._input_fd else 0}
-            extra_fds = []
+            hello = {"path": list(sys.path)}
             if pool._deadlines is not None:
-                self.trace_fd = pool._deadlines.prepare(hello)
-                extra_fds = [self.trace_fd]
+                self.trace_fd = pool._deadlines.prepare(hello, pool.name)
             pw = pool_module()
             control_fd, control = shared_memory(pw.control_bytes(RING_SLOTS),
                                                  f"{pool.name}-control")
@@ -69,23 +65,21 @@ class WorkerProcess:
                                       input_bytes=pool.arena_bytes,
                                       result_bytes=pool.arena_bytes,
                                       worker_index=index, doorbell=self.doorbell)
-            hello["ring"] = {"control_fd": control_fd, "doorbell_fd": self.doorbell,
-                             "ring_slots": RING_SLOTS}
-            extra_fds += [control_fd, self.doorbell]
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            fds = [child.fileno(), pool._input_fd or -1, result_fd or -1]
+            # (The worker maps each segment whole: its size is the memfd's.)
+            fds = [child.fileno(), pool._input_fd, result_fd, control_fd, self.doorbell]
             # This process's pid: the worker checks it after asking to die with
             # its parent (a parent that died before that has another pid).
             self.proc = spawner.popen(
                 [sys.executable, start_worker.__file__, str(os.getpid()), *map(str, fds)],
-                pass_fds=[fd for fd in fds + extra_fds if fd >= 0], cwd=os.getcwd(),
-                stdin=subprocess.DEVNULL)
+                pass_fds=fds + ([] if self.trace_fd is None else [self.trace_fd]),
+                cwd=os.getcwd(), stdin=subprocess.DEVNULL)
             child.close()  # the worker's now
             child = None
             self.sock = parent
             self.pid = self.proc.pid
             try:
-                send(parent, pickle.dumps(hello, protocol=PICKLE_PROTOCOL))  # the hello
+                send(parent, hello)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # it died at once: its reader sees the end, as for a death just after
             # (The pool weakly: a pool dropped without close() is collected.)

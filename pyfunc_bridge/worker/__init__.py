@@ -11,10 +11,9 @@ Calls come on the rings of the worker's control segment (src/pool/shm_layout.h,
 which also says who owns each block when), served by RingServer one at a
 time.  The socket, one length-prefixed pickle per frame, carries:
 
-* parent -> worker, first: ``{"path": sys.path, "input_bytes": n,
-  "result_bytes": n, "name": pool name, "ring": {"control_fd",
-  "doorbell_fd", "ring_slots"}}``, and with a pool timeout ``"deadlines":
-  {"trace_fd"}``;
+* parent -> worker, first: ``{"path": sys.path}``, and with a pool timeout
+  ``"deadlines": {"trace_fd", "load_grace_ns"}`` (the segments' and the
+  doorbell's descriptors come on the command line, start_worker.py);
 * worker -> parent, first: ``("ready", pid)``;
 * worker -> parent: ``("need", id)``, asking for a pulled payload (an input
   or a CALL's argument list that did not fit the arena or the ring, a LOAD's

@@ -1,6 +1,7 @@
 """The frames on a worker's socket, which both sides use: one
 length-prefixed pickle per frame (what travels: pyfunc_bridge/worker/__init__.py).
 Standard library only: the worker imports it before NumPy."""
+import pickle
 import struct
 
 _HEADER = struct.Struct("<Q")
@@ -8,9 +9,10 @@ PICKLE_PROTOCOL = 5
 _JOINED = 1 << 16  # a pickle up to this size is joined to its header (one write)
 
 
-def send(sock, data):
-    """Writes the frame of the pickle `data`.  A large one is written after
-    its header rather than joined to it: joining would copy it."""
+def send(sock, message):
+    """Writes the frame of `message` (its pickle).  A large one is written
+    after its header rather than joined to it: joining would copy it."""
+    data = pickle.dumps(message, protocol=PICKLE_PROTOCOL)
     if len(data) <= _JOINED:
         sock.sendall(_HEADER.pack(len(data)) + data)
     else:
@@ -31,8 +33,9 @@ class FrameReader:
         self._start = 0   # the first byte not yet parsed
         self._end = 0     # the end of what was received
 
-    def read(self, loads):
-        """The frames of the next read, at least one; [] at end of stream."""
+    def read(self):
+        """The messages of the next read (the frames unpickled), at least
+        one; [] at end of stream."""
         frames = []
         while not frames:
             if self._end == len(self._buffer):
@@ -47,9 +50,9 @@ class FrameReader:
                     begin = self._start + _HEADER.size
                     if self._end < begin + length:
                         if _HEADER.size + length > len(self._buffer):
-                            frames.append(loads(self._read_large(view, begin, length)))
+                            frames.append(pickle.loads(self._read_large(view, begin, length)))
                         break
-                    frames.append(loads(view[begin:begin + length]))
+                    frames.append(pickle.loads(view[begin:begin + length]))
                     self._start = begin + length
             if self._start == self._end:
                 self._start = self._end = 0

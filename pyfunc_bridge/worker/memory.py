@@ -24,19 +24,29 @@ def address(arr):
     return arr.__array_interface__["data"][0]
 
 
+def _exported_array(np, value):
+    """np.asarray of an object exporting an array (a memoryview, an mmap, one
+    with __array__), as the parent takes it; None for one that does not, or
+    that holds objects."""
+    try:
+        arr = np.asarray(value)
+    except Exception:  # noqa: BLE001 - the parent reports what it is
+        return None
+    return None if arr.dtype.kind == "O" else arr
+
+
 class WorkerMemory:
     """What the worker holds across calls: its mappings, the input blocks its
     arrays still view, the result arena, and the copy facts' rules over them
     (what an array views, an input block, memory the function allocated or
     memory it did not, decides whether anything else can write it)."""
 
-    def __init__(self, sock, np, input_map, result_map):
+    def __init__(self, np, input_map, result_map):
         self.np = np
         self.input_map = input_map  # the input arena: its blocks are input blocks
         # id() -> the memoryview of each pulled input (pulled_input, by id: a
         # writable one does not hash): input memory too, as a block is.
         self.pulled = weakref.WeakValueDictionary()
-        self.sock = sock
         self.results = np.frombuffer(result_map, np.uint8)
         # The result arena's allocator and NumPy handler, and copy_facts.h's
         # rule (src/pool/): a fresh result of the function is already in
@@ -95,14 +105,9 @@ class WorkerMemory:
         value = as_numpy(np, value, framework, index)
         if not isinstance(value, (np.ndarray, np.generic, *CONVERTED_BY_THE_PARENT,
                                   type(None))):
-            # An object exporting an array (a memoryview, an mmap, one with
-            # __array__): the parent would take np.asarray of it, and it
-            # may not pickle.
-            try:
-                arr = np.asarray(value)
-            except Exception:  # noqa: BLE001 - the parent reports what it is
-                arr = None
-            if arr is not None and arr.dtype.kind != "O":
+            # (It may not pickle: sent as the parent would take it.)
+            arr = _exported_array(np, value)
+            if arr is not None:
                 value = arr
         # Numbers only, in a dtype the records name (dl_dtype): the parent
         # converts strings and checks every other dtype itself.
@@ -144,11 +149,8 @@ class WorkerMemory:
         elif isinstance(value, (np.generic, *CONVERTED_BY_THE_PARENT)) or value is None:
             return None  # converted to a fresh array
         else:  # an object exporting an array: its memory is not ours (aliasing)
-            try:
-                arr = np.asarray(value)
-            except Exception:  # noqa: BLE001 - the parent reports what it is
-                return None
-            if arr.dtype.kind == "O" or not arr.size:
+            arr = _exported_array(np, value)
+            if arr is None or not arr.size:
                 return None
             facts = (True, *self.pw.layout(arr), False)
         return None if facts is None or facts == _CLEAN else facts

@@ -1,5 +1,6 @@
-"""A worker's side of its rings: serving LOAD, CALL, RESULTS_BACK, FORGET and
-STOP one at a time, and answering with DONE and INPUTS_BACK."""
+"""A worker's side of its rings: serving LOAD, CALL, RESULTS_BACK and FORGET
+one at a time, and answering with DONE and INPUTS_BACK.  (The layout's STOP
+is posted by nobody: a pool ends a worker by shutting its socket.)"""
 import importlib
 import math
 import os
@@ -10,7 +11,7 @@ import time
 
 from .frames import PICKLE_PROTOCOL, send
 from .memory import address
-from .values import adapter_named, as_numpy, strings_array, wrap_input
+from .values import as_numpy, frameworks, strings_array, wrap_input
 
 # ------------------------------------------------------------ the rings --
 # CALLs name their inputs by PfbPoolTensor records over the pool's input
@@ -31,38 +32,36 @@ class RingServer:
     is, runs it, and answers on the reply ring, one call at a time, on the
     worker's main thread."""
 
-    def __init__(self, worker, pw, channel, doorbell, sock_fd, reader):
+    def __init__(self, worker, pw, channel, doorbell, sock, reader):
         self.worker = worker
         self.reader = reader  # the socket's FrameReader, which pull() reads
         self.pw = pw
         self.channel = channel
         self.doorbell = doorbell  # the eventfd the parent rings
-        self.sock_fd = sock_fd
+        self.sock = sock  # the worker's socket: pulls, and answers too large for the arena
         self.poller = select.poll()
-        self.poller.register(sock_fd, select.POLLIN)
+        self.poller.register(sock, select.POLLIN)
         self.poller.register(doorbell, select.POLLIN)
         self.functions = {}    # token -> the function its LOAD carried
         self.unloaded = {}     # token -> (sys.path, pickle) of a LOAD not unpickled yet
         self.load_errors = {}  # token -> (the exception its LOAD raised, its traceback)
-        self.stopped = False
         self.load_grace_ns = 0  # a pool with a timeout: see function()
         # Words per INPUTS_BACK: what fits a message in this ring.
         # (as dispatch_queue.c's post_words: at most 63 slots, one less than the ring)
         self.words_per_message = 8 * (min(channel.ring_slots, 64) - 1)
 
     def run(self):
-        """Serves the ring until a STOP, or the end of the socket's stream
-        (the pool closed, or the parent died), which the socket shows while
-        the worker sleeps: the parent sends nothing else unasked."""
+        """Serves the ring until the end of the socket's stream (the pool
+        closed, or the parent died), which the socket shows while the worker
+        sleeps: the parent sends nothing else unasked."""
         pw_requests = self.pw.REQUESTS
         while True:
             while self.serve():
-                if self.stopped:
-                    return
+                pass
             if self.channel.spin(pw_requests, SPIN_NS):
                 continue
             if self.wait():
-                if not self.reader.read(pickle.loads):
+                if not self.reader.read():
                     return
                 raise RuntimeError("pyfunc_bridge: the parent sent a message the worker "
                                    "did not ask for")
@@ -84,7 +83,7 @@ class RingServer:
             os.eventfd_read(self.doorbell)
         except BlockingIOError:
             pass  # not rung
-        return any(fd == self.sock_fd for fd, _ in events)
+        return any(fd == self.sock.fileno() for fd, _ in events)
 
     def serve(self):
         """Runs every request on the ring now; whether there was any."""
@@ -107,8 +106,6 @@ class RingServer:
                     self.functions.pop(token, None)
                     self.unloaded.pop(token, None)
                     self.load_errors.pop(token, None)
-            elif kind == pw.MSG_STOP:
-                self.stopped = True
         if messages:
             self.inputs_back()
         return bool(messages)
@@ -177,9 +174,9 @@ class RingServer:
         """What the parent keeps under `payload_id` (shm_layout.h,
         PFB_POOL_TENSOR_SOCKET: an input, or a packed CALL's inputs; a
         LOAD's function, by ("load", token)), asked for on the socket."""
-        send(self.worker.sock, pickle.dumps(("need", payload_id), protocol=PICKLE_PROTOCOL))
+        send(self.sock, ("need", payload_id))
         while True:
-            frames = self.reader.read(pickle.loads)
+            frames = self.reader.read()
             if not frames:
                 raise ConnectionResetError("pyfunc_bridge: the pool closed while the worker "
                                            "waited for a call's input")
@@ -253,7 +250,6 @@ class RingServer:
         tensors = []
         shape_kind = pw.DONE_ONE
         status, block = pw.STATUS_OK, (0, 0)
-        result = None
         try:
             # The inputs first: raised for, they go back with the DONE.
             args = self.args(message, flags)
@@ -270,7 +266,7 @@ class RingServer:
                 # In-process the tensors are TensorFlow's memory, and a write
                 # to one fails the call (the adapter sees it): here too,
                 # though the blocks are this call's own.
-                adapter_named("torch").check_inputs(values)
+                frameworks().adapter("torch").check_inputs(values)
             del values  # the inputs are no longer the worker's, as in-process
             # The copy facts (copy=False), before any reference is taken to the results.
             outside = sys.getrefcount(result) - 2  # `result` and getrefcount's argument
@@ -331,8 +327,7 @@ class RingServer:
         than the reply ring (Channel.fits), goes pickled on the socket,
         before its DONE (shm_layout.h, PFB_POOL_STATUS_SOCKET), with its
         results' copy facts."""
-        send(self.worker.sock, pickle.dumps(("ring", call_id, ok, data, facts),
-                                            protocol=PICKLE_PROTOCOL))
+        send(self.sock, ("ring", call_id, ok, data, facts))
         return self.pw.STATUS_SOCKET
 
     def encode(self, value, framework, facts, index=0):

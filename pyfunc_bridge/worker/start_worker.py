@@ -1,5 +1,5 @@
 """The script a worker process runs (``python <this file> PARENT_PID
-SOCKET_FD INPUT_FD RESULT_FD``, started by pyfunc_bridge/pool/worker_process.py,
+SOCKET_FD INPUT_FD RESULT_FD CONTROL_FD DOORBELL_FD``, started by pyfunc_bridge/pool/worker_process.py,
 which sends the hello, the first frame on its socket, that ``main`` reads).
 
 Run by path, never as ``-m pyfunc_bridge.worker.start_worker``: importing
@@ -31,7 +31,7 @@ if __name__ == "__main__":
     del sys.path[0]
 
 from pyfunc_bridge.worker.compiled import pool_module  # noqa: E402
-from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL, FrameReader, send  # noqa: E402
+from pyfunc_bridge.worker.frames import FrameReader, send  # noqa: E402
 
 
 def _batch_policy():
@@ -70,16 +70,15 @@ def _die_with_parent(parent_pid, signal):
 
 def main(argv):
     import mmap
-    import pickle
     import signal
     _die_with_parent(int(argv[1]), signal)
     # Ctrl-C reaches the whole process group: the parent decides when
     # workers end (it closes the socket).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock_fd, input_fd, result_fd = (int(a) for a in argv[2:5])
+    sock_fd, input_fd, result_fd, control_fd, doorbell_fd = (int(a) for a in argv[2:7])
     sock = socket.socket(fileno=sock_fd)
     reader = FrameReader(sock)
-    frames = reader.read(pickle.loads)  # the hello
+    frames = reader.read()  # the hello
     if not frames:
         return 0
     (hello,) = frames
@@ -92,10 +91,12 @@ def main(argv):
     from pyfunc_bridge.worker.memory import WorkerMemory
     from pyfunc_bridge.worker.ring_server import RingServer
     maps = []
-    for fd, size in ((input_fd, hello["input_bytes"]), (result_fd, hello["result_bytes"])):
-        maps.append(mmap.mmap(fd, size))
+    for fd in (input_fd, result_fd, control_fd):
+        maps.append(mmap.mmap(fd, 0))  # whole: its size is the memfd's
         os.close(fd)
-    worker = WorkerMemory(sock, np, maps[0], maps[1])
+    pw = pool_module()
+    ring = RingServer(WorkerMemory(np, maps[0], maps[1]), pw, pw.Channel(maps[2]),
+                      doorbell_fd, sock, reader)
     deadlines = hello.get("deadlines")
     if deadlines is not None:
         # A pool with a timeout: on its watchdog's SIGUSR1 this worker writes
@@ -103,16 +104,10 @@ def main(argv):
         import faulthandler
         faulthandler.register(signal.SIGUSR1, file=deadlines["trace_fd"], all_threads=True,
                               chain=True)
-    rings = hello["ring"]
-    pw = pool_module()
-    control = mmap.mmap(rings["control_fd"], pw.control_bytes(rings["ring_slots"]))
-    os.close(rings["control_fd"])
-    ring = RingServer(worker, pw, pw.Channel(control), rings["doorbell_fd"], sock_fd, reader)
-    if deadlines is not None:
         ring.load_grace_ns = deadlines["load_grace_ns"]
     ring.channel.announce(os.getpid())
     try:
-        send(sock, pickle.dumps(("ready", os.getpid()), protocol=PICKLE_PROTOCOL))
+        send(sock, ("ready", os.getpid()))
         ring.run()
     except (ConnectionError, EOFError):
         # The pool closed (maybe before this worker was ready: EOFError is the

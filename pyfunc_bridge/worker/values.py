@@ -9,43 +9,31 @@ _adapters = None  # top-level module name -> framework adapter
 _frameworks = None  # pyfunc_bridge/_frameworks.py, loaded by its path
 
 
-def adapter_named(name):
-    """The loaded adapter of framework `name` (pyfunc_bridge/_frameworks.py)."""
-    _load_adapters()
-    adapter = _adapters[name]
-    adapter.load()
-    return adapter
-
-
 def framework_adapter(value):
     """The adapter (pyfunc_bridge/_frameworks.py) that judges results of
-    `value`'s type, or None (the module is loaded: `_frameworks`)."""
-    _load_adapters()
+    `value`'s type, or None."""
+    frameworks()
     top = getattr(type(value), "__module__", None)
     return _adapters.get(top.partition(".")[0]) if isinstance(top, str) else None
 
 
 def frameworks():
     """pyfunc_bridge/_frameworks.py, the rules its functions share with the
-    conversion layer (resolved, result_capsule, not_exported)."""
-    _load_adapters()
-    return _frameworks
-
-
-def _load_adapters():
-    """Loads _frameworks.py by its path: importing it through the package
-    would import TensorFlow."""
+    conversion layer (resolved, result_capsule, not_exported, adapter),
+    loaded by its path: importing it through the package would import
+    TensorFlow."""
     global _adapters, _frameworks
-    if _adapters is None:
+    if _frameworks is None:
         import importlib.util
         package = os.path.dirname(os.path.dirname(__file__))
         spec = importlib.util.spec_from_file_location(
             "_pyfunc_bridge_frameworks", os.path.join(package, "_frameworks.py"))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        _frameworks = module
         _adapters = {name: adapter for adapter in module.ADAPTERS.values()
                      for name in adapter.modules}
+        _frameworks = module
+    return _frameworks
 
 
 def as_numpy(np, value, framework, index=0):
