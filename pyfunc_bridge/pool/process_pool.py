@@ -342,21 +342,19 @@ class ProcessPool:
                 self._closed = self._closing = True
                 self._closed_at_exit = self._closed_at_exit or _exiting
                 workers = list(self._supervisor.workers)
-            self._finish_close(workers)
+            # Each step is safe to run again after an interruption.
+            self._supervisor.close(workers)  # (their native calls fail as on a closed pool)
+            # Its reply threads have ended; it held the input mapping.
+            self._dispatch = None
+            if self._deadlines is not None:
+                self._deadlines.close()
+            self._close_input_fd()
+            # The input mapping goes with the last reference to it (a Route.call
+            # still copying holds the dispatcher); result mappings, see
+            # WorkerProcess.ended.
+            self._input_map = None
+            _live_pools.discard(self)
             self._closing = False
-
-    def _finish_close(self, workers):
-        """close()'s work, each step safe to run again after an interruption."""
-        self._supervisor.close(workers)  # (their native calls fail as on a closed pool)
-        # Its reply threads have ended; it held the input mapping.
-        self._dispatch = None
-        if self._deadlines is not None:
-            self._deadlines.close()
-        self._close_input_fd()
-        # The input mapping goes with the last reference to it (a Route.call
-        # still copying holds the dispatcher); result mappings, see WorkerProcess.ended.
-        self._input_map = None
-        _live_pools.discard(self)
 
 
 # ------------------------------------------------------------- executors --
