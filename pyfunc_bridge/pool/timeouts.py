@@ -45,7 +45,6 @@ class Deadlines:
 
     def __init__(self, pool, timeout):
         self.timeout_ns = int(timeout * 1e9)
-        self.timeout = timeout
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._watch, args=(weakref.ref(pool),),
                                        daemon=True, name=f"{pool.name} watchdog")
@@ -112,7 +111,7 @@ class Deadlines:
         stack = self.stack(worker)
         pool._counters.add_one("timeouts")
         return CallTimeoutError(
-            f"pyfunc_bridge: the call ran past the {self.timeout:g} s timeout of {pool.name} "
+            f"pyfunc_bridge: the call ran past the {pool.timeout:g} s timeout of {pool.name} "
             f"in worker process {worker.pid}, which was ended; the pool starts a new "
             f"worker, so later calls run. The function's Python stack then:\n\n{stack}")
 

@@ -246,7 +246,6 @@ class RingServer:
         self.channel.set_running(message.call_id, time.monotonic_ns())
         flags = message.flags
         framework = pw.FLAG_FRAMEWORKS.get(flags & pw.CALL_FRAMEWORKS)
-        writable = bool(flags & pw.CALL_WRITABLE)
         tensors = []
         shape_kind = pw.DONE_ONE
         status, block = pw.STATUS_OK, (0, 0)
@@ -262,7 +261,7 @@ class RingServer:
             del args
             func = self.function(message.token, message.call_id)
             result = worker.arena.call(func, values)
-            if framework == "torch" and not writable:
+            if framework == "torch" and not flags & pw.CALL_WRITABLE:
                 # In-process the tensors are TensorFlow's memory, and a write
                 # to one fails the call (the adapter sees it): here too,
                 # though the blocks are this call's own.
