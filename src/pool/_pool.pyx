@@ -7,12 +7,11 @@ arena).  It needs neither TensorFlow nor the op library: setup.py builds it
 with NumPy's headers only, and a worker loads it by path
 (pyfunc_bridge/worker/compiled.py), never through the package.
 """
-from libc.errno cimport (E2BIG, EAGAIN, EINVAL, EMSGSIZE, ENOMEM, ENOSPC, EPIPE, EPROTO,
-                         ERANGE, ETIMEDOUT)
-from libc.stdint cimport SIZE_MAX, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
+from libc.errno cimport EINVAL, EMSGSIZE, ENOMEM, ENOSPC, EPIPE, EPROTO, ERANGE, ETIMEDOUT
+from libc.stdint cimport SIZE_MAX, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset, strncpy
-from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.list cimport PyList_CheckExact, PyList_GET_ITEM, PyList_GET_SIZE

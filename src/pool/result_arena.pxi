@@ -15,7 +15,6 @@ cdef struct _Handler:
     pthread_mutex_t lock
     PfbArena* arena
     char* base           # this process's mapping of the result arena
-    uint64_t bytes
     uint64_t min_bytes   # smaller allocations use the ordinary allocator
     uint64_t call        # the call running now (numbered from 1)
     uint64_t fell_back   # allocations of min_bytes or more that did not fit
@@ -23,7 +22,7 @@ cdef struct _Handler:
 
 
 cdef inline bint _in_arena(_Handler* h, const void* p) noexcept nogil:
-    return h.base <= <const char*>p < h.base + h.bytes
+    return h.base <= <const char*>p < h.base + pfb_arena_bytes(h.arena)
 
 
 cdef void* _arena_malloc(_Handler* h, size_t size) noexcept nogil:
@@ -163,7 +162,6 @@ cdef class ResultArena:
         Py_INCREF(held)  # the handler's reference, dropped with it (_destroy_handler_parts)
         h.held = <PyObject*>held
         h.base = <char*>held.view.buf
-        h.bytes = pfb_arena_bytes(h.arena)
         h.min_bytes = min_bytes
         strncpy(h.numpy.name, HANDLER_NAME.encode(), sizeof(h.numpy.name) - 1)
         h.numpy.version = 1
@@ -182,7 +180,7 @@ cdef class ResultArena:
 
     @property
     def size(self):
-        return self._h.bytes
+        return pfb_arena_bytes(self._h.arena)
 
     @property
     def address(self):

@@ -326,14 +326,11 @@ cdef object _decode_message(const PfbPoolSlot* slots):
         for i in range(m.count):
             if pfb_msg_read_tensor(slots, &cursor, &record, dims):
                 raise OSError(EPROTO, "pyfunc_bridge: a malformed tensor record")
-            items.append((record.code, record.bits, record.lanes, record.flags,
-                          record.offset, record.size,
-                          tuple([dims[d] for d in range(record.ndim)])))
+            items.append(_tensor_item(&record, dims))
     else:
         for i in range(m.count):
             if pfb_msg_read_word(slots, i, &word):
                 raise OSError(EPROTO, "pyfunc_bridge: a malformed words message")
             items.append(word)
-    return Message(m.kind, m.call_id, m.token, m.flags, m.status, m.stamp,
-                   (m.block_offset, m.block_size), items, m.ended)
+    return _message(m, items)
 
