@@ -26,7 +26,7 @@ from includes.arena cimport *
 from includes.copy_facts cimport *
 from includes.dispatch cimport *
 from includes.input_records cimport *
-from includes.numpy_handler cimport PyDataMem_Handler, PyDataMem_SetHandler
+from includes.numpy_handler cimport PyDataMem_Handler, PyDataMem_SetHandler, PyDataMemAllocator
 from includes.pthread cimport *
 from includes.records cimport *
 from includes.reply_decode cimport *
@@ -42,7 +42,7 @@ cnp.import_array()
 
 # One concept per file, in dependency order (a cdef class before the code
 # that types a variable with it).
-include "externs.pxi"       # the C read directly (atomics, NumPy fields)
+include "externs.pxi"       # the C read directly (atomics, the clock, NumPy fields)
 include "records.pxi"       # message kinds, flags, Message, the dtype table
 include "arena.pxi"         # Arena
 include "ring.pxi"          # Channel

@@ -165,11 +165,8 @@ cdef class ResultArena:
         h.min_bytes = min_bytes
         strncpy(h.numpy.name, HANDLER_NAME.encode(), sizeof(h.numpy.name) - 1)
         h.numpy.version = 1
-        h.numpy.allocator.ctx = h
-        h.numpy.allocator.malloc = _handler_malloc
-        h.numpy.allocator.calloc = _handler_calloc
-        h.numpy.allocator.realloc = _handler_realloc
-        h.numpy.allocator.free = _handler_free
+        h.numpy.allocator = PyDataMemAllocator(h, _handler_malloc, _handler_calloc,
+                                               _handler_realloc, _handler_free)
         try:
             self._capsule = PyCapsule_New(h, "mem_handler", _destroy_handler)
         except BaseException:
