@@ -21,10 +21,6 @@ namespace {
 // thread before it returns the thread to TF (AsyncCall::Post).
 constexpr int64_t kPostedWaitNs = 2000000;
 
-}  // namespace
-
-namespace {
-
 // The threads that complete posted calls: never the dispatcher's (its reply
 // thread holds its worker's reader role, and a `done` may take the GIL or
 // run into the dispatcher), nor the op's runner (its threads may all wait

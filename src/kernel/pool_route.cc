@@ -4,7 +4,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -108,12 +107,6 @@ bool MakeInputs(OpKernelContext* ctx, int first_input, uint32_t call_flags, Nati
   return true;
 }
 
-// One result of the reply as its output takes it.
-struct Result {
-  const PfbReplyResult* reply;  // decoded and checked (reply_decode.h)
-  TensorShape shape;
-};
-
 // Whether the decoded result `r` is an array of numbers that the output
 // `spec` takes as it is (dtype, declared dimensions), and that the copy
 // policy accepts: anything else goes to the conversion layer, whose checks
@@ -121,7 +114,7 @@ struct Result {
 // (shm_layout.h, PFB_POOL_TENSOR_REFUSED_MASK) goes there too, so that its
 // refusal is the one error text of _copy_reason.
 bool Fits(const PfbReplyResult& r, const PfbOutputSpec& spec, tensorflow::DataType dtype,
-          int32_t copy_mode, Result* out) {
+          int32_t copy_mode, TensorShape* shape) {
   const PfbPoolTensor& record = r.record;
   if (record.flags & (PFB_POOL_TENSOR_STRINGS | PFB_POOL_TENSOR_PICKLED)) return false;
   if (copy_mode == PFB_COPY_FALSE && (record.flags & PFB_POOL_TENSOR_REFUSED_MASK)) {
@@ -137,23 +130,17 @@ bool Fits(const PfbReplyResult& r, const PfbOutputSpec& spec, tensorflow::DataTy
       if (spec.dims[i] >= 0 && spec.dims[i] != r.dims[i]) return false;
     }
   }
-  out->reply = &r;
-  return tensorflow::TensorShapeUtils::MakeShape(r.dims, record.ndim, &out->shape).ok();
+  return tensorflow::TensorShapeUtils::MakeShape(r.dims, record.ndim, shape).ok();
 }
 
 }  // namespace
 
 // ------------------------------------------------------------- RouteSlot --
 
-RouteSlot::~RouteSlot() {
-  if (route_ != nullptr) route_->api->route_drop(route_);
-}
-
 RouteRef RouteSlot::Get() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (route_ == nullptr) return RouteRef();
-  route_->api->route_keep(route_);
-  return RouteRef(route_);
+  if (route_ != nullptr) route_->api->route_keep(route_.get());
+  return RouteRef(route_.get());
 }
 
 bool RouteSlot::Empty() {
@@ -162,24 +149,15 @@ bool RouteSlot::Empty() {
 }
 
 void RouteSlot::Set(PfbDispatchRoute* route) {
-  if (route == nullptr) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (route_ == nullptr) {
-      route_ = route;
-      return;
-    }
-  }
-  route->api->route_drop(route);  // a concurrent call's came first
+  RouteRef offered(route);  // unless taken (a concurrent call's came first), dropped after the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  if (route_ == nullptr) route_ = std::move(offered);
 }
 
 void RouteSlot::Clear(const PfbDispatchRoute* route) {
-  PfbDispatchRoute* dropped = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (route_ == route) std::swap(dropped, route_);
-  }
-  if (dropped != nullptr) dropped->api->route_drop(dropped);
+  RouteRef dropped;  // dropped after the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  if (route_.get() == route) dropped = std::move(route_);
 }
 
 // ------------------------------------------------------------ NativeCall --
@@ -195,9 +173,7 @@ NativeCall::~NativeCall() {
 bool NativeCall::Describe(OpKernelContext* ctx, const PfbDispatchRoute* route, int first_input) {
   began_ = pfb_clock_ns(CLOCK_MONOTONIC);
   in_ = std::make_unique<NativeInputs>();
-  if (!MakeInputs(ctx, first_input, route->flags, in_.get())) {
-    return false;
-  }
+  if (!MakeInputs(ctx, first_input, route->flags, in_.get())) return false;
   route_ = route;
   return true;
 }
@@ -254,34 +230,30 @@ NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int
 
 NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOutputSpec>& specs,
                                    int32_t copy_mode) {
-  const PfbDispatchRoute* route = route_;
-  const PfbDispatchApi* api = route->api;
-  const NativeInputs& in = *in_;
-  const int64_t began = began_, posted = posted_;
-  PfbDispatchCall& call = call_;
-  const bool counting = pfb_route_counting(route->counting);
-  PfbDispatchRouteCounts* counts = const_cast<PfbDispatchRouteCounts*>(&route->counts);
-  if (call.state == PFB_DISPATCH_FAILED) {
+  const PfbDispatchApi* api = route_->api;
+  const bool counting = pfb_route_counting(route_->counting);
+  PfbDispatchRouteCounts* counts = const_cast<PfbDispatchRouteCounts*>(&route_->counts);
+  if (call_.state == PFB_DISPATCH_FAILED) {
     if (counting) {
       // The function's error; not a call its worker answered (the pool's
       // calls and bytes_in), as on the Python path.
       pfb_route_add(&counts->errors, 1);
-      pfb_route_add(&counts->strings_in, in.counts.string_bytes);
-      pfb_route_add(&counts->worker_in, in.counts.to_worker);
-      pfb_route_add(&counts->total_ns, pfb_clock_ns(CLOCK_MONOTONIC) - began);
+      pfb_route_add(&counts->strings_in, in_->counts.string_bytes);
+      pfb_route_add(&counts->worker_in, in_->counts.to_worker);
+      pfb_route_add(&counts->total_ns, pfb_clock_ns(CLOCK_MONOTONIC) - began_);
     }
-    ctx->SetStatus(absl::Status(static_cast<absl::StatusCode>(call.error_code),
-                                call.error != nullptr ? call.error : "pyfunc_bridge: the "
+    ctx->SetStatus(absl::Status(static_cast<absl::StatusCode>(call_.error_code),
+                                call_.error != nullptr ? call_.error : "pyfunc_bridge: the "
                                                                      "pool call failed"));
     return NativeOutcome::kDone;
   }
   replied_ = true;  // from here on, the result blocks are this call's
-  const PfbPoolMessage& m = call.reply[0].message;
+  const PfbPoolMessage& m = call_.reply[0].message;
   // A call its worker answered: the pool's figures, and the inputs' share
   // of the function's (route_counts.h, as the Python path counts).
   auto count_answered = [&] {
-    pfb_route_count_answered(counts, &m, posted, in.counts.bytes, in.counts.string_bytes,
-                             in.counts.to_worker);
+    pfb_route_count_answered(counts, &m, posted_, in_->counts.bytes, in_->counts.string_bytes,
+                             in_->counts.to_worker);
   };
   // A call handed to Python (which counts the rest).
   auto replied = [&] {
@@ -299,45 +271,46 @@ NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOu
   // one it refuses goes to the conversion layer, which raises its error.
   absl::InlinedVector<PfbReplyResult, 2> decoded(n);
   uint32_t count = 0;
-  if (pfb_reply_decode(call.reply, call.arena != nullptr ? call.arena->bytes : 0,
+  if (pfb_reply_decode(call_.reply, call_.arena != nullptr ? call_.arena->bytes : 0,
                        decoded.data(), static_cast<uint32_t>(n), &count) != 0) {
     return replied();
   }
-  absl::InlinedVector<Result, 4> results(n);
+  absl::InlinedVector<TensorShape, 4> shapes(n);
   for (size_t i = 0; i < n; ++i) {
-    if (!Fits(decoded[i], specs[i], ctx->expected_output_dtype(i), copy_mode, &results[i])) {
+    if (!Fits(decoded[i], specs[i], ctx->expected_output_dtype(i), copy_mode, &shapes[i])) {
       return replied();
     }
   }
-  // Every output fits: from here on, each block is handed back by its
-  // tensor, or here at once.
+  // Every output fits.  The outputs results are copied into come first: if
+  // one cannot be made, every block is still this call's (handed back when
+  // it goes).
+  absl::InlinedVector<Tensor*, 4> copies(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    if (decoded[i].nbytes != 0 && copy_mode != PFB_COPY_TRUE) continue;
+    absl::Status s = ctx->allocate_output(static_cast<int>(i), shapes[i], &copies[i]);
+    if (!s.ok()) {
+      ctx->SetStatus(s);
+      return NativeOutcome::kDone;
+    }
+  }
+  // From here on, each block is handed back by its tensor, or here at once.
   replied_ = false;
   uint64_t bytes_out = 0, shared = 0, copied = 0, saved = 0, worker_copied = 0;
   for (size_t i = 0; i < n; ++i) {
-    const PfbReplyResult& r = *results[i].reply;
-    const tensorflow::DataType dtype = ctx->expected_output_dtype(i);
+    const PfbReplyResult& r = decoded[i];
     bytes_out += r.nbytes;
     worker_copied += r.worker_copied;  // (the decoder's rule, as the Python path's)
-    if (r.nbytes == 0 || copy_mode == PFB_COPY_TRUE) {
-      Tensor* out = nullptr;
-      absl::Status s = ctx->allocate_output(static_cast<int>(i), results[i].shape, &out);
-      if (s.ok() && r.nbytes != 0) {
-        std::memcpy(const_cast<char*>(out->tensor_data().data()),
-                    call.arena->base + r.record.offset, r.nbytes);
-        copied += r.nbytes;
+    if (copies[i] != nullptr) {
+      if (r.nbytes != 0) {
+        std::memcpy(const_cast<char*>(copies[i]->tensor_data().data()),
+                    call_.arena->base + r.record.offset, r.nbytes);
       }
-      if (r.record.size) api->arena_hand_back(call.arena, r.record.offset);
-      if (!s.ok()) {
-        for (size_t j = i + 1; j < n; ++j) {
-          if (decoded[j].record.size) api->arena_hand_back(call.arena, decoded[j].record.offset);
-        }
-        ctx->SetStatus(s);
-        return NativeOutcome::kDone;
-      }
+      copied += r.nbytes;
+      if (r.record.size) api->arena_hand_back(call_.arena, r.record.offset);
       continue;
     }
-    auto* buffer = new ArenaBuffer(api, call.arena, r.record.offset, r.nbytes);
-    Tensor out(dtype, results[i].shape, buffer);  // takes its own reference
+    auto* buffer = new ArenaBuffer(api, call_.arena, r.record.offset, r.nbytes);
+    Tensor out(ctx->expected_output_dtype(i), shapes[i], buffer);  // takes its own reference
     buffer->Unref();
     ctx->set_output(static_cast<int>(i), out);
     shared += r.nbytes;
@@ -350,7 +323,7 @@ NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOu
     pfb_route_add(&counts->copied_out, copied);
     pfb_route_add(&counts->copies_saved, saved);
     pfb_route_add(&counts->worker_copied, worker_copied);
-    pfb_route_add(&counts->total_ns, pfb_clock_ns(CLOCK_MONOTONIC) - began);
+    pfb_route_add(&counts->total_ns, pfb_clock_ns(CLOCK_MONOTONIC) - began_);
   }
   return NativeOutcome::kDone;
 }

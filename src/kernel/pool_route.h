@@ -17,28 +17,15 @@
 
 namespace pyfunc_bridge {
 
-// One reference on a route (dropped by the destructor), or none.
-class RouteRef {
- public:
-  RouteRef() = default;
-  explicit RouteRef(PfbDispatchRoute* adopted) : route_(adopted) {}
-  RouteRef(RouteRef&& other) noexcept : route_(other.route_) { other.route_ = nullptr; }
-  RouteRef& operator=(RouteRef&&) = delete;
-  RouteRef(const RouteRef&) = delete;
-  ~RouteRef() {
-    if (route_ != nullptr) route_->api->route_drop(route_);
-  }
-  PfbDispatchRoute* get() const { return route_; }
-  explicit operator bool() const { return route_ != nullptr; }
-
- private:
-  PfbDispatchRoute* route_ = nullptr;
+// One reference on a route (dropped when it goes), or none.
+struct RouteDrop {
+  void operator()(PfbDispatchRoute* route) const { route->api->route_drop(route); }
 };
+using RouteRef = std::unique_ptr<PfbDispatchRoute, RouteDrop>;
 
 // A kernel's route slot, shared by its concurrent Compute() calls.
 class RouteSlot {
  public:
-  ~RouteSlot();
   // The route, a reference of the caller's; empty when there is none.
   RouteRef Get();
   bool Empty();
@@ -51,7 +38,7 @@ class RouteSlot {
 
  private:
   std::mutex mu_;
-  PfbDispatchRoute* route_ = nullptr;  // a reference, owned; guarded by mu_
+  RouteRef route_;  // guarded by mu_
 };
 
 enum class NativeOutcome {

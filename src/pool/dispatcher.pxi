@@ -109,29 +109,23 @@ cdef class Dispatcher:
         cdef uint32_t n = len(arrays)
         cdef Py_ssize_t k
         cdef _Inputs inputs = _Inputs(arrays, None, None, flags)
-        cdef uint64_t* stamps = <uint64_t*>calloc(max(times, 1) * 2, sizeof(uint64_t))
+        cdef uint64_t[:, ::1] stamps = np.zeros((times, 2), np.uint64)
         cdef PfbDispatchCall call
         cdef int rc = 0
-        if stamps == NULL:
-            raise MemoryError()
         memset(&call, 0, sizeof(call))
-        try:
-            with nogil:
-                for k in range(times):
-                    rc = pfb_dispatch_call(self._d, token, flags, inputs.items, n, -1, -1, &call)
-                    if rc:
-                        break
-                    if call.state == PFB_DISPATCH_DONE:
-                        stamps[2 * k] = call.reply[0].message.stamp
-                        stamps[2 * k + 1] = call.reply[0].message.ended
-                        pfb_dispatch_reply_hand_back(&call)
-                    pfb_dispatch_finish(self._d, &call)
-            if rc:
-                raise OSError(rc, f"pyfunc_bridge: dispatching call {k} failed ({rc})")
-            return [(stamps[2 * k], stamps[2 * k + 1]) if stamps[2 * k + 1] else None
-                    for k in range(times)]
-        finally:
-            free(stamps)
+        with nogil:
+            for k in range(times):
+                rc = pfb_dispatch_call(self._d, token, flags, inputs.items, n, -1, -1, &call)
+                if rc:
+                    break
+                if call.state == PFB_DISPATCH_DONE:
+                    stamps[k, 0] = call.reply[0].message.stamp
+                    stamps[k, 1] = call.reply[0].message.ended
+                    pfb_dispatch_reply_hand_back(&call)
+                pfb_dispatch_finish(self._d, &call)
+        if rc:
+            raise OSError(rc, f"pyfunc_bridge: dispatching call {k} failed ({rc})")
+        return [(stamps[k, 0], stamps[k, 1]) if stamps[k, 1] else None for k in range(times)]
 
     def free_bytes(self):
         return pfb_dispatch_free_bytes(self._d)

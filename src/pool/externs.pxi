@@ -1,5 +1,6 @@
 # The C this module reads itself: atomic loads and stores of the control
-# segment's shared words, reference counts, and NumPy array fields.
+# segment's shared words, the pool's clock, reference counts, and NumPy
+# array fields.
 
 cdef extern from *:
     """
@@ -14,20 +15,16 @@ cdef extern from *:
     void pfb_store64(uint64_t* p, uint64_t v) nogil
     void pfb_store32(uint32_t* p, uint32_t v) nogil
 
+cdef extern from "futex.h" nogil:
+    int64_t pfb_clock_ns(int clock)  # (clockid_t)
+
 cdef extern from "Python.h":
     Py_ssize_t Py_REFCNT(PyObject* obj)
     PyTypeObject* Py_TYPE(PyObject* obj)
-    # The one field of the type object read here.
-    ctypedef struct PyTypeWeaklist "PyTypeObject":
-        Py_ssize_t tp_weaklistoffset
 
 cdef extern from "numpy/arrayobject.h":
     ctypedef struct PyArrayObject
     PyTypeObject PyArray_Type
-    bint PyArray_Check(PyObject* obj)
-    PyObject* PyArray_BASE(PyArrayObject* arr)
     void* PyArray_DATA(PyArrayObject* arr)
-    int PyArray_FLAGS(PyArrayObject* arr)
     bint PyArray_IS_C_CONTIGUOUS(PyArrayObject* arr)
     cnp.npy_intp PyArray_NBYTES(PyArrayObject* arr)
-    int NPY_ARRAY_OWNDATA

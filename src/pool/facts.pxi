@@ -44,10 +44,7 @@ def writable_elsewhere(cnp.ndarray arr not None, Py_ssize_t outside_refs, bint r
     conversion layer judges in-process (`outside_refs`: references to it the
     worker does not hold; `read_only`: inputs are read-only; `pulled`: the
     pulled inputs' memoryviews by id)."""
-    cdef _InputArena judged
-    judged.input_map = <PyObject*>input_map
-    judged.pulled = <PyObject*>pulled
-    judged.read_only = read_only
+    cdef _InputArena judged = _InputArena(<PyObject*>input_map, <PyObject*>pulled, read_only)
     return pfb_writable_elsewhere(<PyObject*>arr, outside_refs, _input_block_end, &judged)
 
 

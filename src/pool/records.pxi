@@ -70,6 +70,19 @@ Message = collections.namedtuple(
 cdef set _TENSOR_KINDS = {PFB_POOL_MSG_CALL, PFB_POOL_MSG_DONE}
 
 
+cdef tuple _tensor_item(const PfbPoolTensor* record, const int64_t* dims):
+    """A Message's item of a tensor record and its dims (all of them)."""
+    return (record.code, record.bits, record.lanes, record.flags, record.offset, record.size,
+            tuple([dims[d] for d in range(record.ndim)]))
+
+
+cdef object _message(const PfbPoolMessage* m, list items):
+    """The Message of a message's header `m` and its items (the ring's
+    reader and the one decoder of a DONE, Reply, make each so)."""
+    return Message(m.kind, m.call_id, m.token, m.flags, m.status, m.stamp,
+                   (m.block_offset, m.block_size), items, m.ended)
+
+
 # ----------------------------------------------------------------- dtypes --
 # A record's dtype is DLPack's (code, bits), by the project's one dtype table
 # (src/dtype_table.h, shared with the kernel and the conversion layer), for

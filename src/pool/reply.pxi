@@ -68,7 +68,6 @@ cdef class Reply:
         cdef uint64_t arena_bytes = call.arena.bytes if call.arena != NULL else 0
         cdef PfbReplyResult* out = <PfbReplyResult*>malloc(room * sizeof(PfbReplyResult))
         cdef PfbReplyResult* r
-        cdef int d
         cdef NativeArena arena
         cdef int rc = pfb_reply_decode(call.reply, arena_bytes, out, room, &decoded) \
             if out != NULL else ENOMEM
@@ -85,24 +84,20 @@ cdef class Reply:
                     raise MemoryError()
                 raise OSError(EPROTO, "pyfunc_bridge: a malformed tensor record")
             self._held = set()
+            items = []
+            self.counted = []
             if call.arena != NULL:
                 arena = self.arena = NativeArena.__new__(NativeArena)
                 pfb_dispatch_arena_keep(call.arena)  # the NativeArena's own reference
                 arena._a = call.arena
-                for i in range(decoded):
-                    if out[i].record.size:  # (an empty result has no block)
-                        self._held.add(out[i].record.offset)
-            items = []
-            self.counted = []
-            if m.status == PFB_POOL_STATUS_OK:
-                for i in range(decoded):
-                    r = &out[i]
-                    items.append((r.record.code, r.record.bits, r.record.lanes, r.record.flags,
-                                  r.record.offset, r.record.size,
-                                  tuple([r.dims[d] for d in range(r.record.ndim)])))
+            for i in range(decoded):
+                r = &out[i]
+                if r.record.size and call.arena != NULL:  # (an empty result has no block)
+                    self._held.add(r.record.offset)
+                if m.status == PFB_POOL_STATUS_OK:  # (an error's one block: its pickle)
+                    items.append(_tensor_item(&r.record, r.dims))
                     self.counted.append((r.nbytes, bool(r.saves_copy), r.worker_copied))
-            self.message = Message(m.kind, m.call_id, m.token, m.flags, m.status, m.stamp,
-                                   (m.block_offset, m.block_size), items, m.ended)
+            self.message = _message(m, items)
         finally:
             free(out)
         return 0

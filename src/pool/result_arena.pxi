@@ -15,16 +15,14 @@ cdef struct _Handler:
     pthread_mutex_t lock
     PfbArena* arena
     char* base           # this process's mapping of the result arena
-    uint64_t bytes
     uint64_t min_bytes   # smaller allocations use the ordinary allocator
     uint64_t call        # the call running now (numbered from 1)
     uint64_t fell_back   # allocations of min_bytes or more that did not fit
-    Py_buffer view       # keeps the mapping (an mmap cannot close while exported)
-    bint has_view
+    PyObject* held       # a _Held, owned: keeps the mapping (exported, an mmap cannot close)
 
 
 cdef inline bint _in_arena(_Handler* h, const void* p) noexcept nogil:
-    return h.base <= <const char*>p < h.base + h.bytes
+    return h.base <= <const char*>p < h.base + pfb_arena_bytes(h.arena)
 
 
 cdef void* _arena_malloc(_Handler* h, size_t size) noexcept nogil:
@@ -107,9 +105,7 @@ cdef void _handler_free(void* ctx, void* p, size_t size) noexcept nogil:
 
 
 cdef void _destroy_handler_parts(_Handler* h) noexcept:
-    # The mapping may close once the view is released.
-    if h.has_view:
-        PyBuffer_Release(&h.view)
+    Py_XDECREF(h.held)  # the handler's reference: the mapping may close once the view goes
     pfb_arena_delete(h.arena)
     pthread_mutex_destroy(&h.lock)
     free(h)
@@ -151,34 +147,26 @@ cdef class ResultArena:
     cdef dict _exclusive   # id(result) -> its block's offset, for the last call
 
     def __cinit__(self, buffer, uint64_t min_bytes=65536):
+        cdef _Held held = _Held(buffer)
+        if <uintptr_t>held.view.buf % PFB_POOL_ALIGN:
+            raise ValueError(f"pyfunc_bridge: a result arena must start on a "
+                             f"{PFB_POOL_ALIGN}-byte boundary (an mmap does)")
         cdef _Handler* h = <_Handler*>calloc(1, sizeof(_Handler))
         if h == NULL:
             raise MemoryError()
-        try:
-            PyObject_GetBuffer(buffer, &h.view, PyBUF_WRITABLE)
-            h.has_view = True
-            if <uintptr_t>h.view.buf % PFB_POOL_ALIGN:
-                raise ValueError(f"pyfunc_bridge: a result arena must start on a "
-                                 f"{PFB_POOL_ALIGN}-byte boundary (an mmap does)")
-            h.arena = pfb_arena_new(h.view.len)
-            if h.arena == NULL:
-                raise MemoryError()
-        except BaseException:
-            if h.has_view:
-                PyBuffer_Release(&h.view)
+        h.arena = pfb_arena_new(held.view.len)
+        if h.arena == NULL:
             free(h)
-            raise
+            raise MemoryError()
         pthread_mutex_init(&h.lock, NULL)
-        h.base = <char*>h.view.buf
-        h.bytes = pfb_arena_bytes(h.arena)
+        Py_INCREF(held)  # the handler's reference, dropped with it (_destroy_handler_parts)
+        h.held = <PyObject*>held
+        h.base = <char*>held.view.buf
         h.min_bytes = min_bytes
         strncpy(h.numpy.name, HANDLER_NAME.encode(), sizeof(h.numpy.name) - 1)
         h.numpy.version = 1
-        h.numpy.allocator.ctx = h
-        h.numpy.allocator.malloc = _handler_malloc
-        h.numpy.allocator.calloc = _handler_calloc
-        h.numpy.allocator.realloc = _handler_realloc
-        h.numpy.allocator.free = _handler_free
+        h.numpy.allocator = PyDataMemAllocator(h, _handler_malloc, _handler_calloc,
+                                               _handler_realloc, _handler_free)
         try:
             self._capsule = PyCapsule_New(h, "mem_handler", _destroy_handler)
         except BaseException:
@@ -189,7 +177,7 @@ cdef class ResultArena:
 
     @property
     def size(self):
-        return self._h.bytes
+        return pfb_arena_bytes(self._h.arena)
 
     @property
     def address(self):
@@ -212,10 +200,6 @@ cdef class ResultArena:
         n = pfb_arena_live_blocks(self._h.arena)
         pthread_mutex_unlock(&self._h.lock)
         return n
-
-    def contains(self, cnp.ndarray arr not None):
-        """Whether `arr`'s data lies in the arena."""
-        return _in_arena(self._h, cnp.PyArray_DATA(arr))
 
     def call(self, func, args):
         """``func(*args)`` with the arena's handler installed (in this

@@ -21,15 +21,12 @@ cdef int64_t _timeout_ns(object timeout) except? -2:
 cdef class _Held:
     """A writable buffer's view, kept (the mapping cannot close meanwhile)."""
     cdef Py_buffer view
-    cdef bint has_view
 
     def __cinit__(self, buffer):
         PyObject_GetBuffer(buffer, &self.view, PyBUF_WRITABLE)
-        self.has_view = True
 
     def __dealloc__(self):
-        if self.has_view:
-            PyBuffer_Release(&self.view)
+        PyBuffer_Release(&self.view)  # (a view never got has no obj: nothing to release)
 
 
 class ChannelClosed(EOFError):
@@ -51,9 +48,8 @@ cdef class Channel:
     cdef _Held _held  # the control segment's buffer
     cdef PfbPoolControl* _control
     cdef PfbRing _rings[2]
-    cdef uint32_t _slots
-    cdef PfbPoolSlot* _scratch  # the message being built (post)
-    cdef PfbPoolSlot* _inbox    # the message being read (receive)
+    cdef PfbPoolSlot _scratch[PFB_POOL_MAX_MESSAGE_SLOTS]  # the message being built (post)
+    cdef PfbPoolSlot _inbox[PFB_POOL_MAX_MESSAGE_SLOTS]    # the message being read (receive)
 
     def __cinit__(self, buffer, *, bint create=False, uint32_t ring_slots=0,
                   uint64_t input_bytes=0, uint64_t result_bytes=0, uint32_t worker_index=0,
@@ -82,7 +78,6 @@ cdef class Channel:
             self._control.result_arena_bytes = result_bytes
             self._control.parent_pid = os.getpid()
             self._control.worker_index = worker_index
-        self._slots = ring_slots
         pfb_ring_attach(&self._rings[0], &self._control.requests,
                         pfb_pool_request_slots(self._control), ring_slots)
         pfb_ring_attach(&self._rings[1], &self._control.replies,
@@ -95,14 +90,6 @@ cdef class Channel:
             pfb_ring_reset(&self._rings[1])
             # Last: a control segment with the magic is complete.
             self._control.magic = PFB_POOL_MAGIC
-        self._scratch = <PfbPoolSlot*>calloc(PFB_POOL_MAX_MESSAGE_SLOTS, sizeof(PfbPoolSlot))
-        self._inbox = <PfbPoolSlot*>calloc(PFB_POOL_MAX_MESSAGE_SLOTS, sizeof(PfbPoolSlot))
-        if self._scratch == NULL or self._inbox == NULL:
-            raise MemoryError()
-
-    def __dealloc__(self):
-        free(self._scratch)
-        free(self._inbox)
 
     cdef PfbRing* _ring(self, int ring) except NULL:
         if ring != REQUESTS and ring != REPLIES:
@@ -111,7 +98,7 @@ cdef class Channel:
 
     @property
     def ring_slots(self):
-        return self._slots
+        return self._rings[0].capacity
 
     @property
     def worker_ready(self):
@@ -161,7 +148,7 @@ cdef class Channel:
     def available(self, int ring):
         """Slots published on `ring` and not read yet."""
         cdef uint32_t n = pfb_ring_available(self._ring(ring))
-        return min(n, self._slots)
+        return min(n, self._rings[0].capacity)
 
     def wakes(self, int ring):
         """FUTEX_WAKE calls this process made for `ring` (as its producer,
@@ -212,17 +199,6 @@ cdef class Channel:
                     return False
             checks = 0
 
-    cdef bint _write(self, int ring, object timeout) except -1:
-        cdef PfbRing* r = self._ring(ring)
-        if not self._wait(r, self._scratch[0].message.slots, _timeout_ns(timeout)):
-            return False
-        cdef int rc = pfb_ring_write(r, self._scratch)
-        if rc == EPIPE:
-            raise ChannelClosed("pyfunc_bridge: the ring is closed")
-        if rc != 0:  # EAGAIN cannot happen: this side is the only producer
-            raise OSError(rc, f"pyfunc_bridge: writing a message failed ({rc})")
-        return True
-
     def post(self, int ring, int kind, items=(), *, uint64_t call_id=0, uint64_t token=0,
              uint32_t flags=0, uint32_t status=0, uint64_t stamp=0, block=(0, 0),
              timeout=None, uint64_t ended=0):
@@ -231,9 +207,11 @@ cdef class Channel:
         size, shape); any other's words), waiting up to `timeout` seconds
         (None: no limit) for room; does not wake the consumer (``notify``
         once per batch).  True once posted, False after the timeout."""
+        cdef PfbRing* r = self._ring(ring)
         cdef PfbPoolMessage* m = &self._scratch[0].message
         cdef PfbPoolTensor record
         cdef int64_t dims[PFB_POOL_MAX_NDIM]
+        cdef int rc
         pfb_msg_init(self._scratch, <unsigned short>kind)
         m.call_id = call_id
         m.token = token
@@ -264,7 +242,14 @@ cdef class Channel:
                 if pfb_msg_add_tensor(self._scratch, PFB_POOL_MAX_MESSAGE_SLOTS, &record, dims):
                     raise ValueError(f"pyfunc_bridge: {len(items)} tensors do not fit one "
                                      f"message")
-        return self._write(ring, timeout)
+        if not self._wait(r, m.slots, _timeout_ns(timeout)):
+            return False
+        rc = pfb_ring_write(r, self._scratch)
+        if rc == EPIPE:
+            raise ChannelClosed("pyfunc_bridge: the ring is closed")
+        if rc != 0:  # EAGAIN cannot happen: this side is the only producer
+            raise OSError(rc, f"pyfunc_bridge: writing a message failed ({rc})")
+        return True
 
     def fits(self, tensors):
         """Whether a CALL or DONE of these tensor records (post's items)
@@ -273,7 +258,7 @@ cdef class Channel:
         cdef uint64_t slots = 1
         for tensor in tensors:
             slots += pfb_pool_tensor_slots(len(tensor[6]))
-        return pfb_pool_message_fits(slots, self._slots)
+        return pfb_pool_message_fits(slots, self._rings[0].capacity)
 
     def notify(self, int ring):
         """Wakes the consumer of `ring` if it sleeps (once for everything
@@ -295,9 +280,15 @@ cdef class Channel:
         message found so costs its producer no wake-up (the consumer's flag
         stays clear, so its notify does nothing)."""
         cdef PfbRing* r = self._ring(ring)
+        cdef int64_t end = pfb_clock_ns(CLOCK_MONOTONIC) + ns
         cdef bint found
         with nogil:
-            found = _spin(r, ns)
+            # sched_yield, not a pause loop: on a loaded 2-core VM the
+            # producer may be waiting for this very core (a 50 µs pause loop
+            # caught no more calls than none, docs/pool.md).
+            while not pfb_ring_available(r) and pfb_clock_ns(CLOCK_MONOTONIC) < end:
+                sched_yield()
+            found = pfb_ring_available(r) != 0
         return found
 
     def receive(self, int ring, limit=None):
@@ -321,24 +312,6 @@ cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
 
-cdef int64_t _clock_ns(int clock) noexcept nogil:
-    cdef timespec t
-    clock_gettime(clock, &t)
-    return <int64_t>t.tv_sec * 1000000000 + t.tv_nsec
-
-
-cdef bint _spin(PfbRing* r, int64_t ns) noexcept nogil:
-    """Channel.spin.  sched_yield, not a pause loop: on a loaded 2-core VM
-    the producer may be waiting for this very core (a 50 µs pause loop
-    caught no more calls than none, docs/pool.md)."""
-    cdef int64_t end = _clock_ns(CLOCK_MONOTONIC) + ns
-    while not pfb_ring_available(r):
-        if _clock_ns(CLOCK_MONOTONIC) >= end:
-            return pfb_ring_available(r) != 0
-        sched_yield()
-    return True
-
-
 cdef object _decode_message(const PfbPoolSlot* slots):
     """A Message of a read message's slots (validated: EPROTO, never a read
     past its end)."""
@@ -353,14 +326,11 @@ cdef object _decode_message(const PfbPoolSlot* slots):
         for i in range(m.count):
             if pfb_msg_read_tensor(slots, &cursor, &record, dims):
                 raise OSError(EPROTO, "pyfunc_bridge: a malformed tensor record")
-            items.append((record.code, record.bits, record.lanes, record.flags,
-                          record.offset, record.size,
-                          tuple([dims[d] for d in range(record.ndim)])))
+            items.append(_tensor_item(&record, dims))
     else:
         for i in range(m.count):
             if pfb_msg_read_word(slots, i, &word):
                 raise OSError(EPROTO, "pyfunc_bridge: a malformed words message")
             items.append(word)
-    return Message(m.kind, m.call_id, m.token, m.flags, m.status, m.stamp,
-                   (m.block_offset, m.block_size), items, m.ended)
+    return _message(m, items)
 

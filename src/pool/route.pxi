@@ -197,8 +197,7 @@ cdef class Route:
         cdef PfbDispatchRoute* r = self._r
         cdef _Inputs records
         cdef PfbDispatchCall call
-        cdef const PfbPoolMessage* m
-        cdef int64_t posted = _clock_ns(CLOCK_REALTIME), left = _timeout_ns(wait), part
+        cdef int64_t posted = pfb_clock_ns(CLOCK_REALTIME), left = _timeout_ns(wait), part
         cdef int rc = 0
         cdef int moves = 0  # times inputs were moved to the socket for room
         cdef uint32_t flags = r.flags
