@@ -36,8 +36,7 @@ static int post_message(Worker* w, const PfbPoolSlot* message, int64_t deadline)
  * while `keep` slots stay free, and keeps the rest for next time; `post`
  * held. */
 static void post_words(Worker* w, uint16_t kind, Words* list, uint32_t keep) {
-  uint32_t per = PFB_POOL_WORDS_PER_SLOT *
-                 (w->requests.capacity > 64 ? 63 : w->requests.capacity - 1);
+  uint32_t per = pfb_pool_words_per_message(w->requests.capacity);
   size_t sent = 0;
   while (sent < list->count) {
     pfb_msg_init(w->scratch, kind);

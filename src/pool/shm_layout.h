@@ -433,11 +433,6 @@ static inline uint32_t pfb_pool_tensor_slots(int32_t ndim) {
                         PFB_POOL_DIMS_PER_SLOT;
 }
 
-/* The slots of a message carrying `count` words (RESULTS_BACK, ...). */
-static inline uint32_t pfb_pool_words_slots(uint32_t count) {
-  return 1u + (count + PFB_POOL_WORDS_PER_SLOT - 1) / PFB_POOL_WORDS_PER_SLOT;
-}
-
 /* The bytes of a control segment with `ring_slots` slots per ring. */
 static inline uint64_t pfb_pool_control_bytes(uint32_t ring_slots) {
   return sizeof(PfbPoolControl) + 2 * (uint64_t)ring_slots * PFB_POOL_SLOT_BYTES;
