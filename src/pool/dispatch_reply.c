@@ -23,7 +23,8 @@ static void complete(PfbDispatchCall* call, uint32_t state, const PfbDispatchCal
   __atomic_store_n(&call->state, state, SC);
   /* (A posted call's poster may wait too, pfb_dispatch_wait: woken before
    * on_end, after which the call may be gone.) */
-  if (call != own) pfb_futex_wake(&call->state, INT_MAX, FUTEX_WAKE_PRIVATE);
+  if (call != own)
+    pfb_futex_wake(&call->state, INT_MAX, FUTEX_PRIVATE_FLAG, FUTEX_BITSET_MATCH_ANY);
   if (on_end != NULL) on_end(call, arg);
 }
 
@@ -252,7 +253,8 @@ int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns) {
       }
       /* The reply thread (or another caller) reads: it completes this one. */
     }
-    pfb_futex_wait(&call->state, PFB_DISPATCH_WAITING, left, FUTEX_WAIT_PRIVATE);
+    pfb_futex_wait(&call->state, PFB_DISPATCH_WAITING, left, FUTEX_PRIVATE_FLAG,
+                   FUTEX_BITSET_MATCH_ANY);
     tried = 0;
   }
 }
