@@ -46,9 +46,8 @@ class RingServer:
         self.unloaded = {}     # token -> (sys.path, pickle) of a LOAD not unpickled yet
         self.load_errors = {}  # token -> (the exception its LOAD raised, its traceback)
         self.load_grace_ns = 0  # a pool with a timeout: see function()
-        # Words per INPUTS_BACK: what fits a message in this ring.
-        # (as dispatch_queue.c's post_words: at most 63 slots, one less than the ring)
-        self.words_per_message = 8 * (min(channel.ring_slots, 64) - 1)
+        # Words per INPUTS_BACK: the dispatcher's rule (records.h).
+        self.words_per_message = pw.words_per_message(channel.ring_slots)
 
     def run(self):
         """Serves the ring until the end of the socket's stream (the pool

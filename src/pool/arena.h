@@ -5,7 +5,8 @@
  *
  * Blocks are PFB_POOL_ALIGN-aligned and a multiple of it long.  First fit
  * from the lowest offset: the same few blocks serve a steady stream of calls,
- * so their pages stay mapped and warm.  Freed neighbours coalesce.  Every
+ * so their pages stay mapped and warm.  Freed neighbours coalesce (the free
+ * ranges are the gaps between the live blocks).  Every
  * block handed out is recorded, so a free of an offset that is not a live
  * block (a peer's double or bogus hand-back) is refused instead of corrupting
  * the free list.

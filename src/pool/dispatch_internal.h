@@ -28,9 +28,9 @@
 typedef struct Token {
   uint32_t refs;
   uint64_t token;
-  void* payload;  /* the LOAD payload, owned */
   uint64_t size;
   struct Token* next;
+  unsigned char payload[];  /* the LOAD payload, `size` bytes (one allocation) */
 } Token;
 
 /* A growable array of words (offsets, tokens). */
@@ -66,10 +66,7 @@ static inline int words_remove(Words* w, uint64_t value) {
 }
 
 static inline void token_drop(Token* t) {
-  if (__atomic_sub_fetch(&t->refs, 1, SC) == 0) {
-    free(t->payload);
-    free(t);
-  }
+  if (__atomic_sub_fetch(&t->refs, 1, SC) == 0) free(t);
 }
 
 /* A call in the pool queue: its inputs in the input arena (the queue's
@@ -94,8 +91,9 @@ typedef struct Worker {
   int attached;
   uint64_t generation;
   PfbPoolControl* control; /* its segment (set at attach): what it runs now */
-  int doorbell;           /* its eventfd, a duplicate owned from attach to lost */
-  PfbRing requests;       /* producer: whoever holds `post` */
+  /* Producer: whoever holds `post`.  Its doorbell, the worker's eventfd, is
+   * a duplicate owned from attach to lost (-1 otherwise). */
+  PfbRing requests;
   PfbRing replies;        /* consumer: whoever holds `role` */
   /* The reply ring's reader role (atomic): ROLE_FREE, ROLE_HELD (by the
    * reply thread or a waiting caller: the ring's one consumer now, using
@@ -103,7 +101,9 @@ typedef struct Worker {
    * worker broke the protocol).  Only tried, never waited for, except by
    * lost(), which retires it. */
   uint32_t role;
-  PfbPoolSlot* reading;   /* the role holder's message buffer (PFB_POOL_MAX_MESSAGE_SLOTS) */
+  /* The role holder's message buffer (PFB_POOL_MAX_MESSAGE_SLOTS), in
+   * `scratch`'s allocation (made at the first attach, freed with it). */
+  PfbPoolSlot* reading;
   /* Its result arena, mapped by the dispatcher: one reference, from attach
    * until lost (which joins the reply thread first: on_done reads it). */
   PfbDispatchArena* arena;
@@ -116,7 +116,7 @@ typedef struct Worker {
   pthread_mutex_t post;
   Words known;            /* tokens this worker has loaded */
   Words forget;           /* tokens to FORGET with its next request */
-  PfbPoolSlot* scratch;   /* the message being built (PFB_POOL_MAX_MESSAGE_SLOTS) */
+  PfbPoolSlot* scratch;   /* the message being built (PFB_POOL_MAX_MESSAGE_SLOTS), owned */
   /* Guards `pending` (the calls posted here that their callers still
    * wait for): taken by callers and the reply thread. */
   pthread_mutex_t calls;
@@ -154,13 +154,12 @@ struct PfbDispatch {
   pthread_mutex_t tokens_lock;
   Token* tokens;
   int workers_count;
-  Worker* workers;
   /* The pool queue (FIFO) and the number of attached workers; a worker's
    * `outstanding` and a queued call's `worker` change under it too.  Taken
    * after a worker's `post`, before its `calls`; never with `arena_lock`. */
   pthread_mutex_t queue_lock;
   Queued* queue_head;
-  Queued* queue_tail;
+  Queued** queue_tail;  /* where a push at the back goes: the last `next`, or &queue_head */
   int attached_count;
   uint32_t ring_slots;  /* atomic: slots per request ring (set by attach) */
   int closed;        /* atomic */
@@ -168,6 +167,7 @@ struct PfbDispatch {
   uint32_t active;   /* atomic: submits under way (delete waits for them) */
   uint32_t refs;     /* atomic: see dispatch.h, Lifetime */
   PfbDispatchCounts counts;  /* atomic fields */
+  Worker workers[];  /* workers_count of them, in the dispatcher's allocation */
 };
 
 enum { ROLE_FREE = 0, ROLE_HELD = 1, ROLE_RETIRED = 2 };
@@ -182,7 +182,6 @@ void pfb_disp_end_call(PfbDispatch* d, PfbDispatchCall* call, int resend, int32_
                        const char* message, const PfbDispatchCall* own);
 PfbDispatchCall* pfb_disp_unlist(Worker* w, const PfbDispatchCall* call, uint64_t id);
 void* pfb_disp_reply_thread(void* arg);
-int pfb_disp_wait_call(PfbDispatchCall* call, int64_t timeout_ns);
 
 /* dispatch_queue.c */
 int pfb_disp_queue_waits(Worker* w);
@@ -190,10 +189,6 @@ Worker* pfb_disp_choose(PfbDispatch* d);
 void pfb_disp_queue_push(PfbDispatch* d, Queued* q, int front);
 Queued* pfb_disp_queue_remove(PfbDispatch* d, PfbDispatchCall* call);
 Queued* pfb_disp_queue_take(PfbDispatch* d);
-Queued* pfb_disp_queued_new(Token* fn, const PfbDispatchInput* inputs, uint32_t count,
-                            uint32_t slots, PfbDispatchCall* call);
-void pfb_disp_queued_build(Queued* q, uint32_t flags, const PfbDispatchInput* inputs,
-                           uint32_t slots);
 void pfb_disp_queued_free(PfbDispatch* d, Queued* q, int release);
 void pfb_disp_end_queued(PfbDispatch* d, Queued* list);
 int pfb_disp_pump(PfbDispatch* d, Worker* w, int64_t deadline, PfbDispatchCall* own,
@@ -206,6 +201,5 @@ void pfb_disp_free_blocks(PfbDispatch* d, Words* held, const uint64_t* sizes,
                           const uint64_t* offsets, size_t n);
 int pfb_disp_alloc_blocks(PfbDispatch* d, const uint64_t* sizes, uint32_t count,
                           uint64_t* offsets, int64_t deadline);
-uint64_t pfb_disp_call_slots(const PfbDispatchInput* inputs, uint32_t count);
 
 #endif  /* PYFUNC_BRIDGE_POOL_DISPATCH_INTERNAL_H_ */

@@ -9,18 +9,16 @@
 /* ------------------------------------------------------------ lifetime -- */
 
 PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers) {
-  PfbDispatch* d = (PfbDispatch*)calloc(1, sizeof(PfbDispatch));
+  PfbDispatch* d = (PfbDispatch*)calloc(1, sizeof(PfbDispatch) + (size_t)workers * sizeof(Worker));
   if (d == NULL) return NULL;
   d->arena = pfb_arena_new(input_bytes);
-  d->workers = (Worker*)calloc((size_t)workers, sizeof(Worker));
   /* A mapping of its own of the input arena (as for result arenas): a
    * kernel's submit may copy into it while Python closes the pool and
    * unmaps its own. */
   void* mapped = input_bytes ? mremap(input_base, 0, input_bytes, MREMAP_MAYMOVE) : NULL;
-  if (d->arena == NULL || d->workers == NULL || mapped == MAP_FAILED) {
+  if (d->arena == NULL || mapped == MAP_FAILED) {
     if (mapped != NULL && mapped != MAP_FAILED) munmap(mapped, input_bytes);
     pfb_arena_delete(d->arena);
-    free(d->workers);
     free(d);
     return NULL;
   }
@@ -36,11 +34,12 @@ PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int worker
   pthread_condattr_destroy(&attr);
   pthread_mutex_init(&d->tokens_lock, NULL);
   pthread_mutex_init(&d->queue_lock, NULL);
+  d->queue_tail = &d->queue_head;
   for (int i = 0; i < workers; ++i) {
     Worker* w = &d->workers[i];
     w->d = d;
     w->index = i;
-    w->doorbell = -1;
+    w->requests.doorbell = -1;
     w->role = ROLE_RETIRED;  /* until attached */
     pthread_mutex_init(&w->post, NULL);
     pthread_mutex_init(&w->calls, NULL);
@@ -74,11 +73,10 @@ static PfbDispatchArena* arena_new(PfbDispatch* d, int index, const char* base,
 static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* result_base,
                   uint64_t result_bytes, uint64_t generation) {
   if (w->attached || w->has_thread) return EBUSY;  /* lost() first */
-  if (w->scratch == NULL)
-    w->scratch = (PfbPoolSlot*)malloc(PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
-  if (w->reading == NULL)
-    w->reading = (PfbPoolSlot*)malloc(PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
-  if (w->scratch == NULL || w->reading == NULL) return ENOMEM;
+  if (w->scratch == NULL)  /* one allocation: `scratch`, then `reading` */
+    w->scratch = (PfbPoolSlot*)malloc(2 * PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
+  if (w->scratch == NULL) return ENOMEM;
+  w->reading = w->scratch + PFB_POOL_MAX_MESSAGE_SLOTS;
   /* A descriptor of its own, closed by lost(): Python may close its own
    * while a submit still rings this one. */
   int bell = dup(doorbell);
@@ -89,7 +87,6 @@ static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* 
     if (bell >= 0) close(bell);
     return err;
   }
-  w->doorbell = bell;
   pfb_ring_attach(&w->requests, &control->requests, pfb_pool_request_slots(control),
                   control->ring_slots);
   w->requests.doorbell = bell;
@@ -99,11 +96,9 @@ static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* 
   w->control = control;
   w->generation = generation;
   w->posted = 0;
+  /* (`back` is empty: lost() emptied it, and with no arena none comes.) */
   w->known.count = 0;
   w->forget.count = 0;
-  pthread_mutex_lock(&w->back_lock);
-  w->back.count = 0;
-  pthread_mutex_unlock(&w->back_lock);
   __atomic_store_n(&w->d->ring_slots, w->requests.capacity, SC);
   __atomic_store_n(&w->role, ROLE_FREE, SC);  /* the rings are bound: readable */
   int rc = pthread_create(&w->thread, NULL, pfb_disp_reply_thread, w);
@@ -119,8 +114,8 @@ static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* 
     __atomic_store_n(&w->role, ROLE_RETIRED, SC);  /* no call was posted: nobody reads */
     w->arena = NULL;
     pfb_dispatch_arena_drop(arena);
-    close(w->doorbell);
-    w->doorbell = -1;
+    close(bell);
+    w->requests.doorbell = -1;
   }
   return rc;
 }
@@ -151,8 +146,9 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   int joined = w->has_thread;
   pthread_t thread = w->thread;
   w->has_thread = 0;
-  if (w->doorbell >= 0) close(w->doorbell);  /* no producer is under way, none comes */
-  w->doorbell = -1;
+  /* (No producer is under way, and none comes.) */
+  if (w->requests.doorbell >= 0) close(w->requests.doorbell);
+  w->requests.doorbell = -1;
   pthread_mutex_unlock(&w->post);
   if (joined) {
     pfb_ring_close(&w->replies);  /* (the caller closed it too: idempotent) */
@@ -214,14 +210,11 @@ void pfb_dispatch_delete(PfbDispatch* d) {
   pthread_cond_broadcast(&d->room);  /* submits waiting for room: closed */
   pthread_mutex_unlock(&d->arena_lock);
   /* (`closed` set: no call joins the queue or leaves it for a worker from
-   * now on, and no worker attaches.) */
+   * now on, and no worker attaches.)  The queue goes with the last attached
+   * worker's lost(): a call joins it, or goes back to it, only while a
+   * worker is attached (queue_lock). */
   for (int i = 0; i < d->workers_count; ++i)
     pfb_dispatch_lost(d, i, FAILED_PRECONDITION, CLOSED_TEXT, 0);
-  pthread_mutex_lock(&d->queue_lock);
-  /* (The last lost() took it, if a worker was attached.) */
-  Queued* queued = pfb_disp_queue_take(d);
-  pthread_mutex_unlock(&d->queue_lock);
-  pfb_disp_end_queued(d, queued);
   /* What only calls use goes now, not with the last reference (a route a
    * kernel or the statistics keep): the input mapping, once no submit
    * copies into it (each sees `closed`, or its ring closed, at once), and
@@ -248,8 +241,8 @@ void pfb_dispatch_disown(PfbDispatch* d) {
   for (int i = 0; i < d->workers_count; ++i) {
     Worker* w = &d->workers[i];
     __atomic_store_n(&w->attached, 0, SC);
-    if (w->doorbell >= 0) close(w->doorbell);
-    w->doorbell = -1;
+    if (w->requests.doorbell >= 0) close(w->requests.doorbell);
+    w->requests.doorbell = -1;
   }
 }
 
@@ -264,8 +257,7 @@ static void destroy(PfbDispatch* d) {
     free(w->forget.items);
     free(w->back.items);
     free(w->inputs.items);
-    free(w->scratch);
-    free(w->reading);
+    free(w->scratch);  /* (and `reading`) */
     pthread_mutex_destroy(&w->post);
     pthread_mutex_destroy(&w->calls);
     pthread_mutex_destroy(&w->back_lock);
@@ -275,7 +267,6 @@ static void destroy(PfbDispatch* d) {
   pthread_cond_destroy(&d->room);
   pthread_mutex_destroy(&d->arena_lock);
   pthread_mutex_destroy(&d->tokens_lock);
-  free(d->workers);
   free(d);
 }
 

@@ -21,31 +21,28 @@
 /* Posts one built message on w's request ring, waiting for room until
  * `deadline` (NOW: not at all); `post` held. */
 static int post_message(Worker* w, const PfbPoolSlot* message, int64_t deadline) {
-  uint32_t slots = message[0].message.slots;
-  int64_t left = pfb_left_ns(deadline);
   uint64_t rung = w->requests.wakes;
   /* (A wait for room rings a sleeping worker first: the hand-backs that
    * post_back left there may fill its ring.) */
-  int rc = pfb_ring_wait_room(&w->requests, slots, left);
+  int rc = pfb_ring_wait_room(&w->requests, message[0].message.slots, pfb_left_ns(deadline));
   bump(&w->d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
-  if (rc != 0) return rc;
-  return pfb_ring_write(&w->requests, message);
+  return rc != 0 ? rc : pfb_ring_write(&w->requests, message);
 }
 
 /* Posts `list` as `kind` messages of words, as many as the ring takes now
  * while `keep` slots stay free, and keeps the rest for next time; `post`
  * held. */
 static void post_words(Worker* w, uint16_t kind, Words* list, uint32_t keep) {
-  uint32_t per = PFB_POOL_WORDS_PER_SLOT *
-                 (w->requests.capacity > 64 ? 63 : w->requests.capacity - 1);
+  uint32_t per = pfb_pool_words_per_message(w->requests.capacity);
   size_t sent = 0;
   while (sent < list->count) {
     pfb_msg_init(w->scratch, kind);
     size_t k = 0;
     for (; k < per && sent + k < list->count; ++k)
       pfb_msg_add_word(w->scratch, PFB_POOL_MAX_MESSAGE_SLOTS, list->items[sent + k]);
-    if (pfb_ring_room(&w->requests) < w->scratch[0].message.slots + keep) break;
-    if (pfb_ring_write(&w->requests, w->scratch) != 0) break;  /* no room now */
+    if (pfb_ring_room(&w->requests) < w->scratch[0].message.slots + keep ||
+        pfb_ring_write(&w->requests, w->scratch) != 0)
+      break;  /* no room now */
     sent += k;
   }
   memmove(list->items, list->items + sent, (list->count - sent) * sizeof(uint64_t));
@@ -60,12 +57,6 @@ static void post_back(Worker* w, uint32_t keep) {
   pthread_mutex_lock(&w->back_lock);
   post_words(w, PFB_POOL_MSG_RESULTS_BACK, &w->back, keep);
   pthread_mutex_unlock(&w->back_lock);
-}
-
-static void notify(Worker* w) {
-  uint64_t rung = w->requests.wakes;
-  pfb_ring_notify(&w->requests);  /* rings only a worker that sleeps */
-  bump(&w->d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
 }
 
 /* ------------------------------------------------------------ the queue -- */
@@ -106,18 +97,17 @@ int pfb_disp_queue_waits(Worker* w) {
  * when none has credit (a hint: the post rechecks under the locks). */
 Worker* pfb_disp_choose(PfbDispatch* d) {
   Worker* best = NULL;
-  int best_held = 1;
-  uint32_t fewest = UINT32_MAX;
+  uint32_t best_rank = UINT32_MAX;
   int64_t now = pfb_now_ns();
   for (int i = 0; i < d->workers_count; ++i) {
     Worker* w = &d->workers[i];
     if (!has_credit(w, now)) continue;
-    uint32_t n = __atomic_load_n(&w->outstanding, __ATOMIC_RELAXED);
-    int h = held(w, now);
-    if ((!h && best_held) || (h == best_held && n < fewest)) {
-      fewest = n;
+    /* Held ones after all others; its outstanding calls are fewer than CREDITS. */
+    uint32_t rank = (uint32_t)held(w, now) * CREDITS +
+                    __atomic_load_n(&w->outstanding, __ATOMIC_RELAXED);
+    if (rank < best_rank) {
+      best_rank = rank;
       best = w;
-      best_held = h;
     }
   }
   return best;
@@ -125,27 +115,20 @@ Worker* pfb_disp_choose(PfbDispatch* d) {
 
 /* The queue's operations; `queue_lock` held.  `counts.queued` follows. */
 void pfb_disp_queue_push(PfbDispatch* d, Queued* q, int front) {
-  if (front) {
-    q->next = d->queue_head;
-    d->queue_head = q;
-    if (d->queue_tail == NULL) d->queue_tail = q;
-  } else {
-    q->next = NULL;
-    if (d->queue_tail != NULL) d->queue_tail->next = q;
-    else d->queue_head = q;
-    d->queue_tail = q;
-  }
+  Queued** at = front ? &d->queue_head : d->queue_tail;
+  q->next = *at;
+  *at = q;
+  if (d->queue_tail == at) d->queue_tail = &q->next;  /* the new last node */
   bump(&d->counts.queued, 1);
 }
 
 /* Takes the node of `call` out of the queue (NULL: not there). */
 Queued* pfb_disp_queue_remove(PfbDispatch* d, PfbDispatchCall* call) {
-  Queued* before = NULL;
-  for (Queued* q = d->queue_head; q != NULL; before = q, q = q->next) {
+  for (Queued** link = &d->queue_head; *link != NULL; link = &(*link)->next) {
+    Queued* q = *link;
     if (q->call != call) continue;
-    if (before != NULL) before->next = q->next;
-    else d->queue_head = q->next;
-    if (d->queue_tail == q) d->queue_tail = before;
+    *link = q->next;
+    if (d->queue_tail == &q->next) d->queue_tail = link;
     q->next = NULL;
     bump(&d->counts.queued, -1);
     return q;
@@ -156,57 +139,10 @@ Queued* pfb_disp_queue_remove(PfbDispatch* d, PfbDispatchCall* call) {
 /* Empties the queue: its nodes, as a list. */
 Queued* pfb_disp_queue_take(PfbDispatch* d) {
   Queued* all = d->queue_head;
-  uint64_t n = 0;
-  for (Queued* q = all; q != NULL; q = q->next) ++n;
-  d->queue_head = d->queue_tail = NULL;
-  bump(&d->counts.queued, -(int64_t)n);
+  d->queue_head = NULL;
+  d->queue_tail = &d->queue_head;
+  __atomic_store_n(&d->counts.queued, 0, SC);  /* (it counts the queue, under queue_lock) */
   return all;
-}
-
-/* A node for a call of `inputs`, taking the caller's reference on `fn`:
- * its `sizes` set (an input pulled over the socket has no block,
- * shm_layout.h), its `offsets` for the caller to allocate, its CALL for
- * pfb_disp_queued_build.  NULL: no memory. */
-Queued* pfb_disp_queued_new(Token* fn, const PfbDispatchInput* inputs, uint32_t count,
-                            uint32_t slots, PfbDispatchCall* call) {
-  size_t head = (sizeof(Queued) + 63) & ~(size_t)63;
-  size_t words = ((2 * (size_t)count * sizeof(uint64_t)) + 63) & ~(size_t)63;
-  char* memory = (char*)malloc(head + words + (size_t)slots * sizeof(PfbPoolSlot));
-  if (memory == NULL) return NULL;
-  Queued* q = (Queued*)memory;
-  q->next = NULL;
-  q->call = call;
-  q->fn = fn;
-  q->count = count;
-  q->sizes = (uint64_t*)(memory + head);
-  q->offsets = q->sizes + count;
-  q->message = (PfbPoolSlot*)(memory + head + words);
-  for (uint32_t i = 0; i < count; ++i)
-    q->sizes[i] = inputs[i].flags & PFB_POOL_TENSOR_SOCKET ? 0 : inputs[i].nbytes;
-  return q;
-}
-
-/* Builds q's CALL (`slots` long) over its blocks. */
-void pfb_disp_queued_build(Queued* q, uint32_t flags, const PfbDispatchInput* inputs,
-                           uint32_t slots) {
-  pfb_msg_init(q->message, PFB_POOL_MSG_CALL);
-  PfbPoolMessage* m = &q->message[0].message;
-  m->call_id = q->call->id;
-  m->token = q->fn->token;
-  m->flags = flags;
-  for (uint32_t i = 0; i < q->count; ++i) {
-    PfbPoolTensor record;
-    memset(&record, 0, sizeof(record));
-    record.code = inputs[i].code;
-    record.bits = inputs[i].bits;
-    record.lanes = inputs[i].lanes;
-    record.flags = inputs[i].flags;
-    record.ndim = inputs[i].ndim;
-    /* A pulled input has no block: its record names the payload (shm_layout.h). */
-    record.offset = inputs[i].flags & PFB_POOL_TENSOR_SOCKET ? inputs[i].nbytes : q->offsets[i];
-    record.size = q->sizes[i];
-    pfb_msg_add_tensor(q->message, slots, &record, inputs[i].dims);  /* sized to fit */
-  }
 }
 
 /* Frees a node; with `release`, its blocks go back to the arena (a call
@@ -253,19 +189,16 @@ static int post_call(PfbDispatch* d, Worker* w, Queued* q, int64_t deadline) {
   if (load) {
     uint64_t load_size = q->fn->size, load_offset = 0;
     int rc = pfb_disp_alloc_blocks(d, &load_size, 1, &load_offset, deadline);
-    uint32_t load_flags = 0;
-    if (rc == ENOSPC || rc == E2BIG) {  /* no room: the worker pulls it (shm_layout.h) */
-      load_size = load_offset = 0;
-      load_flags = PFB_POOL_LOAD_SOCKET;
-      rc = 0;
-    }
-    if (rc != 0) return rc;
+    int pulled = rc == ENOSPC || rc == E2BIG;  /* no room: the worker pulls it (shm_layout.h) */
+    if (rc != 0 && !pulled) return rc;
+    if (pulled) load_size = load_offset = 0;
     if (load_size) memcpy(d->input_base + load_offset, q->fn->payload, load_size);
     pfb_msg_init(w->scratch, PFB_POOL_MSG_LOAD);
-    w->scratch[0].message.flags = load_flags;
-    w->scratch[0].message.token = q->fn->token;
-    w->scratch[0].message.block_offset = load_offset;
-    w->scratch[0].message.block_size = load_size;
+    PfbPoolMessage* m = &w->scratch[0].message;
+    m->flags = pulled ? PFB_POOL_LOAD_SOCKET : 0;
+    m->token = q->fn->token;
+    m->block_offset = load_offset;
+    m->block_size = load_size;
     rc = post_message(w, w->scratch, deadline);
     if (rc != 0) {
       pfb_disp_free_blocks(d, NULL, &load_size, &load_offset, 1);
@@ -341,16 +274,14 @@ int pfb_disp_pump(PfbDispatch* d, Worker* w, int64_t deadline, PfbDispatchCall* 
       waits = rc;
       break;
     }
-    if (!listed) {  /* abandoned meanwhile: nobody waits for it */
-      pfb_disp_queued_free(d, q, 1);
-    } else if (call == own && !again) {
-      pfb_disp_queued_free(d, q, 1);
-      *own_rc = rc;
-    } else {
+    if (listed && (call != own || again)) {
       pfb_disp_end_queued(d, q);  /* closed, or no worker left */
+    } else {  /* abandoned meanwhile (nobody waits for it), or the submitter's */
+      pfb_disp_queued_free(d, q, 1);
+      if (listed) *own_rc = rc;
     }
   }
-  if (posted) notify(w);
+  if (posted && pfb_ring_notify(&w->requests)) bump(&d->counts.doorbells, 1);  /* a sleeper */
   return waits;
 }
 

@@ -23,7 +23,8 @@ static void complete(PfbDispatchCall* call, uint32_t state, const PfbDispatchCal
   __atomic_store_n(&call->state, state, SC);
   /* (A posted call's poster may wait too, pfb_dispatch_wait: woken before
    * on_end, after which the call may be gone.) */
-  if (call != own) pfb_futex_wake(&call->state, INT_MAX, FUTEX_WAKE_PRIVATE);
+  if (call != own)
+    pfb_futex_wake(&call->state, INT_MAX, FUTEX_PRIVATE_FLAG, FUTEX_BITSET_MATCH_ANY);
   if (on_end != NULL) on_end(call, arg);
 }
 
@@ -116,8 +117,9 @@ static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots,
 /* Reads every message on w's reply ring; the role held.  DONEs complete
  * their calls, INPUTS_BACK frees blocks: whoever holds the role, so that a
  * caller that reads does all the reply thread would.  0, or -1 for a
- * malformed message (the peer broke the protocol: Python ends the worker
- * when its socket ends). */
+ * malformed message: the peer broke the protocol, so the role retires
+ * (nobody reads a broken ring) and Python ends the worker when its socket
+ * ends. */
 static int drain(Worker* w, const PfbDispatchCall* own) {
   PfbPoolSlot* buffer = w->reading;
   int n;
@@ -138,6 +140,7 @@ static int drain(Worker* w, const PfbDispatchCall* own) {
       if (k) pfb_disp_free_blocks(w->d, &w->inputs, NULL, offsets, k);
     }
   }
+  if (n < 0) __atomic_store_n(&w->role, ROLE_RETIRED, SC);
   return n < 0 ? -1 : 0;
 }
 
@@ -174,15 +177,8 @@ void* pfb_disp_reply_thread(void* arg) {
       pfb_disp_pump_async(w);
       if (pfb_disp_queue_waits(w)) timeout = RETRY_NS;
     }
-    if (role_take(w)) {
-      if (drain(w, NULL) != 0) {
-        __atomic_store_n(&w->role, ROLE_RETIRED, SC);
-        break;
-      }
-      role_give(w);
-    }
-    uint32_t role = __atomic_load_n(&w->role, SC);
-    if (role == ROLE_RETIRED) break;
+    if (role_take(w) && drain(w, NULL) == 0) role_give(w);
+    if (__atomic_load_n(&w->role, SC) == ROLE_RETIRED) break;  /* lost, or a broken ring */
     /* Closed: ends once drained, or at once while a caller reads (it
      * drains what is left). */
     if (pfb_ring_closed(&w->replies) && !reader_ready(w)) break;
@@ -217,10 +213,7 @@ static int caller_ready(void* reading) {
 static int read_for(Worker* w, PfbDispatchCall* call, int64_t deadline) {
   Reading reading = {w, call};
   for (;;) {
-    if (drain(w, call) != 0) {
-      __atomic_store_n(&w->role, ROLE_RETIRED, SC);  /* nobody reads a broken ring */
-      return 0;
-    }
+    if (drain(w, call) != 0) return 0;
     if (__atomic_load_n(&call->state, SC) != PFB_DISPATCH_WAITING ||
         __atomic_load_n(&call->worker, SC) != w->index || pfb_ring_closed(&w->replies))
       return 0;
@@ -230,21 +223,22 @@ static int read_for(Worker* w, PfbDispatchCall* call, int64_t deadline) {
   }
 }
 
-/* Sleeps until the call is DONE, FAILED or RESEND (0), or `timeout_ns`
- * passed (ETIMEDOUT; negative: no limit), reading its worker's reply ring
- * itself while it holds the reader role (docs/pool.md, "A kernel's native
- * call", step 5). */
-int pfb_disp_wait_call(PfbDispatchCall* call, int64_t timeout_ns) {
+/* Sleeps until the call is DONE, FAILED or RESEND (0; at once for a call
+ * not submitted), or `timeout_ns` passed (ETIMEDOUT; negative: no limit),
+ * reading its worker's reply ring itself while it holds the reader role
+ * (docs/pool.md, "A kernel's native call", step 5). */
+int pfb_dispatch_wait(PfbDispatchCall* call, int64_t timeout_ns) {
   int64_t deadline = pfb_deadline_ns(timeout_ns);
   int tried = 0;
   for (;;) {
-    if (__atomic_load_n(&call->state, SC) != PFB_DISPATCH_WAITING) return 0;
+    if (call->id == 0 || __atomic_load_n(&call->state, SC) != PFB_DISPATCH_WAITING) return 0;
     int64_t left = pfb_left_ns(deadline);
     if (left == 0) return ETIMEDOUT;
     /* Posted, and nobody reads its worker's ring: this caller does. */
     int index = __atomic_load_n(&call->worker, SC);
     if (!tried && index >= 0 && index < call->d->workers_count) {
       Worker* w = &call->d->workers[index];
+      tried = 1;  /* once per wake-up: a look each time round would spin */
       if (role_take(w)) {
         int rc = 0;
         if (w->generation == call->generation) {
@@ -255,14 +249,12 @@ int pfb_disp_wait_call(PfbDispatchCall* call, int64_t timeout_ns) {
         if (rc == ETIMEDOUT) return rc;
         /* Not done: its call moved, or the ring closed (lost() ends the
          * call): whoever ends it wakes the state. */
-        tried = 1;
         continue;
       }
-      /* The reply thread (or another caller) reads: it completes this one.
-       * (Tried once per wake-up: a look each time round would spin.) */
-      tried = 1;
+      /* The reply thread (or another caller) reads: it completes this one. */
     }
-    pfb_futex_wait(&call->state, PFB_DISPATCH_WAITING, left, FUTEX_WAIT_PRIVATE);
+    pfb_futex_wait(&call->state, PFB_DISPATCH_WAITING, left, FUTEX_PRIVATE_FLAG,
+                   FUTEX_BITSET_MATCH_ANY);
     tried = 0;
   }
 }

@@ -35,11 +35,6 @@ uint64_t pfb_dispatch_free_bytes(PfbDispatch* d) {
   return n;
 }
 
-int pfb_dispatch_fits(PfbDispatch* d, const PfbDispatchInput* inputs, uint32_t count) {
-  return pfb_pool_message_fits(pfb_disp_call_slots(inputs, count),
-                               __atomic_load_n(&d->ring_slots, SC));
-}
-
 /* -------------------------------------------------------------- routes -- */
 
 /* Every route's (dispatch.h, PfbDispatchApi). */

@@ -41,33 +41,26 @@ static inline struct timespec* pfb_timespec(int64_t ns, struct timespec* t) {
   return t;
 }
 
-/* Sleeps while *word == expected, at most `ns` (negative: no limit).  `op`:
- * FUTEX_WAIT when the waker is another process (a ring's words in shared
- * memory), FUTEX_WAIT_PRIVATE when it is this one.  EINTR, EAGAIN (the
- * word changed first) and ETIMEDOUT all send the caller back to its checks. */
-static inline void pfb_futex_wait(uint32_t* word, uint32_t expected, int64_t ns, int op) {
-  struct timespec t;
-  syscall(SYS_futex, word, op, expected, pfb_timespec(ns, &t), NULL, 0);
+/* A futex whose waker is another process (a ring's words in shared
+ * memory); one whose waker is this process is FUTEX_PRIVATE_FLAG. */
+#define PFB_FUTEX_SHARED 0
+
+/* Sleeps while *word == expected, at most `ns` (negative: no limit), as a
+ * sleeper of `bitset`: a wake naming one of its bits wakes it
+ * (FUTEX_BITSET_MATCH_ANY: every wake does).  `kind`: PFB_FUTEX_SHARED or
+ * FUTEX_PRIVATE_FLAG.  EINTR, EAGAIN (the word changed first) and ETIMEDOUT
+ * all send the caller back to its checks. */
+static inline void pfb_futex_wait(uint32_t* word, uint32_t expected, int64_t ns, int kind,
+                                  uint32_t bitset) {
+  struct timespec t;  /* (FUTEX_WAIT_BITSET's limit is absolute, on CLOCK_MONOTONIC) */
+  syscall(SYS_futex, word, FUTEX_WAIT_BITSET | kind, expected,
+          pfb_timespec(pfb_deadline_ns(ns), &t), NULL, bitset);
 }
 
-/* As pfb_futex_wait, for a sleeper of `bitset` (FUTEX_WAIT_BITSET, whose
- * limit is absolute: CLOCK_MONOTONIC), on a shared word. */
-static inline void pfb_futex_wait_bitset(uint32_t* word, uint32_t expected, int64_t ns,
-                                         uint32_t bitset) {
-  struct timespec t;
-  syscall(SYS_futex, word, FUTEX_WAIT_BITSET, expected, pfb_timespec(pfb_deadline_ns(ns), &t),
-          NULL, bitset);
-}
-
-/* Wakes every sleeper of `word` whose bitset meets `bitset`. */
-static inline void pfb_futex_wake_bitset(uint32_t* word, uint32_t bitset) {
-  syscall(SYS_futex, word, FUTEX_WAKE_BITSET, INT32_MAX, NULL, NULL, bitset);
-}
-
-/* Wakes up to `waiters` sleepers on `word`; `op`: FUTEX_WAKE or
- * FUTEX_WAKE_PRIVATE, as the wait. */
-static inline void pfb_futex_wake(uint32_t* word, int waiters, int op) {
-  syscall(SYS_futex, word, op, waiters, NULL, NULL, 0);
+/* Wakes up to `waiters` sleepers of `word` whose bitset meets `bitset`;
+ * `kind` as their wait's. */
+static inline void pfb_futex_wake(uint32_t* word, int waiters, int kind, uint32_t bitset) {
+  syscall(SYS_futex, word, FUTEX_WAKE_BITSET | kind, waiters, NULL, NULL, bitset);
 }
 
 #endif /* PYFUNC_BRIDGE_POOL_FUTEX_H_ */

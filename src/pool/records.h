@@ -30,6 +30,15 @@ static inline int pfb_pool_message_fits(uint64_t slots, uint32_t ring_slots) {
   return slots <= PFB_POOL_MAX_MESSAGE_SLOTS && (ring_slots == 0 || slots <= ring_slots);
 }
 
+/* The words one words message (RESULTS_BACK, FORGET, INPUTS_BACK) carries
+ * at most on a ring of `ring_slots`: 64 slots, its header included, and never
+ * more than the ring.  The one rule for the dispatcher's hand-backs
+ * (dispatch_queue.c, post_words) and the worker's (ring_server.py,
+ * inputs_back, through the pool module's words_per_message). */
+static inline uint32_t pfb_pool_words_per_message(uint32_t ring_slots) {
+  return PFB_POOL_WORDS_PER_SLOT * ((ring_slots > 64 ? 64 : ring_slots) - 1);
+}
+
 /* Whether the block a record names, at `offset` with `size` bytes in an
  * arena of `arena_bytes`, holds `nbytes`: inside the mapping, aligned to
  * PFB_POOL_ALIGN (TensorFlow's PFB_TENSOR_ALIGNMENT divides it), big enough.

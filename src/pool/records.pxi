@@ -26,6 +26,13 @@ CALL_PACKED = PFB_POOL_CALL_PACKED
 TENSOR_SOCKET = PFB_POOL_TENSOR_SOCKET
 TENSOR_SCALAR = PFB_POOL_TENSOR_SCALAR
 LOAD_SOCKET = PFB_POOL_LOAD_SOCKET
+
+
+def words_per_message(uint32_t ring_slots):
+    """The words one INPUTS_BACK (or RESULTS_BACK, FORGET) carries at most on
+    a ring of `ring_slots`: pfb_pool_words_per_message, the dispatcher's rule."""
+    return pfb_pool_words_per_message(ring_slots)
+
 # The CALL flag of each framework (shm_layout.h); None: NumPy.
 FRAMEWORK_FLAGS = {None: 0, "torch": PFB_POOL_CALL_TORCH, "jax": PFB_POOL_CALL_JAX,
                    "cupy": PFB_POOL_CALL_CUPY}

@@ -8,9 +8,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
-#include <stdint.h>
 
 #define LOAD(word, order) __atomic_load_n(&(word), order)
 #define STORE(word, value, order) __atomic_store_n(&(word), value, order)
@@ -58,8 +56,8 @@ void pfb_ring_close(PfbRing* ring) {
    * return at once. */
   __atomic_fetch_add(&w->items_wake, 1, SC);
   __atomic_fetch_add(&w->space_wake, 1, SC);
-  pfb_futex_wake(&w->items_wake, INT_MAX, FUTEX_WAKE);
-  pfb_futex_wake(&w->space_wake, INT_MAX, FUTEX_WAKE);
+  pfb_futex_wake(&w->items_wake, INT_MAX, PFB_FUTEX_SHARED, FUTEX_BITSET_MATCH_ANY);
+  pfb_futex_wake(&w->space_wake, INT_MAX, PFB_FUTEX_SHARED, FUTEX_BITSET_MATCH_ANY);
 }
 
 /* ------------------------------------------------------------ producer -- */
@@ -85,7 +83,7 @@ int pfb_ring_wait_room(PfbRing* ring, uint32_t slots, int64_t timeout_ns) {
     STORE(w->producer_sleeping, 1, SC);
     if (pfb_ring_room(ring) < slots && !pfb_ring_closed(ring)) {
       ++ring->sleeps;
-      pfb_futex_wait(&w->space_wake, seen, left, FUTEX_WAIT);
+      pfb_futex_wait(&w->space_wake, seen, left, PFB_FUTEX_SHARED, FUTEX_BITSET_MATCH_ANY);
     }
     STORE(w->producer_sleeping, 0, SC);
   }
@@ -124,10 +122,8 @@ int pfb_ring_notify(PfbRing* ring) {
   }
   /* A caller that holds the reader role reads everything there is: the
    * reply thread sleeps on (shm_layout.h). */
-  __atomic_fetch_add(&w->items_wake, 1, SC);
-  pfb_futex_wake_bitset(&w->items_wake, sleepers & PFB_POOL_SLEEPER_CALLER
-                                            ? PFB_POOL_SLEEPER_CALLER
-                                            : PFB_POOL_SLEEPER_READER);
+  pfb_ring_wake(ring, sleepers & PFB_POOL_SLEEPER_CALLER ? PFB_POOL_SLEEPER_CALLER
+                                                         : PFB_POOL_SLEEPER_READER);
   ++ring->wakes;
   return 1;
 }
@@ -136,7 +132,7 @@ void pfb_ring_wake(PfbRing* ring, uint32_t sleeper) {
   PfbPoolRingWords* w = ring->words;
   if (!(LOAD(w->consumer_sleeping, SC) & sleeper)) return;
   __atomic_fetch_add(&w->items_wake, 1, SC);
-  pfb_futex_wake_bitset(&w->items_wake, sleeper);
+  pfb_futex_wake(&w->items_wake, INT_MAX, PFB_FUTEX_SHARED, sleeper);
 }
 
 /* ------------------------------------------------------------ consumer -- */
@@ -174,7 +170,7 @@ int pfb_ring_sleep(PfbRing* ring, uint32_t sleeper, int64_t timeout_ns,
    * that publishes) either sees the flag (and wakes) or is seen here. */
   if (timeout_ns != 0 && !pfb_ring_closed(ring) && !ready(context)) {
     slept = 1;
-    pfb_futex_wait_bitset(&w->items_wake, seen, timeout_ns, sleeper);
+    pfb_futex_wait(&w->items_wake, seen, timeout_ns, PFB_FUTEX_SHARED, sleeper);
   }
   __atomic_fetch_and(&w->consumer_sleeping, ~sleeper, SC);
   return slept;
@@ -200,7 +196,7 @@ int pfb_ring_read(PfbRing* ring, PfbPoolSlot* out, uint32_t max_slots) {
   STORE(w->head, head + slots, SC);
   if (LOAD(w->producer_sleeping, SC)) {
     __atomic_fetch_add(&w->space_wake, 1, SC);
-    pfb_futex_wake(&w->space_wake, 1, FUTEX_WAKE);
+    pfb_futex_wake(&w->space_wake, 1, PFB_FUTEX_SHARED, FUTEX_BITSET_MATCH_ANY);
     ++ring->wakes;
   }
   return (int)slots;

@@ -134,14 +134,9 @@
 #ifndef PYFUNC_BRIDGE_POOL_SHM_LAYOUT_H_
 #define PYFUNC_BRIDGE_POOL_SHM_LAYOUT_H_
 
+#include <assert.h> /* static_assert, in C11 as in C++ */
 #include <stddef.h>
 #include <stdint.h>
-
-#ifdef __cplusplus
-#define PFB_POOL_STATIC_ASSERT(what, why) static_assert(what, why)
-#else
-#define PFB_POOL_STATIC_ASSERT(what, why) _Static_assert(what, why)
-#endif
 
 #define PFB_POOL_MAGIC 0x314c4f4f50424650ULL /* "PFBPOOL1", little-endian */
 /* 3: CALL flags name array_function's framework and ask for copy facts,
@@ -415,15 +410,14 @@ typedef struct PfbPoolControl {
    *       PfbPoolSlot reply_slots[ring_slots]; */
 } PfbPoolControl;
 
-PFB_POOL_STATIC_ASSERT(sizeof(PfbPoolMessage) == PFB_POOL_SLOT_BYTES, "one slot");
-PFB_POOL_STATIC_ASSERT(sizeof(PfbPoolTensor) == PFB_POOL_SLOT_BYTES, "one slot");
-PFB_POOL_STATIC_ASSERT(sizeof(PfbPoolDims) == PFB_POOL_SLOT_BYTES, "one slot");
-PFB_POOL_STATIC_ASSERT(sizeof(PfbPoolSlot) == PFB_POOL_SLOT_BYTES, "one slot");
-PFB_POOL_STATIC_ASSERT(sizeof(PfbPoolRingWords) == 3 * PFB_POOL_SLOT_BYTES,
-                       "one cache line per writer");
-PFB_POOL_STATIC_ASSERT(sizeof(PfbPoolControl) == 8 * PFB_POOL_SLOT_BYTES,
-                       "the slots start on a cache line");
-PFB_POOL_STATIC_ASSERT(PFB_POOL_ALIGN % 8 == 0, "offsets of aligned blocks");
+static_assert(sizeof(PfbPoolMessage) == PFB_POOL_SLOT_BYTES, "one slot");
+static_assert(sizeof(PfbPoolTensor) == PFB_POOL_SLOT_BYTES, "one slot");
+static_assert(sizeof(PfbPoolDims) == PFB_POOL_SLOT_BYTES, "one slot");
+static_assert(sizeof(PfbPoolSlot) == PFB_POOL_SLOT_BYTES, "one slot");
+static_assert(sizeof(PfbPoolRingWords) == 3 * PFB_POOL_SLOT_BYTES, "one cache line per writer");
+static_assert(sizeof(PfbPoolControl) == 8 * PFB_POOL_SLOT_BYTES,
+              "the slots start on a cache line");
+static_assert(PFB_POOL_ALIGN % 8 == 0, "offsets of aligned blocks");
 
 /* The slots a tensor record of `ndim` dimensions takes, itself included. */
 static inline uint32_t pfb_pool_tensor_slots(int32_t ndim) {
@@ -431,11 +425,6 @@ static inline uint32_t pfb_pool_tensor_slots(int32_t ndim) {
              ? 1u
              : 1u + (uint32_t)(ndim - PFB_POOL_INLINE_DIMS + PFB_POOL_DIMS_PER_SLOT - 1) /
                         PFB_POOL_DIMS_PER_SLOT;
-}
-
-/* The slots of a message carrying `count` words (RESULTS_BACK, ...). */
-static inline uint32_t pfb_pool_words_slots(uint32_t count) {
-  return 1u + (count + PFB_POOL_WORDS_PER_SLOT - 1) / PFB_POOL_WORDS_PER_SLOT;
 }
 
 /* The bytes of a control segment with `ring_slots` slots per ring. */

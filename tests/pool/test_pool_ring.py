@@ -61,6 +61,22 @@ def test_fits_counts_a_message_in_slots_against_the_ring(channel):
         channel.post(Q, pw.MSG_DONE, [record(0)] * 8)
 
 
+@pytest.mark.parametrize("ring_slots", [2, 8, 64, 1024])
+def test_a_words_message_fills_at_most_64_slots_and_the_ring(ring_slots):
+    """words_per_message (records.h, the one rule for the dispatcher's
+    hand-backs and the worker's INPUTS_BACK): that many words post as one
+    message of at most 64 slots, never more than the ring."""
+    fd, mapping = segment(ring_slots)
+    os.close(fd)
+    ring = pw.Channel(mapping, create=True, ring_slots=ring_slots)
+    words = pw.words_per_message(ring_slots)
+    assert words == 8 * (min(ring_slots, 64) - 1)
+    assert ring.post(R, pw.MSG_INPUTS_BACK, list(range(words)), timeout=0)
+    assert ring.available(R) == min(ring_slots, 64)
+    [message] = ring.receive(R)
+    assert message.items == list(range(words))
+
+
 def test_a_full_ring_refuses_until_the_consumer_reads(channel):
     assert all(channel.post(R, pw.MSG_WORDS, [i], call_id=i) for i in range(4))  # 2 slots each
     assert channel.room(R) == 0

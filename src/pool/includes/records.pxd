@@ -8,6 +8,7 @@ cdef extern from "records.h" nogil:
         PFB_POOL_MAX_MESSAGE_SLOTS
 
     bint pfb_pool_message_fits(uint64_t slots, uint32_t ring_slots)
+    uint32_t pfb_pool_words_per_message(uint32_t ring_slots)
     void pfb_msg_init(PfbPoolSlot* out, uint16_t kind)
     int pfb_msg_add_tensor(PfbPoolSlot* out, uint32_t max_slots, const PfbPoolTensor* tensor,
                            const int64_t* dims)

@@ -93,7 +93,6 @@ cdef extern from "shm_layout.h" nogil:
         PfbPoolRingWords replies
 
     uint32_t pfb_pool_tensor_slots(int32_t ndim)
-    uint32_t pfb_pool_words_slots(uint32_t count)
     uint64_t pfb_pool_control_bytes(uint32_t ring_slots)
     PfbPoolSlot* pfb_pool_request_slots(PfbPoolControl* control)
     PfbPoolSlot* pfb_pool_reply_slots(PfbPoolControl* control)
