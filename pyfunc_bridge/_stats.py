@@ -219,9 +219,8 @@ def enable_stats(flag=True):
     >>> _ = pfb.enable_stats(previous)
     """
     previous = _library.conversion().enable_stats(bool(flag))
-    # Kernels' native pool calls count in the worker module (dispatch.h);
-    # a pool's first route sets it too (pool/process_pool.py, ProcessPool.native_route).
-    pool_module = sys.modules.get("pyfunc_bridge._pool")
-    if pool_module is not None:
-        pool_module.set_counting(bool(flag))
+    # The pool counts by its own module's switch (dispatch.h), which it reads
+    # rather than calling up into the conversion layer: both are set here.
+    from pyfunc_bridge.worker.compiled import pool_module
+    pool_module().set_counting(bool(flag))
     return previous

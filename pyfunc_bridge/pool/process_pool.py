@@ -291,7 +291,6 @@ class ProcessPool:
                     load = pickle.dumps((list(sys.path), data), protocol=PICKLE_PROTOCOL)
                     dispatch.register(token, load)
                     self._payloads[("load", token)] = load  # a LOAD the arena has no room for
-                pw.set_counting(statistics.counting())
                 route = self._routes[(token, flags)] = dispatch.route(token, flags)
                 self._counters.add_route(route)
         return route

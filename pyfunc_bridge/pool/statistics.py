@@ -8,11 +8,13 @@ read.  Whoever decodes a DONE in Python adds its results' share
 has a lock of its own.  Records
 are cleared in place, never dropped, so that a pool may keep its record; a
 pool closed since still shows until ``pfb.reset_stats()``.  Counting follows
-``pfb.enable_stats`` (the conversion layer's switch).
+``pfb.enable_stats`` (the pool module's switch, set with the conversion
+layer's).
 """
 import dataclasses
 
-from pyfunc_bridge import _library, _locks
+from pyfunc_bridge import _locks
+from pyfunc_bridge.worker.compiled import pool_module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +140,9 @@ def record(name):
 
 
 def counting():
-    """Whether statistics are on (pfb.enable_stats)."""
-    return _library.conversion().stats_enabled()
+    """Whether statistics are on: the pool module's switch, which
+    pfb.enable_stats sets with the conversion layer's."""
+    return pool_module().counting()
 
 
 def snapshot():

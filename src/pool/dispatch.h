@@ -284,6 +284,7 @@ void pfb_dispatch_route_keep(PfbDispatchRoute* route);
 void pfb_dispatch_route_drop(PfbDispatchRoute* route);
 /* Whether routes count (pfb.enable_stats): one switch for the process. */
 void pfb_dispatch_set_counting(int on);
+int pfb_dispatch_counting(void);
 
 /* The functions a kernel calls, for a library that does not link the pool
  * module (the kernel library): every route points to one static table. */

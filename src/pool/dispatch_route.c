@@ -69,6 +69,8 @@ void pfb_dispatch_route_drop(PfbDispatchRoute* route) {
 
 void pfb_dispatch_set_counting(int on) { __atomic_store_n(&counting_on, on ? 1 : 0, SC); }
 
+int pfb_dispatch_counting(void) { return __atomic_load_n(&counting_on, SC); }
+
 void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out) {
   /* (Every field a uint64_t counter.) */
   uint64_t* from = (uint64_t*)&d->counts;

@@ -5,6 +5,12 @@ def set_counting(bint on):
     pfb_dispatch_set_counting(on)
 
 
+def counting():
+    """Whether routes count their calls: the process's one statistics switch,
+    which pfb.enable_stats sets."""
+    return pfb_dispatch_counting() != 0
+
+
 cdef class Dispatcher:
     """The Python face of a pool's dispatcher (src/pool/dispatch.h): the
     pool's lifetime calls (attach, lost, register), its routes, and calls

@@ -11,9 +11,6 @@ import os
 import pyfunc_bridge
 
 PACKAGE_DIR = os.path.dirname(pyfunc_bridge.__file__)
-# The one known crossing left: the statistics' switch (pfb.enable_stats),
-# which the pool reads from the conversion layer (statistics.counting).
-KNOWN = {("pool", "statistics.py")}
 
 
 def _reaches_library(path):
@@ -39,14 +36,8 @@ def test_the_pool_does_not_call_up_into_the_conversion_layer():
         for name in sorted(os.listdir(directory)):
             if name.endswith(".py"):
                 checked += 1
-                if _reaches_library(os.path.join(directory, name)) and (
-                        (package, name) not in KNOWN):
+                if _reaches_library(os.path.join(directory, name)):
                     upward.append(f"{package}/{name}")
     assert checked > 10  # (the directories were found)
     assert upward == [], f"modules that call up into the conversion layer: {upward}"
 
-
-def test_the_known_crossing_is_still_read():
-    # So that KNOWN does not outlive the crossing it excuses.
-    for package, name in KNOWN:
-        assert _reaches_library(os.path.join(PACKAGE_DIR, package, name))

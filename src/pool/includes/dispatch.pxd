@@ -81,6 +81,7 @@ cdef extern from "dispatch.h" nogil:
     void pfb_dispatch_route_keep(PfbDispatchRoute* route)
     void pfb_dispatch_route_drop(PfbDispatchRoute* route)
     void pfb_dispatch_set_counting(int on)
+    int pfb_dispatch_counting()
     int pfb_dispatch_attach(PfbDispatch* d, int index, PfbPoolControl* control, int doorbell,
                             const char* result_base, uint64_t result_bytes, uint64_t generation)
     void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* message,
