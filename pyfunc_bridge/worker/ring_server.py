@@ -1,6 +1,6 @@
 """A worker's side of its rings: serving LOAD, CALL, RESULTS_BACK and FORGET
-one at a time, and answering with DONE and INPUTS_BACK.  (The layout's STOP
-is posted by nobody: a pool ends a worker by shutting its socket.)"""
+one at a time, and answering with DONE and INPUTS_BACK.  (A pool ends a
+worker by shutting its socket.)"""
 import importlib
 import math
 import os

@@ -11,7 +11,7 @@
  * What runs on it: the arenas' allocator (arena.h) and the result arena's
  * NumPy handler; every pool worker maps its control segment and serves its
  * request ring (pyfunc_bridge/worker/ring_server.py, RingServer: LOAD, CALL,
- * RESULTS_BACK, FORGET, STOP, answered by DONE and INPUTS_BACK), one call
+ * RESULTS_BACK, FORGET, answered by DONE and INPUTS_BACK), one call
  * at a time.  The parent's ProcessPool (pyfunc_bridge/pool/) lays the
  * segments out; every call goes on the rings through the native dispatcher
  * (dispatch.h), posted by kernels (src/kernel/pool_route.h) or by Python
@@ -81,7 +81,7 @@
  * Each worker has two bounded rings of PFB_POOL_SLOT_BYTES slots in its
  * control segment, each with one producer and one consumer:
  *
- *   requests   parent -> worker: LOAD, CALL, RESULTS_BACK, FORGET, STOP.  The
+ *   requests   parent -> worker: LOAD, CALL, RESULTS_BACK, FORGET.  The
  *              parent's threads take a lock of the parent's own (never one
  *              in shared memory, which a dead peer could leave held) to be
  *              the one producer.
@@ -190,9 +190,7 @@ enum {
   PFB_POOL_MSG_RESULTS_BACK = 3,
   /* `count` function tokens the parent dropped (PfbPoolWords). */
   PFB_POOL_MSG_FORGET = 4,
-  /* The worker finishes what it ran and returns from serving its rings.
-   * (A ProcessPool posts none: it ends a worker by shutting its socket.) */
-  PFB_POOL_MSG_STOP = 5,
+  /* (5 is retired: a ProcessPool ends a worker by shutting its socket.) */
   /* Worker -> parent (the reply ring): */
   /* A call finished: `call_id`; status 0: `count` outputs as PfbPoolTensor
    * records in the result arena, flags PFB_POOL_DONE_* say how they were

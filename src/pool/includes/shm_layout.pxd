@@ -15,7 +15,6 @@ cdef extern from "shm_layout.h" nogil:
         PFB_POOL_MSG_CALL
         PFB_POOL_MSG_RESULTS_BACK
         PFB_POOL_MSG_FORGET
-        PFB_POOL_MSG_STOP
         PFB_POOL_MSG_DONE
         PFB_POOL_MSG_INPUTS_BACK
         PFB_POOL_MSG_WORDS
