@@ -116,7 +116,7 @@ def _add_route_counts(counts, route):
     c = route.counts()
     counts["calls"] += c["calls"]
     counts["calls_in_kernel"] += c["calls"] - c["replied"]
-    counts["calls_failed"] += c["errors"]
+    counts["calls_failed"] += c["failed"]
     counts["bytes_out_shared"] += c["shared_out"]
     counts["bytes_out_copied"] += c["copied_out"]
     counts["seconds_queued"] += c["queued_ns"] / 1e9

@@ -237,6 +237,7 @@ NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOu
     if (counting) {
       // The function's error; not a call its worker answered (the pool's
       // calls and bytes_in), as on the Python path.
+      pfb_route_count_failed(counts);
       pfb_route_add(&counts->errors, 1);
       pfb_route_add(&counts->strings_in, in_->counts.string_bytes);
       pfb_route_add(&counts->worker_in, in_->counts.to_worker);

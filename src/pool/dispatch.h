@@ -239,6 +239,8 @@ typedef struct PfbDispatchRouteCounts {
   uint64_t errors;       /* failed natively: the worker died or the pool
                           * closed (the function's calls and errors, not
                           * the pool's calls, which its workers answered) */
+  uint64_t failed;       /* failed by either path (the pool's calls_failed):
+                          * pfb_route_count_failed */
   uint64_t bytes_in;     /* answered calls' inputs' data (strings' bytes) */
   uint64_t bytes_out;    /* results' data */
   uint64_t shared_out;   /* results' bytes handed to TF without a copy */

@@ -229,6 +229,8 @@ cdef class Route:
             if call.state == PFB_DISPATCH_FAILED:
                 # (The caller counts the call, its error and its inputs' copies:
                 # the function's figures.)
+                if pfb_route_counting(r.counting):
+                    pfb_route_count_failed(&r.counts)
                 raise DispatchFailed(call.error_code,
                                      call.error.decode("utf-8", "replace") if call.error != NULL
                                      else "pyfunc_bridge: the pool call failed")

@@ -39,4 +39,11 @@ static inline void pfb_route_count_answered(PfbDispatchRouteCounts* counts,
   if (done->ended >= done->stamp) pfb_route_add(&counts->worker_ns, done->ended - done->stamp);
 }
 
+/* A call the pool failed (its worker died or was ended, or the pool closed
+ * under it), on either path: the pool's calls_failed.  The kernel counts its
+ * function's error beside it (`errors`); the Python path's caller does. */
+static inline void pfb_route_count_failed(PfbDispatchRouteCounts* counts) {
+  pfb_route_add(&counts->failed, 1);
+}
+
 #endif /* PYFUNC_BRIDGE_POOL_ROUTE_COUNTS_H_ */

@@ -178,9 +178,29 @@ def test_an_unanswered_call_is_not_counted():
     with pfb.ProcessPool(1, name="dying stats pool") as dying:
         with pytest.raises(tf.errors.UnknownError, match="exited with status 3"):
             call(pf.exits, [tf.constant(3)], tf.int64, dying)
-        wait_for(lambda: pfb.stats().pools.get("dying stats pool") is not None, 20)
+        # (The replacement counts once it started, after the call failed.)
+        wait_for(lambda: getattr(pfb.stats().pools.get("dying stats pool"), "workers_replaced",
+                                 0) == 1, 60)
     s = pool_stats("dying stats pool")
-    assert (s.calls, s.workers_replaced) == (0, 1)
+    assert (s.calls, s.calls_failed, s.workers_replaced) == (0, 1, 1)
+
+
+def test_calls_failed_counts_the_pools_failures_on_every_path():
+    """A call the pool fails (ended for its timeout, or its worker died)
+    counts once in calls_failed, and not in calls, when it goes through
+    Python (eager, a graph's first call) as when the kernel makes it
+    (test_pool_route.py); the function's errors count each once."""
+    with pfb.ProcessPool(1, name="failing stats pool", timeout=0.5) as one:
+        with pytest.raises(tf.errors.DeadlineExceededError):
+            call(pf.hang, [tf.constant(60.0)], tf.int64, one)
+        with pytest.raises(tf.errors.DeadlineExceededError):
+            tf.function(lambda x: call(pf.hang, [x], tf.int64, one))(tf.constant(60.0))
+        with pytest.raises(tf.errors.UnknownError, match="exited with status 3"):
+            call(pf.exits, [tf.constant(3)], tf.int64, one)
+        s = pool_stats("failing stats pool")
+        assert (s.calls_failed, s.calls, s.timeouts) == (3, 0, 2)
+        functions = pfb.stats().functions
+        assert (functions["hang"].errors, functions["exits"].errors) == (2, 1)
 
 
 def test_the_pool_table_keeps_wide_numbers_apart(pool):

@@ -48,6 +48,7 @@ cdef extern from "dispatch.h" nogil:
         uint64_t calls
         uint64_t replied
         uint64_t errors
+        uint64_t failed
         uint64_t bytes_in
         uint64_t bytes_out
         uint64_t shared_out

@@ -11,3 +11,4 @@ cdef extern from "route_counts.h" nogil:
     void pfb_route_count_answered(PfbDispatchRouteCounts* counts, const PfbPoolMessage* done,
                                   int64_t posted, uint64_t bytes_in, uint64_t strings_in,
                                   uint64_t worker_in)
+    void pfb_route_count_failed(PfbDispatchRouteCounts* counts)
