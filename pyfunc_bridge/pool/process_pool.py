@@ -61,7 +61,9 @@ class ProcessPool:
         with ``tf.errors.DeadlineExceededError``, whose message holds the
         function's Python stack at that moment (file, line and function);
         its worker is ended and replaced, and the calls that worker held but
-        had not started run in another.
+        had not started run in another.  A worker that leaves its calls
+        unstarted for as long, with none running (stopped, say), is ended
+        the same way, and they run in another.
 
     Workers are fresh interpreters (``sys.executable``, never a fork of this
     process) with this process's ``sys.path`` (as it is when a function is

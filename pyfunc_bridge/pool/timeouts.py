@@ -41,7 +41,9 @@ class Deadlines:
     its Python stack to its trace file and lets the signal end it
     (start_worker.py); SIGKILL follows after _STACK_GRACE_SECONDS.  Its death
     (Supervisor.lost) fails that call with CallTimeoutError and the stack; the
-    dispatcher resends the calls it had not started."""
+    dispatcher resends the calls it had not started.  A worker that leaves
+    its requests unread for the timeout between calls (stopped, or stuck
+    outside any call) is ended too, and its calls run in another (_serving)."""
 
     def __init__(self, pool, timeout):
         self.timeout_ns = int(timeout * 1e9)
@@ -95,7 +97,9 @@ class Deadlines:
                         wait = min(wait, worker.kill_at - now)
                     continue
                 if not running:
-                    continue  # between calls
+                    wait = min(wait, self._serving(worker, now))
+                    continue
+                worker.unread = None
                 if now - start >= self.timeout_ns:
                     worker.timed_out = running
                     worker.kill_at = now + int(_STACK_GRACE_SECONDS * 1e9)
@@ -104,6 +108,23 @@ class Deadlines:
                 else:
                     wait = min(wait, start + self.timeout_ns - now)
         return max(wait, 0) / 1e9
+
+    def _serving(self, worker, now):
+        """Between calls: a worker that leaves its requests unread for the
+        timeout (stopped, or stuck outside any call; one still starting gets
+        the load's grace too) is ended (SIGKILL: it runs no call whose stack
+        would tell why), and the calls it had not started run in another
+        worker.  Returns the ns until that could be."""
+        # (A worker busy with a batch it read starts calls meanwhile: serving.)
+        seen = worker.channel.unread()
+        if seen is None or worker.unread is None or worker.unread[0] != seen:
+            worker.unread = None if seen is None else (seen, now)
+            return self.timeout_ns
+        limit = self.timeout_ns + (0 if worker.ready else int(LOAD_GRACE_SECONDS * 1e9))
+        if now - worker.unread[1] >= limit:
+            os.kill(worker.pid, signal.SIGKILL)  # (again, until it is reaped: harmless)
+            return self.timeout_ns
+        return worker.unread[1] + limit - now
 
     def error(self, pool, worker):
         """The exception of the call `worker` was told off for (the one it

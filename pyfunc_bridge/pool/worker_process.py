@@ -43,6 +43,9 @@ class WorkerProcess:
         self.timed_out = None  # that call's running_call (shm_layout.h)
         self.kill_at = None    # when it gets SIGKILL if its stack has not ended it
         self.trace_fd = None
+        # Between calls: (Channel.unread, since when) while requests wait
+        # unread on its ring (Deadlines).
+        self.unread = None
         self.proc = None
         # The worker's control segment (src/pool/shm_layout.h: its running
         # call and its rings) and its doorbell, an eventfd this process owns

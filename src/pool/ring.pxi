@@ -132,6 +132,15 @@ cdef class Channel:
             if pfb_load64(&self._control.running_call) == call_id:
                 return call_id, since
 
+    def unread(self):
+        """While requests wait unread on the request ring: (its consumer
+        position, the calls the worker started); None when none wait.  The
+        pool's watchdog tells a worker that serves no more by it."""
+        cdef uint64_t head = pfb_load64(&self._control.requests.head)
+        if pfb_load64(&self._control.requests.tail) == head:
+            return None
+        return head, pfb_load64(&self._control.ring_calls_started)
+
     def sleeping(self, int ring, bint flag):
         """A consumer that sleeps elsewhere (poll on the doorbell and a
         socket) announces it (True) or that it is awake (False).  With True:

@@ -2,7 +2,9 @@
 function's stack, its worker is replaced, and calls the worker had not
 started run in another; the timeout argument is checked."""
 import inspect
+import os
 import re
+import signal
 import threading
 
 import pytest
@@ -112,6 +114,27 @@ def test_a_worker_that_outlives_its_timeout_signal_runs_later_calls_to_their_end
         for _ in range(6):  # 1.8 s: past the grace period of the kill
             assert int(pfb.numpy_function(pf.slow_pid, [tf.constant(0.3)], tf.int64,
                                           executor=pool)) == pid
+
+def test_a_worker_that_leaves_its_calls_unread_is_replaced_and_they_run():
+    """An idle worker that stops serving (SIGSTOP: it never starts the call
+    posted to it, so no call's clock runs) holds that call no longer than
+    the timeout: it is ended, and the call (of a function it never loaded)
+    runs in its replacement."""
+    with pfb.ProcessPool(1, timeout=1, name="stopped pool") as pool:
+        (stopped,) = pool.pids()
+        pfb.numpy_function(pf.double, [1.0], tf.float64, executor=pool)  # (it serves)
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            thread, box = call_in_thread(pf.pid, 0, pool)
+            thread.join(timeout=60)
+            assert not thread.is_alive()
+            assert "error" not in box, box["error"]
+            assert int(box["result"]) == pool.pids()[0] != stopped
+            wait_for(lambda: not worker_alive(stopped))
+        finally:
+            if worker_alive(stopped):
+                os.kill(stopped, signal.SIGKILL)
+
 
 @pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), "1", True])
 def test_timeout_must_be_a_positive_number_of_seconds(timeout):

@@ -73,7 +73,8 @@ cdef extern from "shm_layout.h" nogil:
         PfbPoolTensor tensor
 
     ctypedef struct PfbPoolRingWords:
-        pass
+        uint64_t tail
+        uint64_t head
 
     ctypedef struct PfbPoolControl:
         uint64_t magic
