@@ -71,8 +71,8 @@ static inline void token_drop(Token* t) {
 
 /* A call in the pool queue: its inputs in the input arena (the queue's
  * blocks, see dispatch.h) and its CALL built, waiting for a worker with
- * credit.  One allocation: this, then `sizes` and `offsets` (`count`
- * each), then the message. */
+ * credit.  One allocation: this, its message, then `sizes` and `offsets`
+ * (`count` each). */
 typedef struct Queued {
   struct Queued* next;
   PfbDispatchCall* call;  /* the caller's, until finish takes it out */
@@ -80,13 +80,14 @@ typedef struct Queued {
   uint32_t count;
   uint64_t* sizes;        /* 0: no block */
   uint64_t* offsets;
-  PfbPoolSlot* message;   /* the CALL (its stamp set when posted) */
+  PfbPoolSlot message[];  /* the CALL (its stamp set when posted) */
 } Queued;
 
 typedef struct Worker {
   PfbDispatch* d;
   int index;
-  /* Set under `post` (and read by submit's choice without it: a stale
+  /* Set under `post` from attach (its reply thread runs, `attached_count`
+   * counts it) until lost (and read by submit's choice without it: a stale
    * read only picks another worker, rechecked under the lock). */
   int attached;
   uint64_t generation;
@@ -107,8 +108,7 @@ typedef struct Worker {
   /* Its result arena, mapped by the dispatcher: one reference, from attach
    * until lost (which joins the reply thread first: on_done reads it). */
   PfbDispatchArena* arena;
-  pthread_t thread;
-  int has_thread;
+  pthread_t thread;       /* its reply thread, while attached */
   /* The request ring's producer lock; guards `known` and `scratch`.  The
    * reply thread never takes it: a producer may sleep for room holding it,
    * and the room comes from a worker that may itself wait for the reply
@@ -125,10 +125,8 @@ typedef struct Worker {
   /* CALLs posted to this attachment whose DONE has not come, abandoned
    * ones too (its credits used): atomic; raised by a holder of `post` as
    * it posts, lowered under the dispatcher's `queue_lock` (a DONE, a post
-   * that failed, lost).  `counted`: whether `attached_count` counts it
-   * (queue_lock). */
+   * that failed, lost). */
   uint32_t outstanding;
-  int counted;
   /* Atomic: a post of the queue was asked for while another thread held
    * `post`; whoever unlocks it runs it (pfb_disp_post_unlock). */
   int wanted;
@@ -178,8 +176,8 @@ static inline void bump(uint64_t* field, int64_t delta) { __atomic_add_fetch(fie
  * defined). */
 
 /* dispatch_reply.c */
-void pfb_disp_end_call(PfbDispatch* d, PfbDispatchCall* call, int resend, int32_t code,
-                       const char* message, const PfbDispatchCall* own);
+void pfb_disp_end_call(PfbDispatchCall* call, int resend, int32_t code, const char* message,
+                       const PfbDispatchCall* own);
 PfbDispatchCall* pfb_disp_unlist(Worker* w, const PfbDispatchCall* call, uint64_t id);
 void* pfb_disp_reply_thread(void* arg);
 

@@ -60,19 +60,16 @@ static PfbDispatchArena* arena_new(PfbDispatch* d, int index, const char* base,
     errno = err;
     return NULL;
   }
-  arena->refs = 1;
-  arena->d = d;
-  pfb_dispatch_retain(d);
-  arena->index = index;
-  arena->base = (char*)mapped;
-  arena->bytes = bytes;
+  PfbDispatchArena made = {1, d, index, (char*)mapped, bytes};
+  *arena = made;
+  pfb_dispatch_retain(d);  /* the mapping's reference */
   return arena;
 }
 
 /* pfb_dispatch_attach, `post` held. */
 static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* result_base,
                   uint64_t result_bytes, uint64_t generation) {
-  if (w->attached || w->has_thread) return EBUSY;  /* lost() first */
+  if (w->attached) return EBUSY;  /* lost() first */
   if (w->scratch == NULL)  /* one allocation: `scratch`, then `reading` */
     w->scratch = (PfbPoolSlot*)malloc(2 * PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
   if (w->scratch == NULL) return ENOMEM;
@@ -103,12 +100,10 @@ static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* 
   __atomic_store_n(&w->role, ROLE_FREE, SC);  /* the rings are bound: readable */
   int rc = pthread_create(&w->thread, NULL, pfb_disp_reply_thread, w);
   if (rc == 0) {
-    w->has_thread = 1;
     __atomic_store_n(&w->attached, 1, SC);
     pthread_mutex_lock(&w->d->queue_lock);
     __atomic_store_n(&w->outstanding, 0, SC);
-    if (!w->counted) ++w->d->attached_count;
-    w->counted = 1;
+    ++w->d->attached_count;
     pthread_mutex_unlock(&w->d->queue_lock);
   } else {
     __atomic_store_n(&w->role, ROLE_RETIRED, SC);  /* no call was posted: nobody reads */
@@ -142,10 +137,9 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   if (index < 0 || index >= d->workers_count) return;
   Worker* w = &d->workers[index];
   pthread_mutex_lock(&w->post);  /* no producer is under way */
+  int joined = w->attached;  /* its reply thread to join, its place in attached_count */
   __atomic_store_n(&w->attached, 0, SC);
-  int joined = w->has_thread;
   pthread_t thread = w->thread;
-  w->has_thread = 0;
   /* (No producer is under way, and none comes.) */
   if (w->requests.doorbell >= 0) close(w->requests.doorbell);
   w->requests.doorbell = -1;
@@ -176,8 +170,7 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   Queued* orphans = NULL;
   pthread_mutex_lock(&d->queue_lock);
   __atomic_store_n(&w->outstanding, 0, SC);
-  if (w->counted && --d->attached_count == 0) orphans = pfb_disp_queue_take(d);
-  w->counted = 0;
+  if (joined && --d->attached_count == 0) orphans = pfb_disp_queue_take(d);
   pthread_mutex_unlock(&d->queue_lock);
   pfb_disp_end_queued(d, orphans);
   pthread_mutex_lock(&w->calls);
@@ -187,7 +180,7 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   while (failed != NULL) {
     PfbDispatchCall* next = failed->next;
     /* (A resent call's blocks go below with the rest: it is sent anew.) */
-    pfb_disp_end_call(d, failed, failed->sequence > started, code,
+    pfb_disp_end_call(failed, failed->sequence > started, code,
                       message ? message : "pyfunc_bridge: the worker ended", NULL);
     failed = next;
   }

@@ -21,11 +21,9 @@
 /* Posts one built message on w's request ring, waiting for room until
  * `deadline` (NOW: not at all); `post` held. */
 static int post_message(Worker* w, const PfbPoolSlot* message, int64_t deadline) {
-  uint64_t rung = w->requests.wakes;
   /* (A wait for room rings a sleeping worker first: the hand-backs that
    * post_back left there may fill its ring.) */
   int rc = pfb_ring_wait_room(&w->requests, message[0].message.slots, pfb_left_ns(deadline));
-  bump(&w->d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
   return rc != 0 ? rc : pfb_ring_write(&w->requests, message);
 }
 
@@ -163,7 +161,7 @@ void pfb_disp_end_queued(PfbDispatch* d, Queued* list) {
     Queued* next = list->next;
     PfbDispatchCall* call = list->call;
     pfb_disp_queued_free(d, list, 1);
-    pfb_disp_end_call(d, call, !closed, FAILED_PRECONDITION, CLOSED_TEXT, NULL);
+    pfb_disp_end_call(call, !closed, FAILED_PRECONDITION, CLOSED_TEXT, NULL);
     list = next;
   }
 }
@@ -281,7 +279,7 @@ int pfb_disp_pump(PfbDispatch* d, Worker* w, int64_t deadline, PfbDispatchCall* 
       if (listed) *own_rc = rc;
     }
   }
-  if (posted && pfb_ring_notify(&w->requests)) bump(&d->counts.doorbells, 1);  /* a sleeper */
+  if (posted) pfb_ring_notify(&w->requests);  /* (rings the worker only if it sleeps) */
   return waits;
 }
 

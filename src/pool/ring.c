@@ -24,11 +24,8 @@ static void cpu_relax(void) {
 
 void pfb_ring_attach(PfbRing* ring, PfbPoolRingWords* words, PfbPoolSlot* slots,
                      uint32_t capacity) {
-  memset(ring, 0, sizeof(*ring));
-  ring->words = words;
-  ring->slots = slots;
-  ring->capacity = capacity;
-  ring->doorbell = -1;
+  PfbRing made = {words, slots, capacity, -1, 0, 0};
+  *ring = made;
 }
 
 void pfb_ring_set_consumer_sleeping(PfbRing* ring, int sleeping) {
