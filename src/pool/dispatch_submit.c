@@ -71,15 +71,6 @@ void pfb_disp_free_blocks(PfbDispatch* d, Words* held, const uint64_t* sizes,
   pthread_mutex_unlock(&d->arena_lock);
 }
 
-/* Whether any worker has CALLs posted and not answered (whose inputs come
- * back after them).  Queued calls do not count: their blocks are held, and
- * come back only through a post. */
-static int native_in_flight(PfbDispatch* d) {
-  for (int i = 0; i < d->workers_count; ++i)
-    if (__atomic_load_n(&d->workers[i].outstanding, SC) != 0) return 1;
-  return 0;
-}
-
 /* Blocks for `count` sizes (0: no block, offset 0), all or none: 0, or
  * ENOMEM with none taken; `arena_lock` held. */
 static int alloc_all(PfbDispatch* d, const uint64_t* sizes, uint32_t count, uint64_t* offsets) {
@@ -118,8 +109,12 @@ int pfb_disp_alloc_blocks(PfbDispatch* d, const uint64_t* sizes, uint32_t count,
      * this): either this sees the DONE, or its reply thread sees this
      * waiter and wakes it. */
     __atomic_add_fetch(&d->room_waiters, 1, SC);
-    rc = !native_in_flight(d) ? ENOSPC
-         : deadline >= 0 && pfb_now_ns() >= deadline ? ETIMEDOUT : 0;
+    /* In flight: CALLs posted and not answered, whose inputs come back
+     * after them (queued calls hold their blocks until a post). */
+    int in_flight = 0;
+    for (int i = 0; i < d->workers_count; ++i)
+      in_flight |= __atomic_load_n(&d->workers[i].outstanding, SC) != 0;
+    rc = !in_flight ? ENOSPC : pfb_left_ns(deadline) == 0 ? ETIMEDOUT : 0;
     struct timespec limit;
     if (rc == 0 && deadline >= 0)
       pthread_cond_timedwait(&d->room, &d->arena_lock, pfb_timespec(deadline, &limit));
@@ -240,9 +235,10 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
       rc = own_rc;
       break;
     }
-    pthread_mutex_lock(&d->queue_lock);
-    int done = call->worker >= 0 || d->queue_head == NULL;
-    pthread_mutex_unlock(&d->queue_lock);
+    /* (Read without the queue's lock: only this thread takes its own call
+     * out of the queue, so a stale count never hides it.) */
+    int done = __atomic_load_n(&call->worker, SC) >= 0 ||
+               __atomic_load_n(&d->counts.queued, SC) == 0;
     if (done || waits) break;
   }
   return rc;
