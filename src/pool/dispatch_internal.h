@@ -24,7 +24,7 @@
 #define CLOSED_TEXT "pyfunc_bridge: the pool was closed"
 
 /* A registered function.  References (`refs`, atomic): the registry's
- * (until forget or destroy) and each submit that may LOAD it. */
+ * (until forget or delete) and each submit that may LOAD it. */
 typedef struct Token {
   uint32_t refs;
   uint64_t token;
@@ -97,14 +97,11 @@ typedef struct Worker {
   PfbRing requests;
   PfbRing replies;        /* consumer: whoever holds `role` */
   /* The reply ring's reader role (atomic): ROLE_FREE, ROLE_HELD (by the
-   * reply thread or a waiting caller: the ring's one consumer now, using
-   * `reading`), ROLE_RETIRED (nobody reads: not attached yet, lost, or the
+   * reply thread or a waiting caller: the ring's one consumer now, reading
+   * into `scratch`'s second half), ROLE_RETIRED (nobody reads: not attached yet, lost, or the
    * worker broke the protocol).  Only tried, never waited for, except by
    * lost(), which retires it. */
   uint32_t role;
-  /* The role holder's message buffer (PFB_POOL_MAX_MESSAGE_SLOTS), in
-   * `scratch`'s allocation (made at the first attach, freed with it). */
-  PfbPoolSlot* reading;
   /* Its result arena, mapped by the dispatcher: one reference, from attach
    * until lost (which joins the reply thread first: on_done reads it). */
   PfbDispatchArena* arena;
@@ -116,7 +113,9 @@ typedef struct Worker {
   pthread_mutex_t post;
   Words known;            /* tokens this worker has loaded */
   Words forget;           /* tokens to FORGET with its next request */
-  PfbPoolSlot* scratch;   /* the message being built (PFB_POOL_MAX_MESSAGE_SLOTS), owned */
+  /* Owned, made at the first attach: the message being built
+   * (PFB_POOL_MAX_MESSAGE_SLOTS), then the role holder's message read. */
+  PfbPoolSlot* scratch;
   /* Guards `pending` (the calls posted here that their callers still
    * wait for): taken by callers and the reply thread. */
   pthread_mutex_t calls;

@@ -70,10 +70,9 @@ static PfbDispatchArena* arena_new(PfbDispatch* d, int index, const char* base,
 static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* result_base,
                   uint64_t result_bytes, uint64_t generation) {
   if (w->attached) return EBUSY;  /* lost() first */
-  if (w->scratch == NULL)  /* one allocation: `scratch`, then `reading` */
+  if (w->scratch == NULL)  /* the producer's half, then the reader's */
     w->scratch = (PfbPoolSlot*)malloc(2 * PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
   if (w->scratch == NULL) return ENOMEM;
-  w->reading = w->scratch + PFB_POOL_MAX_MESSAGE_SLOTS;
   /* A descriptor of its own, closed by lost(): Python may close its own
    * while a submit still rings this one. */
   int bell = dup(doorbell);
@@ -86,7 +85,6 @@ static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* 
   }
   pfb_ring_attach(&w->requests, &control->requests, pfb_pool_request_slots(control),
                   control->ring_slots);
-  w->requests.doorbell = bell;
   pfb_ring_attach(&w->replies, &control->replies, pfb_pool_reply_slots(control),
                   control->ring_slots);
   w->arena = arena;
@@ -100,6 +98,7 @@ static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* 
   __atomic_store_n(&w->role, ROLE_FREE, SC);  /* the rings are bound: readable */
   int rc = pthread_create(&w->thread, NULL, pfb_disp_reply_thread, w);
   if (rc == 0) {
+    w->requests.doorbell = bell;  /* (rung by producers, under `post`, which this holds) */
     __atomic_store_n(&w->attached, 1, SC);
     pthread_mutex_lock(&w->d->queue_lock);
     __atomic_store_n(&w->outstanding, 0, SC);
@@ -110,7 +109,6 @@ static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* 
     w->arena = NULL;
     pfb_dispatch_arena_drop(arena);
     close(bell);
-    w->requests.doorbell = -1;
   }
   return rc;
 }
@@ -241,16 +239,17 @@ void pfb_dispatch_disown(PfbDispatch* d) {
 
 void pfb_dispatch_retain(PfbDispatch* d) { __atomic_add_fetch(&d->refs, 1, SC); }
 
-/* The last reference: delete lost every worker, unmapped the inputs and
- * dropped the functions; no route or arena refers to it any more. */
-static void destroy(PfbDispatch* d) {
+void pfb_dispatch_release(PfbDispatch* d) {
+  if (d == NULL || __atomic_sub_fetch(&d->refs, 1, SC) != 0) return;
+  /* The last reference: delete lost every worker, unmapped the inputs and
+   * dropped the functions; no route or arena refers to it any more. */
   for (int i = 0; i < d->workers_count; ++i) {
     Worker* w = &d->workers[i];
     free(w->known.items);
     free(w->forget.items);
     free(w->back.items);
     free(w->inputs.items);
-    free(w->scratch);  /* (and `reading`) */
+    free(w->scratch);
     pthread_mutex_destroy(&w->post);
     pthread_mutex_destroy(&w->calls);
     pthread_mutex_destroy(&w->back_lock);
@@ -261,8 +260,4 @@ static void destroy(PfbDispatch* d) {
   pthread_mutex_destroy(&d->arena_lock);
   pthread_mutex_destroy(&d->tokens_lock);
   free(d);
-}
-
-void pfb_dispatch_release(PfbDispatch* d) {
-  if (d != NULL && __atomic_sub_fetch(&d->refs, 1, SC) == 0) destroy(d);
 }

@@ -22,7 +22,7 @@
  * `deadline` (NOW: not at all); `post` held. */
 static int post_message(Worker* w, const PfbPoolSlot* message, int64_t deadline) {
   /* (A wait for room rings a sleeping worker first: the hand-backs that
-   * post_back left there may fill its ring.) */
+   * post_call posted first may fill its ring.) */
   int rc = pfb_ring_wait_room(&w->requests, message[0].message.slots, pfb_left_ns(deadline));
   return rc != 0 ? rc : pfb_ring_write(&w->requests, message);
 }
@@ -45,16 +45,6 @@ static void post_words(Worker* w, uint16_t kind, Words* list, uint32_t keep) {
   }
   memmove(list->items, list->items + sent, (list->count - sent) * sizeof(uint64_t));
   list->count -= sent;
-}
-
-/* Posts the tokens to forget, then the result blocks waiting to go back
- * to `w`, leaving `keep` slots for the call they come with; `post` held.
- * What has no room now goes next time. */
-static void post_back(Worker* w, uint32_t keep) {
-  post_words(w, PFB_POOL_MSG_FORGET, &w->forget, keep);
-  pthread_mutex_lock(&w->back_lock);
-  post_words(w, PFB_POOL_MSG_RESULTS_BACK, &w->back, keep);
-  pthread_mutex_unlock(&w->back_lock);
 }
 
 /* ------------------------------------------------------------ the queue -- */
@@ -182,8 +172,14 @@ static int post_call(PfbDispatch* d, Worker* w, Queued* q, int64_t deadline) {
   uint32_t slots = q->message[0].message.slots;
   if (!pfb_pool_message_fits(slots, w->requests.capacity)) return E2BIG;
   int load = words_find(&w->known, q->fn->token) < 0;
-  post_back(w, slots + (uint32_t)load);
-  if (deadline == NOW && pfb_ring_room(&w->requests) < slots + (uint32_t)load) return EAGAIN;
+  uint32_t keep = slots + (uint32_t)load;  /* the CALL's slots, and its LOAD's */
+  /* First the tokens to forget, then the result blocks waiting to go back
+   * to `w`, while `keep` slots stay free; what has no room goes next time. */
+  post_words(w, PFB_POOL_MSG_FORGET, &w->forget, keep);
+  pthread_mutex_lock(&w->back_lock);
+  post_words(w, PFB_POOL_MSG_RESULTS_BACK, &w->back, keep);
+  pthread_mutex_unlock(&w->back_lock);
+  if (deadline == NOW && pfb_ring_room(&w->requests) < keep) return EAGAIN;
   if (load) {
     uint64_t load_size = q->fn->size, load_offset = 0;
     int rc = pfb_disp_alloc_blocks(d, &load_size, 1, &load_offset, deadline);

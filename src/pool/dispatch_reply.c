@@ -118,7 +118,7 @@ static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots,
  * (nobody reads a broken ring) and Python ends the worker when its socket
  * ends. */
 static int drain(Worker* w, const PfbDispatchCall* own) {
-  PfbPoolSlot* buffer = w->reading;
+  PfbPoolSlot* buffer = w->scratch + PFB_POOL_MAX_MESSAGE_SLOTS;  /* the reader's half */
   int n;
   while ((n = pfb_ring_read(&w->replies, buffer, PFB_POOL_MAX_MESSAGE_SLOTS)) > 0) {
     const PfbPoolMessage* m = &buffer[0].message;
