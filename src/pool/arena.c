@@ -40,14 +40,12 @@ static uint64_t gap(const PfbArena* arena, size_t i, uint64_t* start) {
   return (i == arena->nlive ? arena->bytes : arena->live[i].offset) - from;
 }
 
-/* The index of the first live block at or after `offset`. */
-static size_t lower_bound(const PfbArena* arena, uint64_t offset) {
-  size_t lo = 0, hi = arena->nlive;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (arena->live[mid].offset < offset) lo = mid + 1; else hi = mid;
-  }
-  return lo;
+/* bsearch's order of an offset and a live block: equal when the block
+ * holds it (live blocks never overlap). */
+static int by_offset(const void* key, const void* item) {
+  uint64_t offset = *(const uint64_t*)key;
+  const PfbArenaBlock* block = (const PfbArenaBlock*)item;
+  return offset < block->offset ? -1 : offset - block->offset >= block->size;
 }
 
 int pfb_arena_alloc(PfbArena* arena, uint64_t nbytes, uint64_t* offset, uint64_t* size) {
@@ -66,9 +64,8 @@ int pfb_arena_alloc(PfbArena* arena, uint64_t nbytes, uint64_t* offset, uint64_t
     arena->capacity = grown;
   }
   memmove(&arena->live[i + 1], &arena->live[i], (arena->nlive - i) * sizeof(PfbArenaBlock));
-  arena->live[i].offset = at;
-  arena->live[i].size = need;
-  arena->live[i].user = 0;
+  PfbArenaBlock made = {at, need, 0};
+  arena->live[i] = made;
   ++arena->nlive;
   arena->free_bytes -= need;
   *offset = at;
@@ -77,20 +74,19 @@ int pfb_arena_alloc(PfbArena* arena, uint64_t nbytes, uint64_t* offset, uint64_t
 }
 
 int pfb_arena_free(PfbArena* arena, uint64_t offset) {
-  size_t j = lower_bound(arena, offset);
-  if (j == arena->nlive || arena->live[j].offset != offset) return EINVAL;
-  arena->free_bytes += arena->live[j].size;
+  PfbArenaBlock* block = pfb_arena_find(arena, offset);
+  if (block == NULL || block->offset != offset) return EINVAL;
+  size_t j = (size_t)(block - arena->live);
+  arena->free_bytes += block->size;
   memmove(&arena->live[j], &arena->live[j + 1], (arena->nlive - j - 1) * sizeof(PfbArenaBlock));
   --arena->nlive;
   return 0;
 }
 
 PfbArenaBlock* pfb_arena_find(PfbArena* arena, uint64_t offset) {
-  /* The last block that starts at or before `offset`. */
-  size_t j = lower_bound(arena, offset + 1);
-  if (j == 0) return NULL;
-  PfbArenaBlock* block = &arena->live[j - 1];
-  return offset - block->offset < block->size ? block : NULL;
+  if (arena->nlive == 0) return NULL;  /* (`live` may be NULL: bsearch wants an array) */
+  return (PfbArenaBlock*)bsearch(&offset, arena->live, arena->nlive, sizeof(PfbArenaBlock),
+                                 by_offset);
 }
 
 uint64_t pfb_arena_bytes(const PfbArena* arena) { return arena->bytes; }

@@ -217,12 +217,9 @@ int pfb_dispatch_fits(PfbDispatch* d, const PfbDispatchInput* inputs, uint32_t c
 typedef struct PfbDispatchCounts {
   uint64_t calls;        /* submitted */
   uint64_t loads;        /* LOADs posted */
-  uint64_t doorbells;    /* doorbell rings (wake-ups of workers) */
   uint64_t reply_sleeps; /* reply threads' futex sleeps */
   uint64_t caller_reads; /* waits that read their worker's reply ring themselves */
   uint64_t input_blocks; /* input blocks live now */
-  uint64_t resent;       /* calls ended RESEND: a dead worker's unstarted ones,
-                          * and the queue's when no worker was left */
   uint64_t queued;       /* calls in the pool queue now */
 } PfbDispatchCounts;
 void pfb_dispatch_counts(PfbDispatch* d, PfbDispatchCounts* out);

@@ -24,7 +24,7 @@
 #define CLOSED_TEXT "pyfunc_bridge: the pool was closed"
 
 /* A registered function.  References (`refs`, atomic): the registry's
- * (until forget or destroy) and each submit that may LOAD it. */
+ * (until forget or delete) and each submit that may LOAD it. */
 typedef struct Token {
   uint32_t refs;
   uint64_t token;
@@ -71,8 +71,8 @@ static inline void token_drop(Token* t) {
 
 /* A call in the pool queue: its inputs in the input arena (the queue's
  * blocks, see dispatch.h) and its CALL built, waiting for a worker with
- * credit.  One allocation: this, then `sizes` and `offsets` (`count`
- * each), then the message. */
+ * credit.  One allocation: this, its message, then `sizes` and `offsets`
+ * (`count` each). */
 typedef struct Queued {
   struct Queued* next;
   PfbDispatchCall* call;  /* the caller's, until finish takes it out */
@@ -80,13 +80,14 @@ typedef struct Queued {
   uint32_t count;
   uint64_t* sizes;        /* 0: no block */
   uint64_t* offsets;
-  PfbPoolSlot* message;   /* the CALL (its stamp set when posted) */
+  PfbPoolSlot message[];  /* the CALL (its stamp set when posted) */
 } Queued;
 
 typedef struct Worker {
   PfbDispatch* d;
   int index;
-  /* Set under `post` (and read by submit's choice without it: a stale
+  /* Set under `post` from attach (its reply thread runs, `attached_count`
+   * counts it) until lost (and read by submit's choice without it: a stale
    * read only picks another worker, rechecked under the lock). */
   int attached;
   uint64_t generation;
@@ -96,19 +97,15 @@ typedef struct Worker {
   PfbRing requests;
   PfbRing replies;        /* consumer: whoever holds `role` */
   /* The reply ring's reader role (atomic): ROLE_FREE, ROLE_HELD (by the
-   * reply thread or a waiting caller: the ring's one consumer now, using
-   * `reading`), ROLE_RETIRED (nobody reads: not attached yet, lost, or the
+   * reply thread or a waiting caller: the ring's one consumer now, reading
+   * into `scratch`'s second half), ROLE_RETIRED (nobody reads: not attached yet, lost, or the
    * worker broke the protocol).  Only tried, never waited for, except by
    * lost(), which retires it. */
   uint32_t role;
-  /* The role holder's message buffer (PFB_POOL_MAX_MESSAGE_SLOTS), in
-   * `scratch`'s allocation (made at the first attach, freed with it). */
-  PfbPoolSlot* reading;
   /* Its result arena, mapped by the dispatcher: one reference, from attach
    * until lost (which joins the reply thread first: on_done reads it). */
   PfbDispatchArena* arena;
-  pthread_t thread;
-  int has_thread;
+  pthread_t thread;       /* its reply thread, while attached */
   /* The request ring's producer lock; guards `known` and `scratch`.  The
    * reply thread never takes it: a producer may sleep for room holding it,
    * and the room comes from a worker that may itself wait for the reply
@@ -116,7 +113,9 @@ typedef struct Worker {
   pthread_mutex_t post;
   Words known;            /* tokens this worker has loaded */
   Words forget;           /* tokens to FORGET with its next request */
-  PfbPoolSlot* scratch;   /* the message being built (PFB_POOL_MAX_MESSAGE_SLOTS), owned */
+  /* Owned, made at the first attach: the message being built
+   * (PFB_POOL_MAX_MESSAGE_SLOTS), then the role holder's message read. */
+  PfbPoolSlot* scratch;
   /* Guards `pending` (the calls posted here that their callers still
    * wait for): taken by callers and the reply thread. */
   pthread_mutex_t calls;
@@ -125,10 +124,8 @@ typedef struct Worker {
   /* CALLs posted to this attachment whose DONE has not come, abandoned
    * ones too (its credits used): atomic; raised by a holder of `post` as
    * it posts, lowered under the dispatcher's `queue_lock` (a DONE, a post
-   * that failed, lost).  `counted`: whether `attached_count` counts it
-   * (queue_lock). */
+   * that failed, lost). */
   uint32_t outstanding;
-  int counted;
   /* Atomic: a post of the queue was asked for while another thread held
    * `post`; whoever unlocks it runs it (pfb_disp_post_unlock). */
   int wanted;
@@ -178,8 +175,8 @@ static inline void bump(uint64_t* field, int64_t delta) { __atomic_add_fetch(fie
  * defined). */
 
 /* dispatch_reply.c */
-void pfb_disp_end_call(PfbDispatch* d, PfbDispatchCall* call, int resend, int32_t code,
-                       const char* message, const PfbDispatchCall* own);
+void pfb_disp_end_call(PfbDispatchCall* call, int resend, int32_t code, const char* message,
+                       const PfbDispatchCall* own);
 PfbDispatchCall* pfb_disp_unlist(Worker* w, const PfbDispatchCall* call, uint64_t id);
 void* pfb_disp_reply_thread(void* arg);
 

@@ -60,23 +60,19 @@ static PfbDispatchArena* arena_new(PfbDispatch* d, int index, const char* base,
     errno = err;
     return NULL;
   }
-  arena->refs = 1;
-  arena->d = d;
-  pfb_dispatch_retain(d);
-  arena->index = index;
-  arena->base = (char*)mapped;
-  arena->bytes = bytes;
+  PfbDispatchArena made = {1, d, index, (char*)mapped, bytes};
+  *arena = made;
+  pfb_dispatch_retain(d);  /* the mapping's reference */
   return arena;
 }
 
 /* pfb_dispatch_attach, `post` held. */
 static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* result_base,
                   uint64_t result_bytes, uint64_t generation) {
-  if (w->attached || w->has_thread) return EBUSY;  /* lost() first */
-  if (w->scratch == NULL)  /* one allocation: `scratch`, then `reading` */
+  if (w->attached) return EBUSY;  /* lost() first */
+  if (w->scratch == NULL)  /* the producer's half, then the reader's */
     w->scratch = (PfbPoolSlot*)malloc(2 * PFB_POOL_MAX_MESSAGE_SLOTS * sizeof(PfbPoolSlot));
   if (w->scratch == NULL) return ENOMEM;
-  w->reading = w->scratch + PFB_POOL_MAX_MESSAGE_SLOTS;
   /* A descriptor of its own, closed by lost(): Python may close its own
    * while a submit still rings this one. */
   int bell = dup(doorbell);
@@ -89,7 +85,6 @@ static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* 
   }
   pfb_ring_attach(&w->requests, &control->requests, pfb_pool_request_slots(control),
                   control->ring_slots);
-  w->requests.doorbell = bell;
   pfb_ring_attach(&w->replies, &control->replies, pfb_pool_reply_slots(control),
                   control->ring_slots);
   w->arena = arena;
@@ -103,19 +98,17 @@ static int attach(Worker* w, PfbPoolControl* control, int doorbell, const char* 
   __atomic_store_n(&w->role, ROLE_FREE, SC);  /* the rings are bound: readable */
   int rc = pthread_create(&w->thread, NULL, pfb_disp_reply_thread, w);
   if (rc == 0) {
-    w->has_thread = 1;
+    w->requests.doorbell = bell;  /* (rung by producers, under `post`, which this holds) */
     __atomic_store_n(&w->attached, 1, SC);
     pthread_mutex_lock(&w->d->queue_lock);
     __atomic_store_n(&w->outstanding, 0, SC);
-    if (!w->counted) ++w->d->attached_count;
-    w->counted = 1;
+    ++w->d->attached_count;
     pthread_mutex_unlock(&w->d->queue_lock);
   } else {
     __atomic_store_n(&w->role, ROLE_RETIRED, SC);  /* no call was posted: nobody reads */
     w->arena = NULL;
     pfb_dispatch_arena_drop(arena);
     close(bell);
-    w->requests.doorbell = -1;
   }
   return rc;
 }
@@ -142,10 +135,9 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   if (index < 0 || index >= d->workers_count) return;
   Worker* w = &d->workers[index];
   pthread_mutex_lock(&w->post);  /* no producer is under way */
+  int joined = w->attached;  /* its reply thread to join, its place in attached_count */
   __atomic_store_n(&w->attached, 0, SC);
-  int joined = w->has_thread;
   pthread_t thread = w->thread;
-  w->has_thread = 0;
   /* (No producer is under way, and none comes.) */
   if (w->requests.doorbell >= 0) close(w->requests.doorbell);
   w->requests.doorbell = -1;
@@ -176,8 +168,7 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   Queued* orphans = NULL;
   pthread_mutex_lock(&d->queue_lock);
   __atomic_store_n(&w->outstanding, 0, SC);
-  if (w->counted && --d->attached_count == 0) orphans = pfb_disp_queue_take(d);
-  w->counted = 0;
+  if (joined && --d->attached_count == 0) orphans = pfb_disp_queue_take(d);
   pthread_mutex_unlock(&d->queue_lock);
   pfb_disp_end_queued(d, orphans);
   pthread_mutex_lock(&w->calls);
@@ -187,7 +178,7 @@ void pfb_dispatch_lost(PfbDispatch* d, int index, int32_t code, const char* mess
   while (failed != NULL) {
     PfbDispatchCall* next = failed->next;
     /* (A resent call's blocks go below with the rest: it is sent anew.) */
-    pfb_disp_end_call(d, failed, failed->sequence > started, code,
+    pfb_disp_end_call(failed, failed->sequence > started, code,
                       message ? message : "pyfunc_bridge: the worker ended", NULL);
     failed = next;
   }
@@ -248,16 +239,17 @@ void pfb_dispatch_disown(PfbDispatch* d) {
 
 void pfb_dispatch_retain(PfbDispatch* d) { __atomic_add_fetch(&d->refs, 1, SC); }
 
-/* The last reference: delete lost every worker, unmapped the inputs and
- * dropped the functions; no route or arena refers to it any more. */
-static void destroy(PfbDispatch* d) {
+void pfb_dispatch_release(PfbDispatch* d) {
+  if (d == NULL || __atomic_sub_fetch(&d->refs, 1, SC) != 0) return;
+  /* The last reference: delete lost every worker, unmapped the inputs and
+   * dropped the functions; no route or arena refers to it any more. */
   for (int i = 0; i < d->workers_count; ++i) {
     Worker* w = &d->workers[i];
     free(w->known.items);
     free(w->forget.items);
     free(w->back.items);
     free(w->inputs.items);
-    free(w->scratch);  /* (and `reading`) */
+    free(w->scratch);
     pthread_mutex_destroy(&w->post);
     pthread_mutex_destroy(&w->calls);
     pthread_mutex_destroy(&w->back_lock);
@@ -268,8 +260,4 @@ static void destroy(PfbDispatch* d) {
   pthread_mutex_destroy(&d->arena_lock);
   pthread_mutex_destroy(&d->tokens_lock);
   free(d);
-}
-
-void pfb_dispatch_release(PfbDispatch* d) {
-  if (d != NULL && __atomic_sub_fetch(&d->refs, 1, SC) == 0) destroy(d);
 }

@@ -21,11 +21,9 @@
 /* Posts one built message on w's request ring, waiting for room until
  * `deadline` (NOW: not at all); `post` held. */
 static int post_message(Worker* w, const PfbPoolSlot* message, int64_t deadline) {
-  uint64_t rung = w->requests.wakes;
   /* (A wait for room rings a sleeping worker first: the hand-backs that
-   * post_back left there may fill its ring.) */
+   * post_call posted first may fill its ring.) */
   int rc = pfb_ring_wait_room(&w->requests, message[0].message.slots, pfb_left_ns(deadline));
-  bump(&w->d->counts.doorbells, (int64_t)(w->requests.wakes - rung));
   return rc != 0 ? rc : pfb_ring_write(&w->requests, message);
 }
 
@@ -47,16 +45,6 @@ static void post_words(Worker* w, uint16_t kind, Words* list, uint32_t keep) {
   }
   memmove(list->items, list->items + sent, (list->count - sent) * sizeof(uint64_t));
   list->count -= sent;
-}
-
-/* Posts the tokens to forget, then the result blocks waiting to go back
- * to `w`, leaving `keep` slots for the call they come with; `post` held.
- * What has no room now goes next time. */
-static void post_back(Worker* w, uint32_t keep) {
-  post_words(w, PFB_POOL_MSG_FORGET, &w->forget, keep);
-  pthread_mutex_lock(&w->back_lock);
-  post_words(w, PFB_POOL_MSG_RESULTS_BACK, &w->back, keep);
-  pthread_mutex_unlock(&w->back_lock);
 }
 
 /* ------------------------------------------------------------ the queue -- */
@@ -163,7 +151,7 @@ void pfb_disp_end_queued(PfbDispatch* d, Queued* list) {
     Queued* next = list->next;
     PfbDispatchCall* call = list->call;
     pfb_disp_queued_free(d, list, 1);
-    pfb_disp_end_call(d, call, !closed, FAILED_PRECONDITION, CLOSED_TEXT, NULL);
+    pfb_disp_end_call(call, !closed, FAILED_PRECONDITION, CLOSED_TEXT, NULL);
     list = next;
   }
 }
@@ -184,8 +172,14 @@ static int post_call(PfbDispatch* d, Worker* w, Queued* q, int64_t deadline) {
   uint32_t slots = q->message[0].message.slots;
   if (!pfb_pool_message_fits(slots, w->requests.capacity)) return E2BIG;
   int load = words_find(&w->known, q->fn->token) < 0;
-  post_back(w, slots + (uint32_t)load);
-  if (deadline == NOW && pfb_ring_room(&w->requests) < slots + (uint32_t)load) return EAGAIN;
+  uint32_t keep = slots + (uint32_t)load;  /* the CALL's slots, and its LOAD's */
+  /* First the tokens to forget, then the result blocks waiting to go back
+   * to `w`, while `keep` slots stay free; what has no room goes next time. */
+  post_words(w, PFB_POOL_MSG_FORGET, &w->forget, keep);
+  pthread_mutex_lock(&w->back_lock);
+  post_words(w, PFB_POOL_MSG_RESULTS_BACK, &w->back, keep);
+  pthread_mutex_unlock(&w->back_lock);
+  if (deadline == NOW && pfb_ring_room(&w->requests) < keep) return EAGAIN;
   if (load) {
     uint64_t load_size = q->fn->size, load_offset = 0;
     int rc = pfb_disp_alloc_blocks(d, &load_size, 1, &load_offset, deadline);
@@ -281,7 +275,7 @@ int pfb_disp_pump(PfbDispatch* d, Worker* w, int64_t deadline, PfbDispatchCall* 
       if (listed) *own_rc = rc;
     }
   }
-  if (posted && pfb_ring_notify(&w->requests)) bump(&d->counts.doorbells, 1);  /* a sleeper */
+  if (posted) pfb_ring_notify(&w->requests);  /* (rings the worker only if it sleeps) */
   return waits;
 }
 

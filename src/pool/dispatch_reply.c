@@ -30,16 +30,13 @@ static void complete(PfbDispatchCall* call, uint32_t state, const PfbDispatchCal
 
 /* Ends a call no DONE answers: RESEND (its function never ran: its caller
  * submits it again), or FAILED with (`code`, `message`). */
-void pfb_disp_end_call(PfbDispatch* d, PfbDispatchCall* call, int resend, int32_t code,
-                       const char* message, const PfbDispatchCall* own) {
-  if (resend) {
-    bump(&d->counts.resent, 1);
-    complete(call, PFB_DISPATCH_RESEND, own);
-    return;
+void pfb_disp_end_call(PfbDispatchCall* call, int resend, int32_t code, const char* message,
+                       const PfbDispatchCall* own) {
+  if (!resend) {
+    call->error = strdup(message);
+    call->error_code = code;
   }
-  call->error = strdup(message);
-  call->error_code = code;
-  complete(call, PFB_DISPATCH_FAILED, own);
+  complete(call, resend ? PFB_DISPATCH_RESEND : PFB_DISPATCH_FAILED, own);
 }
 
 /* Hands back each result block of a DONE in `arena` that nobody takes (its
@@ -103,7 +100,7 @@ static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots,
   if (copy == NULL) {  /* abandoned (or no memory): its blocks go back */
     hand_back_results(w->arena, message);
     if (call != NULL)
-      pfb_disp_end_call(w->d, call, 0, 8 /* RESOURCE_EXHAUSTED */,
+      pfb_disp_end_call(call, 0, 8 /* RESOURCE_EXHAUSTED */,
                         "pyfunc_bridge: no memory for a pool call's reply", own);
     return;
   }
@@ -121,23 +118,18 @@ static void on_done(Worker* w, const PfbPoolSlot* message, uint32_t slots,
  * (nobody reads a broken ring) and Python ends the worker when its socket
  * ends. */
 static int drain(Worker* w, const PfbDispatchCall* own) {
-  PfbPoolSlot* buffer = w->reading;
+  PfbPoolSlot* buffer = w->scratch + PFB_POOL_MAX_MESSAGE_SLOTS;  /* the reader's half */
   int n;
   while ((n = pfb_ring_read(&w->replies, buffer, PFB_POOL_MAX_MESSAGE_SLOTS)) > 0) {
     const PfbPoolMessage* m = &buffer[0].message;
     if (m->kind == PFB_POOL_MSG_DONE) {
       on_done(w, buffer, (uint32_t)n, own);
     } else if (m->kind == PFB_POOL_MSG_INPUTS_BACK) {
-      uint64_t offsets[64];
-      size_t k = 0;
-      for (uint32_t i = 0; i < m->count; ++i) {
-        if (pfb_msg_read_word(buffer, i, &offsets[k]) != 0) break;  /* malformed: the rest */
-        if (++k == 64) {
-          pfb_disp_free_blocks(w->d, &w->inputs, NULL, offsets, k);
-          k = 0;
-        }
-      }
-      if (k) pfb_disp_free_blocks(w->d, &w->inputs, NULL, offsets, k);
+      /* Its words lie in order from slot 1 on (PfbPoolWords); a count
+       * past its slots is cut to them (malformed: the rest). */
+      uint64_t held = ((uint64_t)n - 1) * PFB_POOL_WORDS_PER_SLOT;
+      pfb_disp_free_blocks(w->d, &w->inputs, NULL, (const uint64_t*)(buffer + 1),
+                           m->count < held ? m->count : held);
     }
   }
   if (n < 0) __atomic_store_n(&w->role, ROLE_RETIRED, SC);

@@ -45,15 +45,11 @@ static const PfbDispatchApi api = {
     pfb_dispatch_abandon,         pfb_dispatch_wait};
 
 PfbDispatchRoute* pfb_dispatch_route_new(PfbDispatch* d, uint64_t token, uint32_t flags) {
-  PfbDispatchRoute* route = (PfbDispatchRoute*)calloc(1, sizeof(PfbDispatchRoute));
+  PfbDispatchRoute* route = (PfbDispatchRoute*)malloc(sizeof(PfbDispatchRoute));
   if (route == NULL) return NULL;
-  route->refs = 1;
-  route->api = &api;
-  route->d = d;
-  pfb_dispatch_retain(d);
-  route->token = token;
-  route->flags = flags;
-  route->counting = &counting_on;
+  PfbDispatchRoute made = {1, &api, d, token, flags, &counting_on, {0}};
+  *route = made;
+  pfb_dispatch_retain(d);  /* the route's reference */
   return route;
 }
 

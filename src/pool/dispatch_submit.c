@@ -71,15 +71,6 @@ void pfb_disp_free_blocks(PfbDispatch* d, Words* held, const uint64_t* sizes,
   pthread_mutex_unlock(&d->arena_lock);
 }
 
-/* Whether any worker has CALLs posted and not answered (whose inputs come
- * back after them).  Queued calls do not count: their blocks are held, and
- * come back only through a post. */
-static int native_in_flight(PfbDispatch* d) {
-  for (int i = 0; i < d->workers_count; ++i)
-    if (__atomic_load_n(&d->workers[i].outstanding, SC) != 0) return 1;
-  return 0;
-}
-
 /* Blocks for `count` sizes (0: no block, offset 0), all or none: 0, or
  * ENOMEM with none taken; `arena_lock` held. */
 static int alloc_all(PfbDispatch* d, const uint64_t* sizes, uint32_t count, uint64_t* offsets) {
@@ -118,8 +109,12 @@ int pfb_disp_alloc_blocks(PfbDispatch* d, const uint64_t* sizes, uint32_t count,
      * this): either this sees the DONE, or its reply thread sees this
      * waiter and wakes it. */
     __atomic_add_fetch(&d->room_waiters, 1, SC);
-    rc = !native_in_flight(d) ? ENOSPC
-         : deadline >= 0 && pfb_now_ns() >= deadline ? ETIMEDOUT : 0;
+    /* In flight: CALLs posted and not answered, whose inputs come back
+     * after them (queued calls hold their blocks until a post). */
+    int in_flight = 0;
+    for (int i = 0; i < d->workers_count; ++i)
+      in_flight |= __atomic_load_n(&d->workers[i].outstanding, SC) != 0;
+    rc = !in_flight ? ENOSPC : pfb_left_ns(deadline) == 0 ? ETIMEDOUT : 0;
     struct timespec limit;
     if (rc == 0 && deadline >= 0)
       pthread_cond_timedwait(&d->room, &d->arena_lock, pfb_timespec(deadline, &limit));
@@ -148,22 +143,19 @@ int pfb_dispatch_fits(PfbDispatch* d, const PfbDispatchInput* inputs, uint32_t c
 /* A node for a call of `inputs`, taking the caller's reference on `fn`:
  * its `sizes` set (an input pulled over the socket has no block,
  * shm_layout.h), its `offsets` for the caller to allocate, its CALL for
- * fill.  One allocation: the node, then `sizes` and `offsets`, then the
- * message (`slots`).  NULL: no memory. */
+ * fill.  One allocation: the node, its message (`slots`), then `sizes`
+ * and `offsets`.  NULL: no memory. */
 static Queued* queued_new(Token* fn, const PfbDispatchInput* inputs, uint32_t count,
                           uint32_t slots, PfbDispatchCall* call) {
-  size_t head = (sizeof(Queued) + 63) & ~(size_t)63;
-  size_t words = ((2 * (size_t)count * sizeof(uint64_t)) + 63) & ~(size_t)63;
-  char* memory = (char*)malloc(head + words + (size_t)slots * sizeof(PfbPoolSlot));
-  if (memory == NULL) return NULL;
-  Queued* q = (Queued*)memory;
+  Queued* q = (Queued*)malloc(sizeof(Queued) + (size_t)slots * sizeof(PfbPoolSlot) +
+                              2 * (size_t)count * sizeof(uint64_t));
+  if (q == NULL) return NULL;
   q->next = NULL;
   q->call = call;
   q->fn = fn;
   q->count = count;
-  q->sizes = (uint64_t*)(memory + head);
+  q->sizes = (uint64_t*)(q->message + slots);
   q->offsets = q->sizes + count;
-  q->message = (PfbPoolSlot*)(memory + head + words);
   for (uint32_t i = 0; i < count; ++i)
     q->sizes[i] = inputs[i].flags & PFB_POOL_TENSOR_SOCKET ? 0 : inputs[i].nbytes;
   return q;
@@ -218,7 +210,6 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
   /* Unique in the process: a DONE's answer that went by the socket is
    * found by its id alone (pyfunc_bridge/pool/answers.py, decode_answer). */
   call->id = __atomic_add_fetch(&next_call_id, 1, SC);
-  call->state = PFB_DISPATCH_WAITING;
   fill(d, q, flags, inputs, slots);
   /* Every call joins the queue (its blocks the queue's now), behind the
    * calls that wait: first come, first posted. */
@@ -244,9 +235,10 @@ static int submit(PfbDispatch* d, uint64_t token, uint32_t flags,
       rc = own_rc;
       break;
     }
-    pthread_mutex_lock(&d->queue_lock);
-    int done = call->worker >= 0 || d->queue_head == NULL;
-    pthread_mutex_unlock(&d->queue_lock);
+    /* (Read without the queue's lock: only this thread takes its own call
+     * out of the queue, so a stale count never hides it.) */
+    int done = __atomic_load_n(&call->worker, SC) >= 0 ||
+               __atomic_load_n(&d->counts.queued, SC) == 0;
     if (done || waits) break;
   }
   return rc;
@@ -291,11 +283,9 @@ int pfb_dispatch_post(PfbDispatch* d, uint64_t token, uint32_t flags,
                       const PfbDispatchInput* inputs, uint32_t count, int64_t room_ns,
                       PfbDispatchCall* call, void (*on_end)(PfbDispatchCall*, void*),
                       void* arg) {
-  memset(call, 0, sizeof(*call));
-  call->d = d;
-  call->worker = -1;
-  call->on_end = on_end;
-  call->on_end_arg = arg;
+  PfbDispatchCall made = {.state = PFB_DISPATCH_WAITING, .d = d, .worker = -1,
+                          .on_end = on_end, .on_end_arg = arg};  /* the rest zero */
+  *call = made;
   /* Counted first, then `closed` checked: delete sets `closed`, then waits
    * for the count, so no submit touches the input mapping once it goes. */
   __atomic_add_fetch(&d->active, 1, SC);

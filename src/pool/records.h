@@ -40,15 +40,17 @@ static inline uint32_t pfb_pool_words_per_message(uint32_t ring_slots) {
 }
 
 /* Whether the block a record names, at `offset` with `size` bytes in an
- * arena of `arena_bytes`, holds `nbytes`: inside the mapping, aligned to
- * PFB_POOL_ALIGN (TensorFlow's PFB_TENSOR_ALIGNMENT divides it), big enough.
- * The one check of another process's word about a block, before this one
- * reads it: pfb_reply_decode's (reply_decode.c), for the kernel's results
- * and the Python path's alike. */
+ * arena of `arena_bytes`, holds `nbytes` (UINT64_MAX: a size that
+ * overflowed, never held): inside the mapping, aligned to PFB_POOL_ALIGN
+ * (TensorFlow's PFB_TENSOR_ALIGNMENT divides it), big enough; a record of
+ * no bytes and no block needs none.  The one check of another process's
+ * word about a block, before this one reads it: pfb_reply_decode's
+ * (reply_decode.c), for the kernel's results and the Python path's alike. */
 static inline int pfb_pool_block_holds(uint64_t offset, uint64_t size, uint64_t nbytes,
                                        uint64_t arena_bytes) {
-  return size >= nbytes && offset % PFB_POOL_ALIGN == 0 && offset <= arena_bytes &&
-         size <= arena_bytes - offset;
+  if (nbytes == 0 && size == 0) return 1;
+  return nbytes != UINT64_MAX && size >= nbytes && offset % PFB_POOL_ALIGN == 0 &&
+         offset <= arena_bytes && size <= arena_bytes - offset;
 }
 
 /* Starts a message of `kind` (every other header field zero) in out[0]. */

@@ -14,15 +14,6 @@ static uint64_t data_bytes(const PfbPoolTensor* record, const int64_t* dims) {
   return bytes;
 }
 
-/* Whether `r`'s block (none when it needs no bytes) is aligned, inside the
- * arena and large enough. */
-static int block_holds(const PfbReplyResult* r, uint64_t arena_bytes) {
-  const PfbPoolTensor* t = &r->record;
-  if (r->nbytes == 0 && t->size == 0) return 1;
-  return r->nbytes != UINT64_MAX &&
-         pfb_pool_block_holds(t->offset, t->size, r->nbytes, arena_bytes);
-}
-
 int pfb_reply_decode(const PfbPoolSlot* message, uint64_t arena_bytes, PfbReplyResult* out,
                      uint32_t room, uint32_t* decoded) {
   const PfbPoolMessage* m = &message[0].message;
@@ -33,7 +24,8 @@ int pfb_reply_decode(const PfbPoolSlot* message, uint64_t arena_bytes, PfbReplyR
     out[0].record.flags = PFB_POOL_TENSOR_PICKLED;
     out[0].record.offset = m->block_offset;
     out[0].record.size = out[0].nbytes = m->block_size;
-    if (!block_holds(&out[0], arena_bytes)) return ERANGE;
+    if (!pfb_pool_block_holds(m->block_offset, m->block_size, m->block_size, arena_bytes))
+      return ERANGE;
     *decoded = 1;
     return 0;
   }
@@ -48,7 +40,7 @@ int pfb_reply_decode(const PfbPoolSlot* message, uint64_t arena_bytes, PfbReplyR
     const PfbPoolTensor* t = &r->record;
     const int numbers = !(t->flags & (PFB_POOL_TENSOR_STRINGS | PFB_POOL_TENSOR_PICKLED));
     r->nbytes = numbers ? data_bytes(t, r->dims) : t->size;
-    if (!block_holds(r, arena_bytes)) return ERANGE;
+    if (!pfb_pool_block_holds(t->offset, t->size, r->nbytes, arena_bytes)) return ERANGE;
     r->saves_copy = numbers && r->nbytes != 0 && !(t->ndim == 0 && !(t->flags & PFB_POOL_TENSOR_SHARED));
     r->worker_copied = r->saves_copy && !(t->flags & PFB_POOL_TENSOR_SHARED) ? r->nbytes : 0;
   }

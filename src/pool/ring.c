@@ -24,11 +24,8 @@ static void cpu_relax(void) {
 
 void pfb_ring_attach(PfbRing* ring, PfbPoolRingWords* words, PfbPoolSlot* slots,
                      uint32_t capacity) {
-  memset(ring, 0, sizeof(*ring));
-  ring->words = words;
-  ring->slots = slots;
-  ring->capacity = capacity;
-  ring->doorbell = -1;
+  PfbRing made = {words, slots, capacity, -1, 0, 0};
+  *ring = made;
 }
 
 void pfb_ring_set_consumer_sleeping(PfbRing* ring, int sleeping) {
@@ -36,11 +33,6 @@ void pfb_ring_set_consumer_sleeping(PfbRing* ring, int sleeping) {
     __atomic_fetch_or(&ring->words->consumer_sleeping, PFB_POOL_SLEEPER_READER, SC);
   else
     __atomic_fetch_and(&ring->words->consumer_sleeping, ~(uint32_t)PFB_POOL_SLEEPER_READER, SC);
-}
-
-void pfb_ring_reset(PfbRing* ring) {
-  memset(ring->words, 0, sizeof(*ring->words));
-  __atomic_thread_fence(SC);
 }
 
 int pfb_ring_closed(const PfbRing* ring) { return LOAD(ring->words->closed, SC) != 0; }
@@ -117,13 +109,12 @@ int pfb_ring_notify(PfbRing* ring) {
     uint64_t one = 1;
     ssize_t unused = write(ring->doorbell, &one, sizeof(one));
     (void)unused;
-    ++ring->wakes;
-    return 1;
+  } else {
+    /* A caller that holds the reader role reads everything there is: the
+     * reply thread sleeps on (shm_layout.h). */
+    pfb_ring_wake(ring, sleepers & PFB_POOL_SLEEPER_CALLER ? PFB_POOL_SLEEPER_CALLER
+                                                           : PFB_POOL_SLEEPER_READER);
   }
-  /* A caller that holds the reader role reads everything there is: the
-   * reply thread sleeps on (shm_layout.h). */
-  pfb_ring_wake(ring, sleepers & PFB_POOL_SLEEPER_CALLER ? PFB_POOL_SLEEPER_CALLER
-                                                         : PFB_POOL_SLEEPER_READER);
   ++ring->wakes;
   return 1;
 }

@@ -41,12 +41,11 @@ typedef struct PfbRing {
  * microseconds at most, far from a spin (a core is a worker on 2 cores). */
 #define PFB_RING_CHECKS 64
 
-/* Binds a handle to a ring's words and slots (no change to shared memory). */
+/* Binds a handle to a ring's words and slots (no change to shared memory).
+ * A new ring's words are all zero: the parent zeroes the control segment
+ * as it lays it out (Channel). */
 void pfb_ring_attach(PfbRing* ring, PfbPoolRingWords* words, PfbPoolSlot* slots,
                      uint32_t capacity);
-/* Sets up a ring's words for its first use (the parent, before the worker
- * starts). */
-void pfb_ring_reset(PfbRing* ring);
 
 /* ---- the producer ---- */
 

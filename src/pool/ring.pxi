@@ -86,9 +86,8 @@ cdef class Channel:
         # eventfd, on which the worker polls with its socket.
         self._rings[0].doorbell = doorbell
         if create:
-            pfb_ring_reset(&self._rings[0])
-            pfb_ring_reset(&self._rings[1])
-            # Last: a control segment with the magic is complete.
+            # Last (the rings' words were zeroed with the rest above): a
+            # control segment with the magic is complete.
             self._control.magic = PFB_POOL_MAGIC
 
     cdef PfbRing* _ring(self, int ring) except NULL:

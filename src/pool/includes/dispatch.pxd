@@ -37,11 +37,9 @@ cdef extern from "dispatch.h" nogil:
     ctypedef struct PfbDispatchCounts:
         uint64_t calls
         uint64_t loads
-        uint64_t doorbells
         uint64_t reply_sleeps
         uint64_t caller_reads
         uint64_t input_blocks
-        uint64_t resent
         uint64_t queued
 
     ctypedef struct PfbDispatchRouteCounts:

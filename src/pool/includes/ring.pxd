@@ -17,7 +17,6 @@ cdef extern from "ring.h" nogil:
 
     void pfb_ring_attach(PfbRing* ring, PfbPoolRingWords* words, PfbPoolSlot* slots,
                          uint32_t capacity)
-    void pfb_ring_reset(PfbRing* ring)
     uint32_t pfb_ring_room(const PfbRing* ring)
     int pfb_ring_wait_room(PfbRing* ring, uint32_t slots, int64_t timeout_ns)
     int pfb_ring_write(PfbRing* ring, const PfbPoolSlot* message)
