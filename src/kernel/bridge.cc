@@ -312,7 +312,7 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
   RouteRef route = may_route ? route_.Get() : RouteRef();  // outlives `native`
   NativeCall native;  // finished after the Python path below, which may read its reply
   if (route) {
-    switch (RunNative(ctx, route.get(), first_input, specs_, copy_mode_, &native)) {
+    switch (native.Run(ctx, route.get(), first_input, specs_, copy_mode_)) {
       case NativeOutcome::kDone:
         return ctx->status().ok();
       case NativeOutcome::kGone:
@@ -320,7 +320,7 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
         break;
       case NativeOutcome::kDeclined:
       case NativeOutcome::kReply:  // the conversion layer turns the reply into outputs
-      case NativeOutcome::kPosted:  // (not RunNative's)
+      case NativeOutcome::kPosted:  // (not Run's)
         break;
     }
   }
