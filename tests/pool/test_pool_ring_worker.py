@@ -36,7 +36,7 @@ class Client:
         self.pool = pool
         self.worker = pool._supervisor.workers[0]
         deadline = time.monotonic() + 60
-        while not self.worker.channel.worker_ready:
+        while not self.worker.ready:  # (it announces itself on its ring first)
             assert time.monotonic() < deadline, "the worker never served its ring"
             time.sleep(0.01)
         self.channel = self.worker.channel
