@@ -427,7 +427,7 @@ bool BridgeKernel::RunPython(OpKernelContext* ctx, int first_input, int32_t flag
   call.node_name = has_node ? name().data() : nullptr;
   call.node_name_len = has_node ? name().size() : 0;
   void* offered = nullptr;
-  call.route = may_route && reply == nullptr && route_.Empty() ? &offered : nullptr;
+  call.route = may_route && reply == nullptr && route_.Get() == nullptr ? &offered : nullptr;
   call.reply = reply;
   PfbStatus status{0, nullptr};
   api->call(&call, &status);  // consumes the inputs, on every path

@@ -143,11 +143,6 @@ RouteRef RouteSlot::Get() {
   return RouteRef(route_.get());
 }
 
-bool RouteSlot::Empty() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return route_ == nullptr;
-}
-
 void RouteSlot::Set(PfbDispatchRoute* route) {
   RouteRef offered(route);  // unless taken (a concurrent call's came first), dropped after the lock
   std::lock_guard<std::mutex> lock(mu_);

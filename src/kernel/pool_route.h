@@ -28,7 +28,6 @@ class RouteSlot {
  public:
   // The route, a reference of the caller's; empty when there is none.
   RouteRef Get();
-  bool Empty();
   // Takes `route` (a new reference, from PfbCall.route), unless the slot
   // holds one already (a concurrent call's): then drops it.
   void Set(PfbDispatchRoute* route);
