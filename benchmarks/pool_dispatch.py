@@ -6,7 +6,7 @@ wall time, and this process's CPU (user + sys from getrusage, all threads:
 the caller, the dispatcher's reply thread).  The ways:
 
 - ``native``: a C loop over the dispatcher without the GIL
-  (Dispatcher.call_many), as a kernel's native route calls;
+  (Route.call_many), as a kernel's native route calls;
 - ``python``: ProcessPool.ring_call and ProcessPool.decode, the rings from
   Python, as the conversion layer's driver calls for eager calls and a
   kernel's first call;
@@ -59,11 +59,10 @@ def measure(calls):
             tensor = tf.constant(value)
             dtype = tf.as_dtype(value.dtype)
             pool.ring_call(func, None, (value,), False, False)  # registered, worker ready
-            token = pool.native_route(func, None, False, False).token
-            dispatch = pool._dispatch
+            route = pool.native_route(func, None, False, False)
 
             def native(k):
-                dispatch.call_many(token, [value], k)
+                route.call_many([value], k)
 
             def python(k):
                 for _ in range(k):

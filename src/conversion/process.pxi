@@ -50,10 +50,7 @@ def worker_result(object native_arena, cnp.ndarray results, Py_ssize_t offset, P
     block.arena = native_arena
     block.results = results
     block.offset = offset
-    cdef DLDataType u8
-    u8.code = kDLUInt
-    u8.bits = 8
-    u8.lanes = 1
+    cdef DLDataType u8 = DLDataType(kDLUInt, 8, 1)
     cdef npy_intp length = size
     cdef _DLPackOwner owner = _adopt_checked(_export(block, u8, 1, &length, NULL, 1, data, 0))
     owner.shared = True  # viewed: never handed out as it is

@@ -312,7 +312,7 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
   RouteRef route = may_route ? route_.Get() : RouteRef();  // outlives `native`
   NativeCall native;  // finished after the Python path below, which may read its reply
   if (route) {
-    switch (RunNative(ctx, route.get(), first_input, specs_, copy_mode_, &native)) {
+    switch (native.Run(ctx, route.get(), first_input, specs_, copy_mode_)) {
       case NativeOutcome::kDone:
         return ctx->status().ok();
       case NativeOutcome::kGone:
@@ -320,7 +320,7 @@ bool BridgeKernel::RunBridge(OpKernelContext* ctx, int first_input,
         break;
       case NativeOutcome::kDeclined:
       case NativeOutcome::kReply:  // the conversion layer turns the reply into outputs
-      case NativeOutcome::kPosted:  // (not RunNative's)
+      case NativeOutcome::kPosted:  // (not Run's)
         break;
     }
   }
@@ -427,7 +427,7 @@ bool BridgeKernel::RunPython(OpKernelContext* ctx, int first_input, int32_t flag
   call.node_name = has_node ? name().data() : nullptr;
   call.node_name_len = has_node ? name().size() : 0;
   void* offered = nullptr;
-  call.route = may_route && reply == nullptr && route_.Empty() ? &offered : nullptr;
+  call.route = may_route && reply == nullptr && route_.Get() == nullptr ? &offered : nullptr;
   call.reply = reply;
   PfbStatus status{0, nullptr};
   api->call(&call, &status);  // consumes the inputs, on every path

@@ -143,11 +143,6 @@ RouteRef RouteSlot::Get() {
   return RouteRef(route_.get());
 }
 
-bool RouteSlot::Empty() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return route_ == nullptr;
-}
-
 void RouteSlot::Set(PfbDispatchRoute* route) {
   RouteRef offered(route);  // unless taken (a concurrent call's came first), dropped after the lock
   std::lock_guard<std::mutex> lock(mu_);
@@ -186,8 +181,10 @@ NativeOutcome NativeCall::Submitted(int rc) {
   return rc == EPIPE || rc == ENOENT ? NativeOutcome::kGone : NativeOutcome::kDeclined;
 }
 
-NativeOutcome NativeCall::Run(OpKernelContext* ctx, const std::vector<PfbOutputSpec>& specs,
+NativeOutcome NativeCall::Run(OpKernelContext* ctx, const PfbDispatchRoute* route,
+                              int first_input, const std::vector<PfbOutputSpec>& specs,
                               int32_t copy_mode) {
+  if (!Describe(ctx, route, first_input)) return NativeOutcome::kDeclined;
   posted_ = pfb_clock_ns(CLOCK_REALTIME);
   // (A lost worker or a closed pool ends the wait: never for ever.)
   const NativeOutcome submitted = Submitted(route_->api->call(
@@ -219,13 +216,6 @@ void NativeCall::Wait(int64_t wait_ns) { route_->api->wait(&call_, wait_ns); }
 
 bool NativeCall::Abandon() {
   return route_ != nullptr && route_->api->abandon(route_->d, &call_) != 0;
-}
-
-NativeOutcome RunNative(OpKernelContext* ctx, const PfbDispatchRoute* route, int first_input,
-                        const std::vector<PfbOutputSpec>& specs, int32_t copy_mode,
-                        NativeCall* native) {
-  if (!native->Describe(ctx, route, first_input)) return NativeOutcome::kDeclined;
-  return native->Run(ctx, specs, copy_mode);
 }
 
 NativeOutcome NativeCall::Complete(OpKernelContext* ctx, const std::vector<PfbOutputSpec>& specs,

@@ -28,7 +28,6 @@ class RouteSlot {
  public:
   // The route, a reference of the caller's; empty when there is none.
   RouteRef Get();
-  bool Empty();
   // Takes `route` (a new reference, from PfbCall.route), unless the slot
   // holds one already (a concurrent call's): then drops it.
   void Set(PfbDispatchRoute* route);
@@ -63,10 +62,13 @@ class NativeCall {
   // (the Python path takes the call).
   bool Describe(tensorflow::OpKernelContext* ctx, const PfbDispatchRoute* route,
                 int first_input);
-  // Submits the described call and waits for it: kDeclined, kGone, or as
-  // Complete.
-  NativeOutcome Run(tensorflow::OpKernelContext* ctx, const std::vector<PfbOutputSpec>& specs,
-                    int32_t copy_mode);
+  // Runs the call of `ctx` (inputs [first_input, num_inputs), outputs as
+  // `specs` declare) over `route`, waiting for it: kDeclined, kGone, or as
+  // Complete.  `copy_mode`: the op's (copy=True copies the results out of
+  // the worker's arena; copy=False hands a result with a copy fact to
+  // Python, kReply, whose copy decision refuses it).
+  NativeOutcome Run(tensorflow::OpKernelContext* ctx, const PfbDispatchRoute* route,
+                    int first_input, const std::vector<PfbOutputSpec>& specs, int32_t copy_mode);
   // Submits it without waiting: kPosted (then on_end(call, arg) comes once,
   // see PfbDispatchCall.on_end), kDeclined or kGone.
   NativeOutcome Post(void (*on_end)(PfbDispatchCall*, void*), void* arg);
@@ -97,15 +99,6 @@ class NativeCall {
   PfbDispatchCall call_{};
   bool replied_ = false;
 };
-
-// Runs the call of `ctx` (inputs [first_input, num_inputs), outputs as
-// `specs` declare) over `route`, waiting for it.  `copy_mode`: the op's
-// (copy=True copies the results out of the worker's arena; copy=False hands
-// a result with a copy fact to Python, kReply, whose copy decision refuses
-// it).
-NativeOutcome RunNative(tensorflow::OpKernelContext* ctx, const PfbDispatchRoute* route,
-                        int first_input, const std::vector<PfbOutputSpec>& specs,
-                        int32_t copy_mode, NativeCall* call);
 
 // What a posted call's kernel does with an outcome only it can handle
 // (kReply, kDeclined, kGone: the Python path), on a completion thread,

@@ -44,7 +44,6 @@ cnp.import_array()
 # that types a variable with it).
 include "externs.pxi"       # the C read directly (atomics, the clock, NumPy fields)
 include "records.pxi"       # message kinds, flags, Message, the dtype table
-include "arena.pxi"         # Arena
 include "ring.pxi"          # Channel
 include "reply.pxi"         # NativeArena, Reply: the one decoder of a DONE
 include "route.pxi"         # Route, Declined, DispatchFailed

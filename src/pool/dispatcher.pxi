@@ -17,7 +17,6 @@ cdef class Dispatcher:
     for tests."""
     cdef PfbDispatch* _d
     cdef bint _disowned  # a forked child's copy: never deleted (disown)
-    cdef bint _closed    # close() deleted it: this object keeps a reference
     cdef _Held _inputs
     cdef dict _held   # worker index -> (channel, _Held of its result arena)
 
@@ -29,24 +28,9 @@ cdef class Dispatcher:
             raise MemoryError()
 
     def __dealloc__(self):
-        if self._d == NULL or self._disowned:
-            return
-        if self._closed:
-            pfb_dispatch_release(self._d)
-        else:
-            pfb_dispatch_delete(self._d)
-
-    def close(self):
-        """Closes it now, for tests (the pool drops it instead: its dealloc
-        deletes it; dispatch.h, pfb_dispatch_delete): the calls in flight
-        and the queued ones fail ("the pool was closed"), later ones are
-        refused.  Its memory stays until this object goes (a thread of
-        ``call`` may still finish its call)."""
-        if self._closed or self._disowned:
-            return
-        self._closed = True
-        pfb_dispatch_retain(self._d)  # this object's, for the methods called after
-        with nogil:
+        # Closes it (dispatch.h, pfb_dispatch_delete): the calls in flight and
+        # the queued ones fail ("the pool was closed"), later ones are refused.
+        if self._d != NULL and not self._disowned:
             pfb_dispatch_delete(self._d)
 
     def disown(self):
@@ -98,40 +82,6 @@ cdef class Dispatcher:
         if rc:
             raise OSError(rc, f"pyfunc_bridge: the dispatcher is closed: it registers "
                               f"no function (token {token})")
-
-    def call(self, uint64_t token, arrays, uint32_t flags=0, wait=None):
-        """Route.call on a route of its own (so its errors), for tests: the
-        DONE as (Message, NativeArena), its result blocks the caller's to
-        hand back; `wait` as Route.call's."""
-        reply, _ = self.route(token, flags).call(arrays, wait=wait)
-        (<Reply>reply)._held.clear()  # the caller's now: it hands them back
-        return reply.message, reply.arena
-
-    def call_many(self, uint64_t token, arrays, Py_ssize_t times, uint32_t flags=0):
-        """Runs the call `times` times, one after another, entirely in C
-        without the GIL (each DONE's result blocks handed back at once): the
-        (worker start, worker end) CLOCK_REALTIME ns of each, or None for a
-        call that failed.  For tests and measurements of the native path."""
-        cdef uint32_t n = len(arrays)
-        cdef Py_ssize_t k
-        cdef _Inputs inputs = _Inputs(arrays, None, None, flags)
-        cdef uint64_t[:, ::1] stamps = np.zeros((times, 2), np.uint64)
-        cdef PfbDispatchCall call
-        cdef int rc = 0
-        memset(&call, 0, sizeof(call))
-        with nogil:
-            for k in range(times):
-                rc = pfb_dispatch_call(self._d, token, flags, inputs.items, n, -1, -1, &call)
-                if rc:
-                    break
-                if call.state == PFB_DISPATCH_DONE:
-                    stamps[k, 0] = call.reply[0].message.stamp
-                    stamps[k, 1] = call.reply[0].message.ended
-                    pfb_dispatch_reply_hand_back(&call)
-                pfb_dispatch_finish(self._d, &call)
-        if rc:
-            raise OSError(rc, f"pyfunc_bridge: dispatching call {k} failed ({rc})")
-        return [(stamps[k, 0], stamps[k, 1]) if stamps[k, 1] else None for k in range(times)]
 
     def free_bytes(self):
         return pfb_dispatch_free_bytes(self._d)

@@ -3,7 +3,6 @@
 # dtype table's lookups for them.
 
 ALIGN = PFB_POOL_ALIGN
-SLOT_BYTES = PFB_POOL_SLOT_BYTES
 REQUESTS = 0
 REPLIES = 1
 MSG_LOAD = PFB_POOL_MSG_LOAD

@@ -12,10 +12,6 @@ cdef class NativeArena:
     def __dealloc__(self):
         pfb_dispatch_arena_drop(self._a)
 
-    @property
-    def index(self):
-        return self._a.index
-
     def hand_back(self, uint64_t offset):
         pfb_dispatch_arena_hand_back(self._a, offset)
 

@@ -99,11 +99,6 @@ cdef class Channel:
     def ring_slots(self):
         return self._rings[0].capacity
 
-    @property
-    def worker_ready(self):
-        """Whether the worker serves its request ring."""
-        return bool(pfb_load32(&self._control.worker_ready))
-
     def announce(self, uint32_t pid):
         """The worker's side: it serves its request ring from now on."""
         pfb_store32(&self._control.worker_pid, pid)
@@ -171,10 +166,6 @@ cdef class Channel:
         """Whether the consumer of `ring` (maybe in the other process) has
         announced that it sleeps (its flag: a producer's notify wakes it)."""
         return bool(pfb_ring_consumer_sleeping(self._ring(ring)))
-
-    @property
-    def closed(self):
-        return bool(pfb_ring_closed(&self._rings[0]) or pfb_ring_closed(&self._rings[1]))
 
     def close(self):
         """Ends both rings: every wait, here and in the other process, returns."""

@@ -71,14 +71,14 @@ def test_calls_round_trip_and_blocks_come_back(pool):
     x = np.arange(1 << 14, dtype=np.float64)  # 128 KiB: a fresh result in the arena
     offsets = set()
     for _ in range(20):
-        message, arena = dispatch.call(7, [x])
+        reply, worker = dispatch.route(7, 0).call([x])
+        message = reply.message
         assert message.kind == pw.MSG_DONE and message.status == pw.STATUS_OK
         [(code, bits, _, flags, offset, size, shape)] = message.items
         assert (code, bits, shape) == (2, 64, x.shape) and flags & pw.TENSOR_SHARED
-        results = arena.array()
-        np.testing.assert_array_equal(results[offset:offset + size].view(np.float64), x * 2)
-        arena.hand_back(offset)
-        offsets.add((arena.index, offset))
+        result = np.frombuffer(reply.read(offset, size), np.float64)  # the block goes back
+        np.testing.assert_array_equal(result, x * 2)
+        offsets.add((worker, offset))
     # Handed back, each block serves the next call (first fit): one per worker at most.
     assert len(offsets) <= 2
     counts = dispatch.counts()
@@ -93,9 +93,9 @@ def test_a_waiting_caller_reads_its_own_done(pool):
     threads sleep through such calls."""
     dispatch = ready(pool)
     register(dispatch, 11, double)
-    dispatch.call_many(11, [np.ones(1)], 5)  # loaded on the worker(s) it goes to
+    dispatch.route(11, 0).call_many([np.ones(1)], 5)  # loaded on the worker(s) it goes to
     before = dispatch.counts()
-    assert all(dispatch.call_many(11, [np.ones(1)], 200))
+    assert all(dispatch.route(11, 0).call_many([np.ones(1)], 200))
     after = dispatch.counts()
     assert after["caller_reads"] - before["caller_reads"] >= 100
     assert after["reply_sleeps"] - before["reply_sleeps"] < 100
@@ -105,12 +105,12 @@ def test_a_waiting_caller_reads_its_own_done(pool):
 def test_unknown_tokens_and_bad_inputs_are_refused(pool):
     dispatch = ready(pool)
     with pytest.raises(pw.Declined, match="declined the call"):
-        dispatch.call(99, [np.ones(2)])
+        dispatch.route(99, 0).call([np.ones(2)])
     with pytest.raises(pw.Declined, match="neither numbers nor bytes"):
-        dispatch.call(99, [np.array([1.5], dtype=object)])
+        dispatch.route(99, 0).call([np.array([1.5], dtype=object)])
     register(dispatch, 8, double)
     with pytest.raises(OSError):  # E2BIG: can never fit the 16 MiB arena
-        dispatch.call(8, [np.ones(3 << 20)])
+        dispatch.route(8, 0).call([np.ones(3 << 20)])
 
 
 def test_concurrent_callers_use_both_workers(pool):
@@ -122,8 +122,8 @@ def test_concurrent_callers_use_both_workers(pool):
     def caller(i):
         try:
             for _ in range(3):
-                message, arena = dispatch.call(9, [np.array([0.2, i])])
-                slots.add(arena.index)
+                _, worker = dispatch.route(9, 0).call([np.array([0.2, i])])
+                slots.add(worker)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
     threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
@@ -140,12 +140,12 @@ def test_a_dead_worker_fails_its_native_call_and_its_replacement_serves(pool):
     register(dispatch, 10, die)
     register(dispatch, 11, double)
     with pytest.raises(pw.DispatchFailed) as failed:
-        dispatch.call(10, [np.ones(2)])
+        dispatch.route(10, 0).call([np.ones(2)])
     code, message = failed.value.args
     assert code == 2 and "WorkerError" in message and "exited with status 3" in message
     ready(pool)  # the replacement serves
-    message, _ = dispatch.call(11, [np.ones(2)])
-    assert message.status == pw.STATUS_OK
+    reply, _ = dispatch.route(11, 0).call([np.ones(2)])
+    assert reply.message.status == pw.STATUS_OK
 
 
 def test_native_calls_keep_completing_while_a_thread_holds_the_gil(pool):
@@ -156,11 +156,11 @@ def test_native_calls_keep_completing_while_a_thread_holds_the_gil(pool):
     inside the second."""
     dispatch = ready(pool)
     register(dispatch, 12, double)
-    dispatch.call_many(12, [np.ones(16)], 5)  # both loaded, warm
+    dispatch.route(12, 0).call_many([np.ones(16)], 5)  # both loaded, warm
     libc = ctypes.PyDLL(None)
     stamps = []
     looping = threading.Thread(target=lambda: stamps.extend(
-        dispatch.call_many(12, [np.ones(16)], 3000)))
+        dispatch.route(12, 0).call_many([np.ones(16)], 3000)))
     looping.start()
     try:
         wait_for(lambda: dispatch.counts()["calls"] > 100)

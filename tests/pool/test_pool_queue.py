@@ -66,16 +66,17 @@ class Calls:
     answered, `errors`: what the others raised."""
 
     def __init__(self, dispatch):
-        self.dispatch, self.done, self.errors, self.threads = dispatch, [], [], []
+        # (A route of its own: it keeps the dispatcher's memory, not the
+        # dispatcher open.)
+        self.route, self.done, self.errors, self.threads = dispatch.route(TOKEN, 0), [], [], []
 
     def start(self, key, threads=1, times=1):
         def run():
             try:
                 for _ in range(times):
-                    message, arena = self.dispatch.call(TOKEN, [np.array([key], np.float64)])
-                    [(_, _, _, _, offset, size, _)] = message.items
-                    self.done.append(int(arena.array()[offset:offset + size].view(np.int64)[0]))
-                    arena.hand_back(offset)
+                    reply, _ = self.route.call([np.array([key], np.float64)])
+                    [(_, _, _, _, offset, size, _)] = reply.message.items
+                    self.done.append(int(np.frombuffer(reply.read(offset, size), np.int64)[0]))
             except BaseException as exc:  # noqa: BLE001 - the test reads them
                 self.errors.append(exc)
         for _ in range(threads):
@@ -158,7 +159,7 @@ def test_an_abandoned_queued_call_gives_its_input_blocks_back_at_once(gates):
         big = np.full(1 << 17, -1.0)  # 1 MiB
         for _ in range(5):
             with pytest.raises(TimeoutError, match="abandoned"):
-                dispatch.call(TOKEN, [big], wait=0)
+                dispatch.route(TOKEN, 0).call([big], wait=0)
         assert dispatch.counts()["queued"] == 0
         # The worker's own until it runs: its stuck call's block and at most
         # one of these (posted as its next call); the others came back.
@@ -180,7 +181,10 @@ def test_closing_the_dispatcher_fails_its_queued_calls(gates):
         gates.started(0)
         waiting.start(-1, threads=3)
         wait_for(lambda: dispatch.counts()["queued"] >= 3 - (CREDITS - 1), seconds=60)
-        dispatch.close()
+        later = dispatch.route(TOKEN, 0)
+        # Closed as a pool closes it: its last reference goes (its dealloc);
+        # the routes keep its memory, not its service.
+        pool._dispatch = dispatch = None
         waiting.join()
         stuck.join()
         for failed in waiting.errors + stuck.errors:
@@ -188,12 +192,8 @@ def test_closing_the_dispatcher_fails_its_queued_calls(gates):
             # FAILED_PRECONDITION, as PoolClosedError's everywhere else.
             assert failed.args == (9, "pyfunc_bridge: the pool was closed")
         assert len(waiting.errors) == 3 and len(stuck.errors) == 1
-        assert dispatch.counts()["queued"] == 0
-        with pytest.raises(pw.Declined, match="declined the call"):
-            dispatch.call(TOKEN, [np.ones(1)])
-        # Nothing would drop a function registered now.
-        with pytest.raises(OSError, match="the dispatcher is closed") as refused:
-            register(dispatch, TOKEN + 1, gated(str(gates.dir)))
+        with pytest.raises(pw.Declined, match="declined the call") as refused:
+            later.call([np.ones(1)])
         assert refused.value.errno == errno.EPIPE
 
 

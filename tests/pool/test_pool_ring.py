@@ -35,7 +35,6 @@ def channel():
 
 
 def test_layout_sizes():
-    assert pw.SLOT_BYTES == 64
     assert pw.control_bytes(8) == 512 + 2 * 8 * 64
 
 
@@ -154,7 +153,6 @@ def test_attaching_checks_the_layout():
 def test_closing_ends_waits_after_the_ring_is_drained(channel):
     channel.post(R, pw.MSG_WORDS, [1])
     channel.close()
-    assert channel.closed
     assert channel.wait(R, timeout=1)  # a message is still there
     assert len(channel.receive(R)) == 1
     with pytest.raises(pw.ChannelClosed):

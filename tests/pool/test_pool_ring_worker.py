@@ -8,6 +8,7 @@ input allocator; the worker is a real pool worker.
 
 The pool's native dispatcher (src/pool/dispatch_*.c) is kept out of these
 tests' pools; tests/pool/test_pool_dispatch.py runs it against real workers."""
+import mmap
 import pickle
 import struct
 import time
@@ -35,13 +36,14 @@ class Client:
         self.pool = pool
         self.worker = pool._supervisor.workers[0]
         deadline = time.monotonic() + 60
-        while not self.worker.channel.worker_ready:
+        while not self.worker.ready:  # (it announces itself on its ring first)
             assert time.monotonic() < deadline, "the worker never served its ring"
             time.sleep(0.01)
         self.channel = self.worker.channel
         # The input arena's allocator: this test's own (the pool's dispatcher,
-        # never attached here, allocates nothing).
-        self.arena = pw.Arena(len(pool._input_map))
+        # never attached here, allocates nothing), the arena allocator of a
+        # result arena over a mapping of the same size.
+        self.arena = pw.ResultArena(mmap.mmap(-1, len(pool._input_map)))
         self.inputs = np.frombuffer(pool._input_map, np.uint8)
         self.results = np.frombuffer(self.worker.result_map, np.uint8)
         self.held = {}       # input offset -> size, until INPUTS_BACK
@@ -52,7 +54,7 @@ class Client:
         self.tokens = iter(range(SCALAR, 1 << 30))
 
     def block(self, data):
-        offset, size = self.arena.alloc(max(len(data), 1))
+        offset, size = self.arena.reserve(max(len(data), 1))
         self.inputs[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
         self.held[offset] = size
         return offset, size
@@ -99,7 +101,7 @@ class Client:
                 assert message.kind == pw.MSG_INPUTS_BACK
                 for offset in message.items:
                     size = self.held.pop(offset)  # KeyError: a block not in flight
-                    self.arena.free(offset)
+                    self.arena.hand_back(offset)
                     self.returned.append(offset)
                     self.order.append(("back", offset))
 

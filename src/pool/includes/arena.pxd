@@ -17,6 +17,4 @@ cdef extern from "arena.h" nogil:
     PfbArenaBlock* pfb_arena_find(PfbArena* arena, uint64_t offset)
     uint64_t pfb_arena_bytes(const PfbArena* arena)
     uint64_t pfb_arena_free_bytes(const PfbArena* arena)
-    uint64_t pfb_arena_largest_free(const PfbArena* arena)
     size_t pfb_arena_live_blocks(const PfbArena* arena)
-    size_t pfb_arena_free_ranges(const PfbArena* arena)

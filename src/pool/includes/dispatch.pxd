@@ -68,8 +68,6 @@ cdef extern from "dispatch.h" nogil:
 
     PfbDispatch* pfb_dispatch_new(char* input_base, uint64_t input_bytes, int workers)
     void pfb_dispatch_delete(PfbDispatch* d)
-    void pfb_dispatch_retain(PfbDispatch* d)
-    void pfb_dispatch_release(PfbDispatch* d)
     void pfb_dispatch_disown(PfbDispatch* d)
     void pfb_dispatch_forget(PfbDispatch* d, uint64_t token)
     void pfb_dispatch_arena_keep(PfbDispatchArena* arena)
