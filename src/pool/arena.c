@@ -33,10 +33,10 @@ void pfb_arena_delete(PfbArena* arena) {
 }
 
 /* The bytes of the free range before live block `i` (`nlive`: after the
- * last one), 0 for none; its offset into *start (when not NULL). */
+ * last one), 0 for none; its offset into *start. */
 static uint64_t gap(const PfbArena* arena, size_t i, uint64_t* start) {
   uint64_t from = i == 0 ? 0 : arena->live[i - 1].offset + arena->live[i - 1].size;
-  if (start != NULL) *start = from;
+  *start = from;
   return (i == arena->nlive ? arena->bytes : arena->live[i].offset) - from;
 }
 
@@ -93,19 +93,5 @@ uint64_t pfb_arena_bytes(const PfbArena* arena) { return arena->bytes; }
 
 uint64_t pfb_arena_free_bytes(const PfbArena* arena) { return arena->free_bytes; }
 
-uint64_t pfb_arena_largest_free(const PfbArena* arena) {
-  uint64_t largest = 0;
-  for (size_t i = 0; i <= arena->nlive; ++i) {
-    uint64_t size = gap(arena, i, NULL);
-    if (size > largest) largest = size;
-  }
-  return largest;
-}
-
 size_t pfb_arena_live_blocks(const PfbArena* arena) { return arena->nlive; }
 
-size_t pfb_arena_free_ranges(const PfbArena* arena) {
-  size_t n = 0;
-  for (size_t i = 0; i <= arena->nlive; ++i) n += gap(arena, i, NULL) != 0;
-  return n;
-}

@@ -53,11 +53,7 @@ PfbArenaBlock* pfb_arena_find(PfbArena* arena, uint64_t offset);
 
 uint64_t pfb_arena_bytes(const PfbArena* arena);
 uint64_t pfb_arena_free_bytes(const PfbArena* arena);
-/* The largest block that can be allocated now. */
-uint64_t pfb_arena_largest_free(const PfbArena* arena);
 size_t pfb_arena_live_blocks(const PfbArena* arena);
-/* Free ranges (coalesced: never two adjacent), for tests. */
-size_t pfb_arena_free_ranges(const PfbArena* arena);
 
 #ifdef __cplusplus
 }

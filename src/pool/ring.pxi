@@ -81,7 +81,7 @@ cdef class Channel:
         pfb_ring_attach(&self._rings[0], &self._control.requests,
                         pfb_pool_request_slots(self._control), ring_slots)
         pfb_ring_attach(&self._rings[1], &self._control.replies,
-                        pfb_pool_request_slots(self._control) + ring_slots, ring_slots)
+                        pfb_pool_reply_slots(self._control), ring_slots)
         # The request ring's producer (the parent) rings the worker's
         # eventfd, on which the worker polls with its socket.
         self._rings[0].doorbell = doorbell
