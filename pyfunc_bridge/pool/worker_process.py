@@ -65,9 +65,7 @@ class WorkerProcess:
                                                  f"{pool.name}-control")
             self.doorbell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             self.channel = pw.Channel(control, create=True, ring_slots=RING_SLOTS,
-                                      input_bytes=pool.arena_bytes,
-                                      result_bytes=pool.arena_bytes,
-                                      worker_index=index, doorbell=self.doorbell)
+                                      doorbell=self.doorbell)
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             # (The worker maps each segment whole: its size is the memfd's.)
             fds = [child.fileno(), pool._input_fd, result_fd, control_fd, self.doorbell]

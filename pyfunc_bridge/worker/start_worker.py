@@ -105,7 +105,6 @@ def main(argv):
         faulthandler.register(signal.SIGUSR1, file=deadlines["trace_fd"], all_threads=True,
                               chain=True)
         ring.load_grace_ns = deadlines["load_grace_ns"]
-    ring.channel.announce(os.getpid())
     try:
         send(sock, ("ready", os.getpid()))
         ring.run()

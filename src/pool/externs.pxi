@@ -7,11 +7,9 @@ cdef extern from *:
     /* The control segment's words that the other process reads: atomic. */
     static inline uint64_t pfb_load64(uint64_t* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
     static inline void pfb_store64(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
-    static inline void pfb_store32(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
     """
     uint64_t pfb_load64(uint64_t* p) nogil
     void pfb_store64(uint64_t* p, uint64_t v) nogil
-    void pfb_store32(uint32_t* p, uint32_t v) nogil
 
 cdef extern from "futex.h" nogil:
     int64_t pfb_clock_ns(int clock)  # (clockid_t)

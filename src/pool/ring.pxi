@@ -51,9 +51,7 @@ cdef class Channel:
     cdef PfbPoolSlot _scratch[PFB_POOL_MAX_MESSAGE_SLOTS]  # the message being built (post)
     cdef PfbPoolSlot _inbox[PFB_POOL_MAX_MESSAGE_SLOTS]    # the message being read (receive)
 
-    def __cinit__(self, buffer, *, bint create=False, uint32_t ring_slots=0,
-                  uint64_t input_bytes=0, uint64_t result_bytes=0, uint32_t worker_index=0,
-                  int doorbell=-1):
+    def __cinit__(self, buffer, *, bint create=False, uint32_t ring_slots=0, int doorbell=-1):
         self._held = _Held(buffer)
         if <uintptr_t>self._held.view.buf % PFB_POOL_SLOT_BYTES:
             raise ValueError("pyfunc_bridge: a control segment must start on a cache line")
@@ -74,10 +72,6 @@ cdef class Channel:
             memset(self._control, 0, sizeof(PfbPoolControl))
             self._control.version = PFB_POOL_LAYOUT_VERSION
             self._control.ring_slots = ring_slots
-            self._control.input_arena_bytes = input_bytes
-            self._control.result_arena_bytes = result_bytes
-            self._control.parent_pid = os.getpid()
-            self._control.worker_index = worker_index
         pfb_ring_attach(&self._rings[0], &self._control.requests,
                         pfb_pool_request_slots(self._control), ring_slots)
         pfb_ring_attach(&self._rings[1], &self._control.replies,
@@ -98,11 +92,6 @@ cdef class Channel:
     @property
     def ring_slots(self):
         return self._rings[0].capacity
-
-    def announce(self, uint32_t pid):
-        """The worker's side: it serves its request ring from now on."""
-        pfb_store32(&self._control.worker_pid, pid)
-        pfb_store32(&self._control.worker_ready, 1)
 
     def set_running(self, uint64_t call_id, uint64_t since_ns=0):
         """The worker's side: the call it runs now (0: none), and since when

@@ -21,21 +21,20 @@
  * THE SEGMENTS (each a memfd: anonymous, so no exit path leaves a name in
  * /dev/shm; freed when the last process that maps it goes)
  *
- *   input arena     one per pool, input_arena_bytes.  The parent allocates
+ *   input arena     one per pool, of its arena_bytes.  The parent allocates
  *                   blocks in it (its allocator, src/pool/arena.h, lives in
  *                   the parent's private memory) and writes the call's
  *                   inputs; the worker reads them (and the function may
  *                   write the blocks it holds under PFB_POOL_CALL_WRITABLE
  *                   or PFB_POOL_CALL_TORCH).
- *   result arena    one per worker, result_arena_bytes.  The worker allocates
+ *   result arena    one per worker, as large.  The worker allocates
  *                   (its allocator, and NumPy's data-memory handler while a
  *                   function runs: a fresh result is written there by the
  *                   function itself); the parent only reads.
  *   control         one per worker: PfbPoolControl, then the request ring's
  *                   slots, then the reply ring's slots
  *                   (pfb_pool_control_bytes).  The parent lays it out
- *                   before the worker starts; the worker sets worker_ready
- *                   once it serves its request ring.
+ *                   before the worker starts.
  *
  * Allocators keep their bookkeeping in their own process, never in shared
  * memory: a peer that crashes or scribbles cannot corrupt the other side's
@@ -145,8 +144,9 @@
  * (PFB_POOL_TENSOR_SOCKET, PFB_POOL_LOAD_SOCKET); PFB_POOL_CALL_CUPY.
  * 5: no socket calls (socket_calls_started is gone); PFB_POOL_CALL_PACKED.
  * 6: consumer_sleeping holds PFB_POOL_SLEEPER_* bits, woken by bitset.
- * 7: PFB_POOL_TENSOR_SCALAR. */
-#define PFB_POOL_LAYOUT_VERSION 7
+ * 7: PFB_POOL_TENSOR_SCALAR.
+ * 8: no fields that nobody read (arena sizes, pids, index, worker_ready). */
+#define PFB_POOL_LAYOUT_VERSION 8
 
 /* PfbPoolRingWords.consumer_sleeping: who of the consumer's threads sleeps
  * on `items_wake` (its FUTEX_WAIT_BITSET bitset). */
@@ -381,14 +381,8 @@ typedef struct PfbPoolControl {
   uint64_t magic;               /* PFB_POOL_MAGIC */
   uint32_t version;             /* PFB_POOL_LAYOUT_VERSION */
   uint32_t ring_slots;          /* slots per ring, a power of two */
-  uint64_t input_arena_bytes;
-  uint64_t result_arena_bytes;
-  uint32_t parent_pid;          /* the worker checks it after PR_SET_PDEATHSIG */
-  uint32_t worker_index;
-  unsigned char constant_pad[PFB_POOL_SLOT_BYTES - 40];
+  unsigned char constant_pad[PFB_POOL_SLOT_BYTES - 16];
   /* Written by the worker. */
-  uint32_t worker_pid;
-  uint32_t worker_ready;        /* 1 once it serves its request ring */
   /* The call it runs now (a CALL's id), 0 between calls.  The one record
    * the parent reads for scheduling (dispatch_queue.c, pfb_disp_choose) and a pool's
    * timeout (pyfunc_bridge/pool/timeouts.py, Deadlines). */
@@ -401,7 +395,7 @@ typedef struct PfbPoolControl {
    * it never started (the later ones) from those it did, and sends them to
    * another worker. */
   uint64_t ring_calls_started;
-  unsigned char worker_pad[PFB_POOL_SLOT_BYTES - 32];
+  unsigned char worker_pad[PFB_POOL_SLOT_BYTES - 24];
   PfbPoolRingWords requests;
   PfbPoolRingWords replies;
   /* Then: PfbPoolSlot request_slots[ring_slots];

@@ -36,7 +36,7 @@ class Client:
         self.pool = pool
         self.worker = pool._supervisor.workers[0]
         deadline = time.monotonic() + 60
-        while not self.worker.ready:  # (it announces itself on its ring first)
+        while not self.worker.ready:  # (its "ready" comes once it serves its ring)
             assert time.monotonic() < deadline, "the worker never served its ring"
             time.sleep(0.01)
         self.channel = self.worker.channel

@@ -80,12 +80,6 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t magic
         uint32_t version
         uint32_t ring_slots
-        uint64_t input_arena_bytes
-        uint64_t result_arena_bytes
-        uint32_t parent_pid
-        uint32_t worker_index
-        uint32_t worker_pid
-        uint32_t worker_ready
         uint64_t running_call
         uint64_t running_since
         uint64_t ring_calls_started
