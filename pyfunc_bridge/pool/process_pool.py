@@ -374,7 +374,7 @@ def _before_fork():
 
 
 def _after_fork_in_parent():
-    fork.after_fork_in_parent()
+    fork.drop_copies()
     spawner.after_fork_in_parent()
 
 
