@@ -35,12 +35,11 @@ import weakref
 from pyfunc_bridge import _autograph, _locks
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL
 
-_TENSORFLOW = "tensorflow"
 _lock = _locks.lock()  # one dumps at a time touches cloudpickle's registry
 
 
 def _is_tensorflow(name):
-    return name == _TENSORFLOW or name.startswith(_TENSORFLOW + ".")
+    return name.partition(".")[0] == "tensorflow"
 
 
 def _with_parents(name):
