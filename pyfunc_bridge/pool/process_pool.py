@@ -221,7 +221,7 @@ class ProcessPool:
 
     def pids(self):
         """The process ids of the current workers."""
-        return self._supervisor.pids()
+        return [w.pid for w in self._supervisor.workers if w.alive]
 
     @property
     def free_input_bytes(self):

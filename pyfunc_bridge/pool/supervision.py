@@ -27,7 +27,7 @@ class Supervisor:
     """The workers of one pool, which owns this object.
 
     What the pool calls: ``start(index, first)`` (a slot's worker);
-    ``workers`` and ``pids()``; ``broken`` (why no worker can start, or
+    ``workers``; ``broken`` (why no worker can start, or
     None) and ``revive()`` (past the back-off, start the lost workers
     again); ``wait_for_worker(seconds)`` (a call that found none attached);
     ``close(workers)``; ``forked(lock)`` (in a forked child).
@@ -60,9 +60,6 @@ class Supervisor:
     @property
     def _pool(self):
         return self._pool_ref()
-
-    def pids(self):
-        return [w.pid for w in self.workers if w.alive]
 
     def wait_for_worker(self, seconds):
         """Waits until a worker attaches, the pool breaks or closes, or `seconds`."""
@@ -243,7 +240,7 @@ class Supervisor:
                         self.workers[index] = fresh
                     closed = pool._closed
             if not first:  # (before the attach: a call it serves sees it counted)
-                pool._counters.add_one("workers_replaced")
+                pool._counters.add(workers_replaced=1)
             try:
                 if not closed:
                     self.attach(fresh)

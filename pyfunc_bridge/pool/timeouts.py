@@ -109,7 +109,7 @@ class Deadlines:
         """The exception of the call `worker` was told off for (the one it
         had started when it ended: the dispatcher resends the others)."""
         stack = self.stack(worker)
-        pool._counters.add_one("timeouts")
+        pool._counters.add(timeouts=1)
         return CallTimeoutError(
             f"pyfunc_bridge: the call ran past the {pool.timeout:g} s timeout of {pool.name} "
             f"in worker process {worker.pid}, which was ended; the pool starts a new "

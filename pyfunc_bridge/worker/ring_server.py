@@ -288,10 +288,9 @@ class RingServer:
             except _NoRoom:  # the whole answer goes by the socket, as NumPy values
                 self.hand_back_tensors(tensors)
                 tensors = []
+                # (As a list: the parent shapes it as the DONE's flags say.)
                 converted = [as_numpy(np, value, framework, i) for i, value in enumerate(items)]
-                answer = (converted[0] if shape_kind == pw.DONE_ONE
-                          else converted if shape_kind == pw.DONE_LIST else tuple(converted))
-                status = self.by_socket(message.call_id, True, _pickled(answer), facts)
+                status = self.by_socket(message.call_id, True, _pickled(converted), facts)
         except BaseException as exc:  # noqa: BLE001 - the parent raises it
             self.hand_back_tensors(tensors)
             tensors = []
@@ -304,7 +303,7 @@ class RingServer:
             self.channel.set_running(0)
             # The last references here to inputs the function returned (the
             # loop's `value` too), so that their blocks go with this DONE.
-            result = items = converted = answer = values = value = None
+            result = items = converted = values = value = None
         # The inputs it let go of go back before its DONE: a caller that sees
         # the call done and no room can then tell kept blocks from late ones.
         # Not notified apart: the DONE's notify (serve) wakes the parent once
