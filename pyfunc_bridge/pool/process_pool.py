@@ -93,8 +93,7 @@ class ProcessPool:
     def __init__(self, workers=None, *, arena_bytes=DEFAULT_ARENA_BYTES, name=None,
                  timeout=None):
         if workers is None:
-            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-                else (os.cpu_count() or 1)
+            workers = len(os.sched_getaffinity(0))  # (Linux, as memfds and eventfds are)
         if type(workers) is not int or workers < 1:
             raise ValueError(f"workers must be a positive int or None (one per core), "
                              f"got {workers!r}")
