@@ -11,6 +11,7 @@ pool closed since still shows until ``pfb.reset_stats()``.  Counting follows
 ``pfb.enable_stats`` (the pool module's switch, set with the conversion
 layer's).
 """
+import collections
 import dataclasses
 
 from pyfunc_bridge import _locks
@@ -121,17 +122,14 @@ def _add_route_counts(counts, route):
     counts["copies_saved"] += c["copies_saved"]
 
 
-_records = {}  # pool name -> PoolCounters
+_records = collections.defaultdict(PoolCounters)  # pool name -> PoolCounters
 _records_lock = _locks.lock()
 
 
 def record(name):
     """The record a pool named `name` counts into (pools of one name share it)."""
     with _records_lock:
-        found = _records.get(name)
-        if found is None:
-            found = _records[name] = PoolCounters()
-        return found
+        return _records[name]
 
 
 def snapshot():
