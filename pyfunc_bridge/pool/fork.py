@@ -28,7 +28,7 @@ import os
 _PROT = {"r": mmap.PROT_READ, "w": mmap.PROT_WRITE, "x": mmap.PROT_EXEC}
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
 _MAP_FAILED = ctypes.c_void_p(-1).value
-_KINDS = ("-results", "-inputs", "-control")
+_KINDS = ("results", "inputs", "control")  # a pool's memfds are named "<pool>-<kind>"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -43,14 +43,12 @@ _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 
 
 def _pool_memfd(target, names):
-    """The kind ("-results", ...) of a memfd path of one of the pools `names`, or None."""
+    """The kind ("results", ...) of a memfd path of one of the pools `names`, or None."""
     if not target.startswith("/memfd:"):
         return None
-    name = target[len("/memfd:"):].removesuffix(" (deleted)")
-    for kind in _KINDS:
-        if name.endswith(kind) and name[:-len(kind)] in names:
-            return kind
-    return None
+    # (At the last "-": a pool's name may hold one, a kind none.)
+    pool, _, kind = target[len("/memfd:"):].removesuffix(" (deleted)").rpartition("-")
+    return kind if kind in _KINDS and pool in names else None
 
 
 def _mappings(names):
@@ -118,7 +116,7 @@ def before_fork(names):
     returns, the parent may let go of a block, and its worker write over
     it, before the child ran at all.)"""
     for start, length, prot, kind in _mappings(names) if names else ():
-        if kind == "-results":
+        if kind == "results":
             _copies[(start, length)] = _copy(start, length, prot)
 
 
