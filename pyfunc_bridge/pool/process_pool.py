@@ -33,7 +33,7 @@ from pyfunc_bridge.pool.pickling import Functions
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.pool.supervision import Supervisor
 from pyfunc_bridge.pool.timeouts import Deadlines, abandoned
-from pyfunc_bridge.pool.worker_process import shared_memory
+from pyfunc_bridge.pool.worker_process import close_fd, shared_memory
 from pyfunc_bridge.worker.compiled import pool_module
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL
 
@@ -188,16 +188,9 @@ class ProcessPool:
             self._dispatch = None
         self._routes = {}
         self._supervisor.forked(self._lock)
-        self._close_input_fd()
+        close_fd(self, "_input_fd")
         if self._deadlines is not None:
             self._deadlines.stop.set()
-
-    def _close_input_fd(self):
-        # Taken before it is closed, as WorkerProcess's doorbell: a Ctrl-C in
-        # between leaves nothing for the close that finishes this one.
-        input_fd, self._input_fd = self._input_fd, None
-        if input_fd is not None:
-            os.close(input_fd)
 
     def _closed_error(self, worker=None):
         """The error of every call on this pool once it is closed, whenever it
@@ -346,7 +339,7 @@ class ProcessPool:
             self._dispatch = None
             if self._deadlines is not None:
                 self._deadlines.close()
-            self._close_input_fd()
+            close_fd(self, "_input_fd")
             # The input mapping goes with the last reference to it (a Route.call
             # still copying holds the dispatcher); result mappings, see
             # WorkerProcess.ended.

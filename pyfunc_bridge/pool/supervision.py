@@ -15,7 +15,7 @@ import weakref
 from pyfunc_bridge.pool.answers import ring_answers
 from pyfunc_bridge.pool.errors import CallTimeoutError, WorkerError, error_code
 from pyfunc_bridge.pool.spawn import spawner
-from pyfunc_bridge.pool.worker_process import WorkerProcess
+from pyfunc_bridge.pool.worker_process import WorkerProcess, close_fd
 from pyfunc_bridge.worker.frames import FrameReader, send
 
 _CLOSE_GRACE_SECONDS = 1.0   # then a worker still running a function is killed
@@ -166,11 +166,9 @@ class Supervisor:
             error = (WorkerError(death) if worker.timed_out is None
                      else pool._deadlines.error(pool, worker))
         self._detach(worker, error)
+        close_fd(worker, "trace_fd")  # (a pool with a timeout's: its stack was read)
         if not closing:  # (close() ends its workers itself)
             worker.ended()
-        if pool._deadlines is not None:
-            pool._deadlines.forget(worker)
-        if not closing:
             self.replace(worker)
 
     def _how(self, worker, unreadable=None):

@@ -131,13 +131,6 @@ class Deadlines:
                     f"SIGUSR1 and was killed; a function that handles SIGUSR1 hides it)")
         return "\n".join(lines).strip()
 
-    @staticmethod
-    def forget(worker):
-        """Closes the trace file of a worker that ended."""
-        if worker.trace_fd is not None:
-            os.close(worker.trace_fd)
-            worker.trace_fd = None
-
     def close(self):
         self.stop.set()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
