@@ -174,21 +174,20 @@ class RingServer:
         PFB_POOL_TENSOR_SOCKET: an input, or a packed CALL's inputs; a
         LOAD's function, by ("load", token)), asked for on the socket."""
         send(self.sock, ("need", payload_id))
-        while True:
-            frames = self.reader.read()
-            if not frames:
-                raise ConnectionResetError("pyfunc_bridge: the pool closed while the worker "
-                                           "waited for a call's input")
-            for frame in frames:  # (one: pulls come one at a time)
-                if frame[0] != "payload" or frame[1] != payload_id:
-                    raise RuntimeError(f"pyfunc_bridge: the parent sent {frame[0]!r} for "
-                                       f"{frame[1]!r} while the worker waited for "
-                                       f"{payload_id!r}")
-                if frame[2] is None:
-                    raise RuntimeError(f"pyfunc_bridge: the parent no longer holds "
-                                       f"{payload_id!r} (the call's caller stopped "
-                                       f"waiting, or its function was dropped)")
-                return pickle.loads(frame[2])
+        frames = self.reader.read()  # (at least one frame, or [] at the stream's end)
+        if not frames:
+            raise ConnectionResetError("pyfunc_bridge: the pool closed while the worker "
+                                       "waited for a call's input")
+        frame = frames[0]  # (the one: pulls come one at a time)
+        if frame[0] != "payload" or frame[1] != payload_id:
+            raise RuntimeError(f"pyfunc_bridge: the parent sent {frame[0]!r} for "
+                               f"{frame[1]!r} while the worker waited for "
+                               f"{payload_id!r}")
+        if frame[2] is None:
+            raise RuntimeError(f"pyfunc_bridge: the parent no longer holds "
+                               f"{payload_id!r} (the call's caller stopped "
+                               f"waiting, or its function was dropped)")
+        return pickle.loads(frame[2])
 
     def args(self, message, flags):
         """The function's arguments: one per input record, or, for a packed
