@@ -276,9 +276,12 @@ class RingServer:
             facts = [None] * len(items)
             if flags & pw.CALL_FACTS:
                 read_only = not _inputs_writable(pw, flags)
-                facts = (worker.items_facts(items, result, outside, read_only, framework, ranges)
-                         if shape_kind != pw.DONE_ONE
-                         else [worker.one_facts(result, outside, read_only, framework, ranges)])
+                # Each result's references the worker does not hold (a list's or
+                # tuple's items counted before any reference is taken to them).
+                counts = ([outside] if shape_kind == pw.DONE_ONE
+                          else pw.outside_refs(items, result, outside))
+                facts = [worker.one_facts(value, n, read_only, framework, ranges)
+                         for value, n in zip(items, counts)]
             try:
                 for index, (value, value_facts) in enumerate(zip(items, facts)):
                     tensors.append(self.encode(value, framework, value_facts, index))
