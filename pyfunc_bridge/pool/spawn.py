@@ -20,7 +20,7 @@ class Spawner:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._requests = None
+        self._requests = queue.SimpleQueue()  # what the thread, once started, runs
         self._thread = None
         # Held by a start from its worker's first descriptor until the pool
         # has the worker, and by a fork until it returns (the hooks below): a
@@ -39,7 +39,6 @@ class Spawner:
         reply = queue.SimpleQueue()
         with self._lock:
             if self._thread is None:
-                self._requests = queue.SimpleQueue()
                 self._thread = threading.Thread(target=self._serve, args=(self._requests,),
                                                 name="pyfunc_bridge worker spawner",
                                                 daemon=True)
