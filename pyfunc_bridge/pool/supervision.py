@@ -46,7 +46,7 @@ class Supervisor:
     retry_seconds = 1.0  # calls fail this long after workers could not start
 
     def __init__(self, pool, lock):
-        self._pool_ref = weakref.ref(pool)
+        self._pool = weakref.ref(pool)  # (called: the pool, or None once collected)
         self.lock = lock
         self.workers = []          # WorkerProcess per slot, in slot order
         self.broken = None         # why no worker can start, once that is clear
@@ -56,10 +56,6 @@ class Supervisor:
         self._starting = False     # a worker's start runs (on the spawning thread, start)
         self._attached = threading.Condition()  # a worker joined the dispatcher
         self._generations = itertools.count(1)  # a worker slot's attachments
-
-    @property
-    def _pool(self):
-        return self._pool_ref()
 
     def wait_for_worker(self, seconds):
         """Waits until a worker attaches, the pool breaks or closes, or `seconds`."""
@@ -112,7 +108,7 @@ class Supervisor:
         """Answers a worker's ("need", id) (shm_layout.h,
         PFB_POOL_TENSOR_SOCKET): ("payload", id, the pickled input), or None
         once its caller has stopped waiting."""
-        message = ("payload", payload_id, self._pool._payloads.get(payload_id))
+        message = ("payload", payload_id, self._pool()._payloads.get(payload_id))
         with worker.write_lock:
             try:
                 send(worker.sock, message)
@@ -126,7 +122,7 @@ class Supervisor:
         its rings before it serves them wait there (a worker that dies first
         started none of them, and they are sent again), so the calls of a
         starting pool spread over all its workers."""
-        dispatch = self._pool._dispatch
+        dispatch = self._pool()._dispatch
         if dispatch is not None and worker.channel is not None:
             worker.generation = next(self._generations)
             dispatch.attach(worker.index, worker.channel, worker.doorbell, worker.result_map,
@@ -138,7 +134,7 @@ class Supervisor:
         """Its native calls fail with `error` (as the Python path's would:
         TF's code and the exception's message); its rings end first, so that
         no native producer waits on them."""
-        dispatch = self._pool._dispatch
+        dispatch = self._pool()._dispatch
         if dispatch is None or worker.generation is None:
             return
         if worker.channel is not None:
@@ -155,7 +151,7 @@ class Supervisor:
         fails the call it had started (with its timeout's error, if that
         ended it) and sends the ones it had not started to another worker;
         a fresh worker takes its slot."""
-        pool = self._pool
+        pool = self._pool()
         with self.lock:
             worker.alive = False
             closing = pool._closed
@@ -188,7 +184,7 @@ class Supervisor:
 
     def death(self, worker, unreadable=None):
         """The WorkerError's text of a call `worker` held when it died (reaped here)."""
-        return (f"pyfunc_bridge: worker process {worker.pid} of {self._pool.name} "
+        return (f"pyfunc_bridge: worker process {worker.pid} of {self._pool().name} "
                 f"{self._how(worker, unreadable)} while it held this call; the pool starts "
                 f"a new worker, so later calls run. (A function that ends its process "
                 f"(os._exit, a crash, running out of memory) fails every call that runs it.)")
@@ -213,7 +209,7 @@ class Supervisor:
         spawner.run(self._start_here, index, first, dead)
 
     def _start_here(self, index, first, dead=None):
-        pool = self._pool
+        pool = self._pool()
         with self.lock:
             if pool._closed:
                 return  # close() began: it stops the workers it knows
@@ -264,7 +260,7 @@ class Supervisor:
             with self.lock:
                 worker.alive = False
             why = f"a worker's reader thread could not be started ({type(exc).__name__}: {exc})"
-            self._detach(worker, WorkerError(f"pyfunc_bridge: {self._pool.name}: {why}"))
+            self._detach(worker, WorkerError(f"pyfunc_bridge: {self._pool().name}: {why}"))
             worker.ended()
             if first:
                 raise
@@ -281,7 +277,7 @@ class Supervisor:
             2 * self._retry_delay, _RETRY_MAX_SECONDS)
         self._retry_delay = delay
         self.retry_at = time.monotonic() + delay
-        self.broken = (f"pyfunc_bridge: {self._pool.name} cannot start worker processes: "
+        self.broken = (f"pyfunc_bridge: {self._pool().name} cannot start worker processes: "
                        f"{why}. Calls that find no worker ready fail until then: the pool "
                        f"tries again on the first call {delay:g} s after this")
         with self._attached:
@@ -296,7 +292,7 @@ class Supervisor:
             spawner.run(self._revive_here)
 
     def _may_revive(self):
-        return (not self._pool._closed and self.broken
+        return (not self._pool()._closed and self.broken
                 and time.monotonic() >= self.retry_at)
 
     def _revive_here(self):
@@ -326,7 +322,7 @@ class Supervisor:
                 self._attached.wait()
         self._stop(workers)
         for w in workers:
-            self._detach(w, self._pool._closed_error(w))
+            self._detach(w, self._pool()._closed_error(w))
 
     def _stop(self, workers):
         for w in workers:
