@@ -239,8 +239,7 @@ class ProcessPool:
         pw = pool_module()
         supervisor = self._supervisor
         while True:
-            if supervisor.broken:
-                supervisor.revive()  # (past its back-off: it starts the lost workers)
+            supervisor.revive()  # (a broken pool past its back-off: it starts the lost workers)
             try:
                 reply, index = route.call(args, self._payloads,
                                           abandoned=partial(abandoned, self))

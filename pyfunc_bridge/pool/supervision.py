@@ -292,7 +292,8 @@ class Supervisor:
             spawner.run(self._revive_here)
 
     def _may_revive(self):
-        return (not self._pool()._closed and self.broken
+        # (Broken first: the check of every call on a pool that is not.)
+        return (self.broken and not self._pool()._closed
                 and time.monotonic() >= self.retry_at)
 
     def _revive_here(self):
