@@ -66,26 +66,20 @@ def decode_answer(pool_name, reply, copied, counters, result_view):
             raise WorkerError(f"pyfunc_bridge: a worker of {pool_name} sent a reply this "
                               f"process cannot unpickle ({type(exc).__name__}: {exc})") from exc
 
-    def count(bytes_out, saved):
-        if counters is not None and statistics.counting():
-            counters.add_results(bytes_out, 0 if copied else saved)
-
-    if message.status == pw.STATUS_SOCKET:
+    values, facts = [], []
+    bytes_out = saved = moved = 0
+    if message.status == pw.STATUS_SOCKET:  # (its DONE has no records: the loop adds none)
         ok, data, facts = ring_answers.take(message.call_id, pool_name)
-        if ok:
-            value = loads(data)
-            several = type(value) in (list, tuple)
-            count(sum(map(statistics.data_bytes, value if several else [value])), 0)
-            return value, 0, facts
-        raise_acyclic(worker_exception(pickle.loads(data)))
-    if message.status != pw.STATUS_OK:
+        if not ok:
+            raise_acyclic(worker_exception(pickle.loads(data)))
+        values = loads(data)  # the results as a list, shaped below as the DONE's are
+        bytes_out = sum(map(statistics.data_bytes, values))
+    elif message.status != pw.STATUS_OK:
         offset, size = message.block
         raise_acyclic(
             worker_exception(pickle.loads(read_block(offset, size))) if size
             else RuntimeError(f"pyfunc_bridge: a worker of {pool_name} failed a call "
                               f"and could not send its error (no room in its arena)"))
-    values, facts = [], []
-    bytes_out = saved = moved = 0
     for (code, bits, lanes, flags, offset, size, shape), (nbytes, saves, worker_copied) in zip(
             message.items, reply.counted):
         if flags & pw.TENSOR_PICKLED:
@@ -102,7 +96,8 @@ def decode_answer(pool_name, reply, copied, counters, result_view):
         saved += saves
         moved += worker_copied
         facts.append(pw.flags_facts(flags))
-    count(bytes_out, saved)
+    if counters is not None:
+        counters.add(bytes_out=bytes_out, copies_saved=0 if copied else saved)
     if message.flags == pw.DONE_ONE and len(values) == 1:
         return values[0], moved, facts
     return (values if message.flags == pw.DONE_LIST else tuple(values)), moved, facts

@@ -1,5 +1,5 @@
 """A forked child lets go of its parent's pools' shared memory (pool/process_pool.py
-calls ``before_fork``, ``after_fork_in_parent`` and ``forget_shared_memory``
+calls ``before_fork``, ``drop_copies`` and ``forget_shared_memory``
 from its at-fork hooks).
 
 fork copies every mapping, and a ``MAP_SHARED`` mapping of a memfd stays
@@ -21,13 +21,14 @@ each fork (and the child that memory).  A block that another thread of the
 parent lets go of during the fork may reach the child already reused.
 Linux only, as the pool is; through libc (ctypes)."""
 import ctypes
+import itertools
 import mmap
 import os
 
 _PROT = {"r": mmap.PROT_READ, "w": mmap.PROT_WRITE, "x": mmap.PROT_EXEC}
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
 _MAP_FAILED = ctypes.c_void_p(-1).value
-_KINDS = ("-results", "-inputs", "-control")
+_KINDS = ("results", "inputs", "control")  # a pool's memfds are named "<pool>-<kind>"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -42,14 +43,12 @@ _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 
 
 def _pool_memfd(target, names):
-    """The kind ("-results", ...) of a memfd path of one of the pools `names`, or None."""
+    """The kind ("results", ...) of a memfd path of one of the pools `names`, or None."""
     if not target.startswith("/memfd:"):
         return None
-    name = target[len("/memfd:"):].removesuffix(" (deleted)")
-    for kind in _KINDS:
-        if name.endswith(kind) and name[:-len(kind)] in names:
-            return kind
-    return None
+    # (At the last "-": a pool's name may hold one, a kind none.)
+    pool, _, kind = target[len("/memfd:"):].removesuffix(" (deleted)").rpartition("-")
+    return kind if kind in _KINDS and pool in names else None
 
 
 def _mappings(names):
@@ -63,9 +62,7 @@ def _mappings(names):
             kind = _pool_memfd(fields[5].rstrip("\n"), names)
             if kind is not None:
                 start, end = (int(x, 16) for x in fields[0].split("-"))
-                prot = 0
-                for flag in fields[1][:3]:
-                    prot |= _PROT.get(flag, 0)
+                prot = sum(_PROT.get(flag, 0) for flag in fields[1][:3])  # (distinct bits)
                 found.append((start, end - start, prot, kind))
     return found
 
@@ -81,15 +78,11 @@ def _copy(start, length, prot):
         vector = ctypes.create_string_buffer(pages)
         resident = vector.raw if _libc.mincore(start, length, vector) == 0 else b"\1" * pages
         i = 0
-        while i < pages:  # each run of resident pages, in one copy
-            if not resident[i] & 1:
-                i += 1
-                continue
-            j = i
-            while j < pages and resident[j] & 1:
-                j += 1
-            ctypes.memmove(tmp + i * page, start + i * page, (j - i) * page)
-            i = j
+        for is_resident, run in itertools.groupby(resident, lambda byte: byte & 1):
+            count = len(list(run))
+            if is_resident:  # each run of resident pages, in one copy
+                ctypes.memmove(tmp + i * page, start + i * page, count * page)
+            i += count
     if prot != mmap.PROT_READ | mmap.PROT_WRITE:
         _libc.mprotect(tmp, length, prot)
     return tmp
@@ -123,14 +116,15 @@ def before_fork(names):
     returns, the parent may let go of a block, and its worker write over
     it, before the child ran at all.)"""
     for start, length, prot, kind in _mappings(names) if names else ():
-        if kind == "-results":
+        if kind == "results":
             _copies[(start, length)] = _copy(start, length, prot)
 
 
-def after_fork_in_parent():
-    copies = list(_copies.items())
-    _copies.clear()
-    for (_, length), tmp in copies:
+def drop_copies():
+    """Unmaps the copies left: all of them in the parent after a fork; in the
+    child, those of arenas unmapped meanwhile."""
+    while _copies:
+        (_, length), tmp = _copies.popitem()
         _libc.munmap(tmp, length)
 
 
@@ -138,13 +132,10 @@ def forget_shared_memory(names):
     """In a forked child: the pools `names` (their memfds' names start with
     one) are the parent's; their mappings and descriptors are let go of as
     above."""
-    copies = dict(_copies)
-    _copies.clear()
     for start, length, prot, kind in _mappings(names):
-        tmp = copies.pop((start, length), None)
+        tmp = _copies.pop((start, length), None)
         _move(tmp if tmp is not None else _zeros(length, prot), start, length)
-    for (_, length), tmp in copies.items():  # (unmapped meanwhile)
-        _libc.munmap(tmp, length)
+    drop_copies()
     null = None
     try:
         for fd in os.listdir("/proc/self/fd"):

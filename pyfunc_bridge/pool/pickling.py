@@ -35,12 +35,11 @@ import weakref
 from pyfunc_bridge import _autograph, _locks
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL
 
-_TENSORFLOW = "tensorflow"
 _lock = _locks.lock()  # one dumps at a time touches cloudpickle's registry
 
 
 def _is_tensorflow(name):
-    return name == _TENSORFLOW or name.startswith(_TENSORFLOW + ".")
+    return name.partition(".")[0] == "tensorflow"
 
 
 def _with_parents(name):
@@ -172,23 +171,21 @@ class Functions:
 
     def get(self, func):
         found = self._by_id.get(id(func))
-        if found is not None and found[0]() is func:
-            return found[1], found[2]
-        with self._lock:
-            found = self._by_id.get(id(func))
-            if found is not None and found[0]() is func:
-                return found[1], found[2]
-            token = next(self._tokens)
-            data = pickle_function(func)
-            key = id(func)
-            try:
-                ref = weakref.ref(func, lambda _, key=key, token=token: self._drop(key, token))
-            except TypeError:  # not weakly referable: kept (ids must not be reused)
-                ref = (lambda func=func: func)
-            self._by_id[key] = (ref, token, data)
-            return token, data
+        if found is None or found[0]() is not func:
+            with self._lock:  # (looked up again: another thread may have added it)
+                found = self._by_id.get(id(func))
+                if found is None or found[0]() is not func:
+                    token = next(self._tokens)
+                    data = pickle_function(func)
+                    key = id(func)
+                    try:
+                        ref = weakref.ref(func, functools.partial(self._drop, key, token))
+                    except TypeError:  # not weakly referable: kept (ids must not be reused)
+                        ref = (lambda func=func: func)
+                    found = self._by_id[key] = (ref, token, data)
+        return found[1], found[2]
 
-    def _drop(self, key, token, finalizing=sys.is_finalizing):
+    def _drop(self, key, token, ref, finalizing=sys.is_finalizing):
         if finalizing():  # a function collected at exit: module globals are going
             return
         self._by_id.pop(key, None)

@@ -33,7 +33,7 @@ from pyfunc_bridge.pool.pickling import Functions
 from pyfunc_bridge.pool.spawn import spawner
 from pyfunc_bridge.pool.supervision import Supervisor
 from pyfunc_bridge.pool.timeouts import Deadlines, abandoned
-from pyfunc_bridge.pool.worker_process import shared_memory
+from pyfunc_bridge.pool.worker_process import close_fd, shared_memory
 from pyfunc_bridge.worker.compiled import pool_module
 from pyfunc_bridge.worker.frames import PICKLE_PROTOCOL
 
@@ -95,8 +95,7 @@ class ProcessPool:
     def __init__(self, workers=None, *, arena_bytes=DEFAULT_ARENA_BYTES, name=None,
                  timeout=None):
         if workers is None:
-            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-                else (os.cpu_count() or 1)
+            workers = len(os.sched_getaffinity(0))  # (Linux, as memfds and eventfds are)
         if type(workers) is not int or workers < 1:
             raise ValueError(f"workers must be a positive int or None (one per core), "
                              f"got {workers!r}")
@@ -191,16 +190,9 @@ class ProcessPool:
             self._dispatch = None
         self._routes = {}
         self._supervisor.forked(self._lock)
-        self._close_input_fd()
+        close_fd(self, "_input_fd")
         if self._deadlines is not None:
             self._deadlines.stop.set()
-
-    def _close_input_fd(self):
-        # Taken before it is closed, as WorkerProcess's doorbell: a Ctrl-C in
-        # between leaves nothing for the close that finishes this one.
-        input_fd, self._input_fd = self._input_fd, None
-        if input_fd is not None:
-            os.close(input_fd)
 
     def _closed_error(self, worker=None):
         """The error of every call on this pool once it is closed, whenever it
@@ -223,7 +215,7 @@ class ProcessPool:
 
     def pids(self):
         """The process ids of the current workers."""
-        return self._supervisor.pids()
+        return [w.pid for w in self._supervisor.workers if w.alive]
 
     @property
     def free_input_bytes(self):
@@ -249,8 +241,7 @@ class ProcessPool:
         pw = pool_module()
         supervisor = self._supervisor
         while True:
-            if supervisor.broken:
-                supervisor.revive()  # (past its back-off: it starts the lost workers)
+            supervisor.revive()  # (a broken pool past its back-off: it starts the lost workers)
             try:
                 reply, index = route.call(args, self._payloads,
                                           abandoned=partial(abandoned, self))
@@ -349,7 +340,7 @@ class ProcessPool:
             self._dispatch = None
             if self._deadlines is not None:
                 self._deadlines.close()
-            self._close_input_fd()
+            close_fd(self, "_input_fd")
             # The input mapping goes with the last reference to it (a Route.call
             # still copying holds the dispatcher); result mappings, see
             # WorkerProcess.ended.
@@ -376,7 +367,7 @@ def _before_fork():
 
 
 def _after_fork_in_parent():
-    fork.after_fork_in_parent()
+    fork.drop_copies()
     spawner.after_fork_in_parent()
 
 

@@ -1,7 +1,6 @@
 """The thread that starts every worker process of this process's pools
 (pool/supervision.py runs each start there, ``spawner.run``)."""
 import _thread
-import os
 import queue
 import subprocess
 import threading
@@ -21,12 +20,12 @@ class Spawner:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._requests = None
+        self._requests = queue.SimpleQueue()  # what the thread, once started, runs
         self._thread = None
         # Held by a start from its worker's first descriptor until the pool
         # has the worker, and by a fork until it returns (the hooks below): a
         # forked child closes the descriptors of the workers its parent's
-        # pools have (Supervision._forked), and no other.  Reentrant: a fork
+        # pools have (Supervisor.forked), and no other.  Reentrant: a fork
         # on this thread meanwhile does not wait for itself.
         self.descriptors = threading.RLock()
         self._interrupted = False  # a Ctrl-C came while a fork waited
@@ -40,7 +39,6 @@ class Spawner:
         reply = queue.SimpleQueue()
         with self._lock:
             if self._thread is None:
-                self._requests = queue.SimpleQueue()
                 self._thread = threading.Thread(target=self._serve, args=(self._requests,),
                                                 name="pyfunc_bridge worker spawner",
                                                 daemon=True)

@@ -4,13 +4,14 @@ went through, by pool name (``pfb.stats().pools``).
 Every call counts in its route (dispatch.h), whether a kernel or Python
 made it, without Python: a record adds up its pools' routes when it is
 read.  Whoever decodes a DONE in Python adds its results' share
-(add_results), and the pool counts replacements and timeouts; each record
+(add), and the pool counts replacements and timeouts; each record
 has a lock of its own.  Records
 are cleared in place, never dropped, so that a pool may keep its record; a
 pool closed since still shows until ``pfb.reset_stats()``.  Counting follows
 ``pfb.enable_stats`` (the pool module's switch, set with the conversion
 layer's).
 """
+import collections
 import dataclasses
 
 from pyfunc_bridge import _locks
@@ -60,9 +61,6 @@ class PoolStats:
     bytes_out_copied: int = 0
 
 
-_FIELDS = [f.name for f in dataclasses.fields(PoolStats)]
-
-
 class PoolCounters:
     """The record of one pool name, updated from any thread."""
 
@@ -73,7 +71,7 @@ class PoolCounters:
 
     def clear(self):
         with self._lock:
-            self._counts = dict.fromkeys(_FIELDS, 0)
+            self._counts = dataclasses.asdict(PoolStats())
             for route in self._routes:
                 route.clear()
 
@@ -89,18 +87,16 @@ class PoolCounters:
                 self._routes.remove(route)
                 _add_route_counts(self._counts, route)
 
-    def add_results(self, bytes_out, copies_saved):
-        """The results of a call its route counted, decoded in Python."""
-        with self._lock:
-            self._counts["bytes_out"] += bytes_out
-            self._counts["copies_saved"] += copies_saved
-
-    def add_one(self, field):
-        """A dead worker was replaced ("workers_replaced"), or a call ran
-        past the pool's timeout ("timeouts")."""
-        if counting():
+    def add(self, **counts):
+        """Adds `counts` (by PoolStats field) while statistics are on (the
+        pool module's switch, which pfb.enable_stats sets with the conversion
+        layer's): the results of a call its route counted, decoded in Python
+        (bytes_out, copies_saved); a dead worker replaced (workers_replaced);
+        a call past the pool's timeout (timeouts)."""
+        if pool_module().counting():
             with self._lock:
-                self._counts[field] += 1
+                for field, n in counts.items():
+                    self._counts[field] += n
 
     def snapshot(self):
         with self._lock:
@@ -126,23 +122,14 @@ def _add_route_counts(counts, route):
     counts["copies_saved"] += c["copies_saved"]
 
 
-_records = {}  # pool name -> PoolCounters
+_records = collections.defaultdict(PoolCounters)  # pool name -> PoolCounters
 _records_lock = _locks.lock()
 
 
 def record(name):
     """The record a pool named `name` counts into (pools of one name share it)."""
     with _records_lock:
-        found = _records.get(name)
-        if found is None:
-            found = _records[name] = PoolCounters()
-        return found
-
-
-def counting():
-    """Whether statistics are on: the pool module's switch, which
-    pfb.enable_stats sets with the conversion layer's."""
-    return pool_module().counting()
+        return _records[name]
 
 
 def snapshot():

@@ -15,7 +15,7 @@ import weakref
 from pyfunc_bridge.pool.answers import ring_answers
 from pyfunc_bridge.pool.errors import CallTimeoutError, WorkerError, error_code
 from pyfunc_bridge.pool.spawn import spawner
-from pyfunc_bridge.pool.worker_process import WorkerProcess
+from pyfunc_bridge.pool.worker_process import WorkerProcess, close_fd
 from pyfunc_bridge.worker.frames import FrameReader, send
 
 _CLOSE_GRACE_SECONDS = 1.0   # then a worker still running a function is killed
@@ -27,7 +27,7 @@ class Supervisor:
     """The workers of one pool, which owns this object.
 
     What the pool calls: ``start(index, first)`` (a slot's worker);
-    ``workers`` and ``pids()``; ``broken`` (why no worker can start, or
+    ``workers``; ``broken`` (why no worker can start, or
     None) and ``revive()`` (past the back-off, start the lost workers
     again); ``wait_for_worker(seconds)`` (a call that found none attached);
     ``close(workers)``; ``forked(lock)`` (in a forked child).
@@ -46,7 +46,7 @@ class Supervisor:
     retry_seconds = 1.0  # calls fail this long after workers could not start
 
     def __init__(self, pool, lock):
-        self._pool_ref = weakref.ref(pool)
+        self._pool = weakref.ref(pool)  # (called: the pool, or None once collected)
         self.lock = lock
         self.workers = []          # WorkerProcess per slot, in slot order
         self.broken = None         # why no worker can start, once that is clear
@@ -56,13 +56,6 @@ class Supervisor:
         self._starting = False     # a worker's start runs (on the spawning thread, start)
         self._attached = threading.Condition()  # a worker joined the dispatcher
         self._generations = itertools.count(1)  # a worker slot's attachments
-
-    @property
-    def _pool(self):
-        return self._pool_ref()
-
-    def pids(self):
-        return [w.pid for w in self.workers if w.alive]
 
     def wait_for_worker(self, seconds):
         """Waits until a worker attaches, the pool breaks or closes, or `seconds`."""
@@ -115,7 +108,7 @@ class Supervisor:
         """Answers a worker's ("need", id) (shm_layout.h,
         PFB_POOL_TENSOR_SOCKET): ("payload", id, the pickled input), or None
         once its caller has stopped waiting."""
-        message = ("payload", payload_id, self._pool._payloads.get(payload_id))
+        message = ("payload", payload_id, self._pool()._payloads.get(payload_id))
         with worker.write_lock:
             try:
                 send(worker.sock, message)
@@ -129,7 +122,7 @@ class Supervisor:
         its rings before it serves them wait there (a worker that dies first
         started none of them, and they are sent again), so the calls of a
         starting pool spread over all its workers."""
-        dispatch = self._pool._dispatch
+        dispatch = self._pool()._dispatch
         if dispatch is not None and worker.channel is not None:
             worker.generation = next(self._generations)
             dispatch.attach(worker.index, worker.channel, worker.doorbell, worker.result_map,
@@ -141,7 +134,7 @@ class Supervisor:
         """Its native calls fail with `error` (as the Python path's would:
         TF's code and the exception's message); its rings end first, so that
         no native producer waits on them."""
-        dispatch = self._pool._dispatch
+        dispatch = self._pool()._dispatch
         if dispatch is None or worker.generation is None:
             return
         if worker.channel is not None:
@@ -158,7 +151,7 @@ class Supervisor:
         fails the call it had started (with its timeout's error, if that
         ended it) and sends the ones it had not started to another worker;
         a fresh worker takes its slot."""
-        pool = self._pool
+        pool = self._pool()
         with self.lock:
             worker.alive = False
             closing = pool._closed
@@ -169,11 +162,9 @@ class Supervisor:
             error = (WorkerError(death) if worker.timed_out is None
                      else pool._deadlines.error(pool, worker))
         self._detach(worker, error)
+        close_fd(worker, "trace_fd")  # (a pool with a timeout's: its stack was read)
         if not closing:  # (close() ends its workers itself)
             worker.ended()
-        if pool._deadlines is not None:
-            pool._deadlines.forget(worker)
-        if not closing:
             self.replace(worker)
 
     def _how(self, worker, unreadable=None):
@@ -193,7 +184,7 @@ class Supervisor:
 
     def death(self, worker, unreadable=None):
         """The WorkerError's text of a call `worker` held when it died (reaped here)."""
-        return (f"pyfunc_bridge: worker process {worker.pid} of {self._pool.name} "
+        return (f"pyfunc_bridge: worker process {worker.pid} of {self._pool().name} "
                 f"{self._how(worker, unreadable)} while it held this call; the pool starts "
                 f"a new worker, so later calls run. (A function that ends its process "
                 f"(os._exit, a crash, running out of memory) fails every call that runs it.)")
@@ -218,7 +209,7 @@ class Supervisor:
         spawner.run(self._start_here, index, first, dead)
 
     def _start_here(self, index, first, dead=None):
-        pool = self._pool
+        pool = self._pool()
         with self.lock:
             if pool._closed:
                 return  # close() began: it stops the workers it knows
@@ -243,7 +234,7 @@ class Supervisor:
                         self.workers[index] = fresh
                     closed = pool._closed
             if not first:  # (before the attach: a call it serves sees it counted)
-                pool._counters.add_one("workers_replaced")
+                pool._counters.add(workers_replaced=1)
             try:
                 if not closed:
                     self.attach(fresh)
@@ -269,7 +260,7 @@ class Supervisor:
             with self.lock:
                 worker.alive = False
             why = f"a worker's reader thread could not be started ({type(exc).__name__}: {exc})"
-            self._detach(worker, WorkerError(f"pyfunc_bridge: {self._pool.name}: {why}"))
+            self._detach(worker, WorkerError(f"pyfunc_bridge: {self._pool().name}: {why}"))
             worker.ended()
             if first:
                 raise
@@ -286,7 +277,7 @@ class Supervisor:
             2 * self._retry_delay, _RETRY_MAX_SECONDS)
         self._retry_delay = delay
         self.retry_at = time.monotonic() + delay
-        self.broken = (f"pyfunc_bridge: {self._pool.name} cannot start worker processes: "
+        self.broken = (f"pyfunc_bridge: {self._pool().name} cannot start worker processes: "
                        f"{why}. Calls that find no worker ready fail until then: the pool "
                        f"tries again on the first call {delay:g} s after this")
         with self._attached:
@@ -301,7 +292,8 @@ class Supervisor:
             spawner.run(self._revive_here)
 
     def _may_revive(self):
-        return (not self._pool._closed and self.broken
+        # (Broken first: the check of every call on a pool that is not.)
+        return (self.broken and not self._pool()._closed
                 and time.monotonic() >= self.retry_at)
 
     def _revive_here(self):
@@ -331,7 +323,7 @@ class Supervisor:
                 self._attached.wait()
         self._stop(workers)
         for w in workers:
-            self._detach(w, self._pool._closed_error(w))
+            self._detach(w, self._pool()._closed_error(w))
 
     def _stop(self, workers):
         for w in workers:

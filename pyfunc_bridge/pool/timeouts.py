@@ -130,7 +130,7 @@ class Deadlines:
         """The exception of the call `worker` was told off for (the one it
         had started when it ended: the dispatcher resends the others)."""
         stack = self.stack(worker)
-        pool._counters.add_one("timeouts")
+        pool._counters.add(timeouts=1)
         return CallTimeoutError(
             f"pyfunc_bridge: the call ran past the {pool.timeout:g} s timeout of {pool.name} "
             f"in worker process {worker.pid}, which was ended; the pool starts a new "
@@ -151,13 +151,6 @@ class Deadlines:
             return (f"(none: the worker wrote no stack within {_STACK_GRACE_SECONDS:g} s of "
                     f"SIGUSR1 and was killed; a function that handles SIGUSR1 hides it)")
         return "\n".join(lines).strip()
-
-    @staticmethod
-    def forget(worker):
-        """Closes the trace file of a worker that ended."""
-        if worker.trace_fd is not None:
-            os.close(worker.trace_fd)
-            worker.trace_fd = None
 
     def close(self):
         self.stop.set()

@@ -16,6 +16,16 @@ from pyfunc_bridge.worker.frames import send
 RING_SLOTS = 256  # per ring of a worker's control segment (16 KiB each)
 
 
+def close_fd(owner, name):
+    """Closes the descriptor in `owner`'s attribute `name`, if any, and sets
+    it to None first: a Ctrl-C in between leaves nothing for the close that
+    finishes this one to close twice."""
+    fd = getattr(owner, name)
+    setattr(owner, name, None)
+    if fd is not None:
+        os.close(fd)
+
+
 def shared_memory(size, name):
     """(fd, mmap) of `size` bytes of anonymous shared memory."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
@@ -97,8 +107,7 @@ class WorkerProcess:
             for sock in (parent, child):
                 if sock is not None:
                     sock.close()
-            if self.trace_fd is not None:
-                os.close(self.trace_fd)
+            close_fd(self, "trace_fd")
             self._close_channel()
             raise
         finally:
@@ -136,8 +145,4 @@ class WorkerProcess:
         if self.channel is not None:
             self.channel.close()  # any wait on either ring returns
             self.channel = None
-        # Taken before it is closed: a Ctrl-C in between leaves nothing for
-        # the close that finishes this one to close twice.
-        doorbell, self.doorbell = self.doorbell, None
-        if doorbell is not None:
-            os.close(doorbell)
+        close_fd(self, "doorbell")

@@ -19,7 +19,8 @@ time.  The socket, one length-prefixed pickle per frame, carries:
   or a CALL's argument list that did not fit the arena or the ring, a LOAD's
   function), answered by ``("payload", id, pickle or None)``; and
   ``("ring", call_id, ok, pickle, facts)``, an answer too large for the
-  result arena, sent before its DONE;
+  result arena (the results as a list, which the parent shapes as the DONE's
+  flags say, or the error), sent before its DONE;
 * the end of the stream: the pool closed (seen here) or the worker died
   (seen by the parent).
 

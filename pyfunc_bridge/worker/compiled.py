@@ -16,13 +16,12 @@ def pool_module():
     import importlib.machinery
     import importlib.util
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # pyfunc_bridge/
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(here, "_pool" + suffix)
-        if os.path.exists(path):
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            sys.modules[name] = module
-            return module
-    raise ImportError(f"pyfunc_bridge: the pool's compiled module _pool is missing "
-                      f"from {here}; build the package (python setup.py build_ext --inplace)")
+    # The import system's own search of that one directory (its extension suffixes).
+    spec = importlib.machinery.PathFinder.find_spec(name, [here])
+    if spec is None:
+        raise ImportError(f"pyfunc_bridge: the pool's compiled module _pool is missing "
+                          f"from {here}; build the package (python setup.py build_ext --inplace)")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module

@@ -39,7 +39,11 @@ class FrameReader:
         frames = []
         while not frames:
             if self._end == len(self._buffer):
-                self._make_room()
+                # The partial frame to the front (a frame that does not fit
+                # the buffer is read by _read_large).
+                pending = self._end - self._start
+                self._buffer[:pending] = self._buffer[self._start:self._end]
+                self._start, self._end = 0, pending
             with memoryview(self._buffer) as view:
                 received = self._sock.recv_into(view[self._end:])
                 if not received:
@@ -72,11 +76,3 @@ class FrameReader:
                     raise ConnectionResetError("the stream ended inside a frame")
                 have += received
         return data
-
-    def _make_room(self):
-        """Moves the partial frame to the front (a frame that does not fit
-        the buffer is read by _read_large)."""
-        pending = self._end - self._start
-        self._buffer[:pending] = self._buffer[self._start:self._end]
-        self._start, self._end = 0, pending
-

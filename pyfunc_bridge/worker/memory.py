@@ -155,14 +155,6 @@ class WorkerMemory:
             facts = (True, *self.pw.layout(arr), False)
         return None if facts is None or facts == _CLEAN else facts
 
-    def items_facts(self, values, result, outside, read_only, framework, ranges):
-        """one_facts of each of `values`, the items of the function's list or
-        tuple `result` (as a tuple), to which the worker holds all but
-        `outside` references."""
-        counts = self.pw.outside_refs(values, result, outside)  # before any reference
-        return [self.one_facts(values[i], counts[i], read_only, framework, ranges)
-                for i in range(len(values))]
-
     def dlpack_facts(self, value, outside, ranges):
         """_export_dlpack_output's facts (frameworks.pxi) of a DLPack
         producer: its adapter's resolve (lazy views) and writable_elsewhere,

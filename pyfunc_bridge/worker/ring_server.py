@@ -174,21 +174,20 @@ class RingServer:
         PFB_POOL_TENSOR_SOCKET: an input, or a packed CALL's inputs; a
         LOAD's function, by ("load", token)), asked for on the socket."""
         send(self.sock, ("need", payload_id))
-        while True:
-            frames = self.reader.read()
-            if not frames:
-                raise ConnectionResetError("pyfunc_bridge: the pool closed while the worker "
-                                           "waited for a call's input")
-            for frame in frames:  # (one: pulls come one at a time)
-                if frame[0] != "payload" or frame[1] != payload_id:
-                    raise RuntimeError(f"pyfunc_bridge: the parent sent {frame[0]!r} for "
-                                       f"{frame[1]!r} while the worker waited for "
-                                       f"{payload_id!r}")
-                if frame[2] is None:
-                    raise RuntimeError(f"pyfunc_bridge: the parent no longer holds "
-                                       f"{payload_id!r} (the call's caller stopped "
-                                       f"waiting, or its function was dropped)")
-                return pickle.loads(frame[2])
+        frames = self.reader.read()  # (at least one frame, or [] at the stream's end)
+        if not frames:
+            raise ConnectionResetError("pyfunc_bridge: the pool closed while the worker "
+                                       "waited for a call's input")
+        frame = frames[0]  # (the one: pulls come one at a time)
+        if frame[0] != "payload" or frame[1] != payload_id:
+            raise RuntimeError(f"pyfunc_bridge: the parent sent {frame[0]!r} for "
+                               f"{frame[1]!r} while the worker waited for "
+                               f"{payload_id!r}")
+        if frame[2] is None:
+            raise RuntimeError(f"pyfunc_bridge: the parent no longer holds "
+                               f"{payload_id!r} (the call's caller stopped "
+                               f"waiting, or its function was dropped)")
+        return pickle.loads(frame[2])
 
     def args(self, message, flags):
         """The function's arguments: one per input record, or, for a packed
@@ -277,9 +276,12 @@ class RingServer:
             facts = [None] * len(items)
             if flags & pw.CALL_FACTS:
                 read_only = not _inputs_writable(pw, flags)
-                facts = (worker.items_facts(items, result, outside, read_only, framework, ranges)
-                         if shape_kind != pw.DONE_ONE
-                         else [worker.one_facts(result, outside, read_only, framework, ranges)])
+                # Each result's references the worker does not hold (a list's or
+                # tuple's items counted before any reference is taken to them).
+                counts = ([outside] if shape_kind == pw.DONE_ONE
+                          else pw.outside_refs(items, result, outside))
+                facts = [worker.one_facts(value, n, read_only, framework, ranges)
+                         for value, n in zip(items, counts)]
             try:
                 for index, (value, value_facts) in enumerate(zip(items, facts)):
                     tensors.append(self.encode(value, framework, value_facts, index))
@@ -288,10 +290,9 @@ class RingServer:
             except _NoRoom:  # the whole answer goes by the socket, as NumPy values
                 self.hand_back_tensors(tensors)
                 tensors = []
+                # (As a list: the parent shapes it as the DONE's flags say.)
                 converted = [as_numpy(np, value, framework, i) for i, value in enumerate(items)]
-                answer = (converted[0] if shape_kind == pw.DONE_ONE
-                          else converted if shape_kind == pw.DONE_LIST else tuple(converted))
-                status = self.by_socket(message.call_id, True, _pickled(answer), facts)
+                status = self.by_socket(message.call_id, True, _pickled(converted), facts)
         except BaseException as exc:  # noqa: BLE001 - the parent raises it
             self.hand_back_tensors(tensors)
             tensors = []
@@ -304,7 +305,7 @@ class RingServer:
             self.channel.set_running(0)
             # The last references here to inputs the function returned (the
             # loop's `value` too), so that their blocks go with this DONE.
-            result = items = converted = answer = values = value = None
+            result = items = converted = values = value = None
         # The inputs it let go of go back before its DONE: a caller that sees
         # the call done and no room can then tell kept blocks from late ones.
         # Not notified apart: the DONE's notify (serve) wakes the parent once

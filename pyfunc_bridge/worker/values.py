@@ -47,7 +47,8 @@ def as_numpy(np, value, framework, index=0):
         return np.from_dlpack(value)
     adapter = framework_adapter(value)
     value, _ = _frameworks.resolved(adapter, value)
-    capsule = _frameworks.result_capsule(getattr(adapter, "to_capsule", _no_capsule),
+    # (No adapter: no export of its own, as an Adapter's to_capsule.)
+    capsule = _frameworks.result_capsule(getattr(adapter, "to_capsule", lambda _: None),
                                          value, index)
     try:
         if capsule is not None and type(value).__module__.startswith("torch"):
@@ -58,10 +59,6 @@ def as_numpy(np, value, framework, index=0):
         return np.from_dlpack(value)
     except TypeError as exc:  # a dtype NumPy has none for (complex32, float8)
         raise TypeError(_frameworks.not_exported(value, index, exc)) from None
-
-
-def _no_capsule(value):
-    return None
 
 
 def _torch_numpy(np, t):

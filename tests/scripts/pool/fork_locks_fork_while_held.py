@@ -42,7 +42,8 @@ def hold_library():
     return lambda: negated(1.0), lambda: negated(2.0)
 
 def hold_records():
-    statistics.PoolCounters = held_once(statistics.PoolCounters)
+    # (A record is made under the records' lock, by the defaultdict's factory.)
+    statistics._records.default_factory = held_once(statistics._records.default_factory)
     return lambda: pfb.ProcessPool(1, name="held").close(), lambda: negated(2.0, "process")
 
 def hold_a_record():
