@@ -554,3 +554,32 @@ def torch_bits16(_):
     """A torch tensor of a bit type, which torch's own DLPack export refuses."""
     import torch
     return torch.zeros(4, dtype=torch.int16).view(torch.bits16)
+
+
+class _HangsWhenReleased(bytearray):
+    """A buffer whose release hangs (a finalizer stuck on a lock, say)."""
+
+    def __del__(self):
+        time.sleep(60)
+
+
+def hangs_when_released(_):
+    """Returns at once; its result's buffer hangs as the worker lets go of it."""
+    return np.frombuffer(_HangsWhenReleased(8), np.float64)
+
+
+class SlowToFreeInWorker:
+    """An object whose release, where it was unpickled (a worker), marks
+    and then takes `seconds`: work outside any call, as a function that
+    holds it is forgotten."""
+
+    def __init__(self, seconds):
+        self.seconds, self.unpickled = seconds, False
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, unpickled=True)
+
+    def __del__(self):
+        if self.unpickled:
+            _mark()
+            time.sleep(self.seconds)

@@ -61,9 +61,9 @@ class ProcessPool:
         with ``tf.errors.DeadlineExceededError``, whose message holds the
         function's Python stack at that moment (file, line and function);
         its worker is ended and replaced, and the calls that worker held but
-        had not started run in another.  A worker that leaves its calls
-        unstarted for as long, with none running (stopped, say), is ended
-        the same way, and they run in another.
+        had not started run in another.  A stopped worker (SIGSTOP) that
+        leaves its calls unstarted for as long is ended the same way, and
+        they run in another (one stuck between calls, 60 s later).
 
     Workers are fresh interpreters (``sys.executable``, never a fork of this
     process) with this process's ``sys.path`` (as it is when a function is
@@ -129,7 +129,7 @@ class ProcessPool:
         # schedules every call and owns the input arena's allocator.  None
         # once closed.
         self._dispatch = pool_module().Dispatcher(self._input_map, workers)
-        # (token, CALL flags) -> the dispatcher's Route of those calls
+        # (token, CALL flags, owner) -> the dispatcher's Route of those calls
         # (native_route); Python's references, for statistics.
         self._routes = {}
         # payload id -> the pickle of a ring call's input that its worker
@@ -228,14 +228,14 @@ class ProcessPool:
 
     # ------------------------------------------------ the converter's side --
 
-    def ring_call(self, func, framework, args, writable, scalars, facts=False):
+    def ring_call(self, func, framework, args, writable, scalars, facts=False, owner=None):
         """Runs `func` on `args` (the values _input_arrays made) in a worker
         over the rings (Route.call; docs/pool.md, "A Python call"): returns
         (the route, which a kernel may keep for its later calls; the DONE's
         Reply, which `decode` turns into values; the pid of the worker that
         ran it).  `writable`: the function may write its inputs
-        (PFB_POOL_CALL_WRITABLE)."""
-        route = self.native_route(func, framework, writable, scalars, facts)
+        (PFB_POOL_CALL_WRITABLE); `owner`: see native_route."""
+        route = self.native_route(func, framework, writable, scalars, facts, owner)
         if route is None:
             raise self._closed_error()
         pw = pool_module()
@@ -263,11 +263,13 @@ class ProcessPool:
                 failed = None
                 raise_acyclic(dispatch_error(code, text))
 
-    def native_route(self, func, framework, writable, scalars, facts=False):
+    def native_route(self, func, framework, writable, scalars, facts=False, owner=None):
         """The Route of `func`'s calls with these CALL flags (shm_layout.h,
-        PFB_POOL_CALL_*; `facts`: copy=False wants the worker's copy facts),
-        or None once the pool is closed.  A function is registered once: its
-        LOAD carries this process's sys.path."""
+        PFB_POOL_CALL_*; `facts`: copy=False wants the worker's copy facts)
+        for `owner` (whatever the caller counts a route's calls under: one
+        route each, so that two names of one function count apart), or None
+        once the pool is closed.  A function is registered once: its LOAD
+        carries this process's sys.path."""
         dispatch = self._dispatch
         if dispatch is None or self._closed:
             return None
@@ -278,13 +280,13 @@ class ProcessPool:
         with self._lock:
             if self._closed:  # (close() sets it under this lock, then deletes the dispatcher)
                 return None
-            route = self._routes.get((token, flags))
+            route = self._routes.get((token, flags, owner))
             if route is None:
                 if ("load", token) not in self._payloads:  # not registered yet
                     load = pickle.dumps((list(sys.path), data), protocol=PICKLE_PROTOCOL)
                     dispatch.register(token, load)
                     self._payloads[("load", token)] = load  # a LOAD the arena has no room for
-                route = self._routes[(token, flags)] = dispatch.route(token, flags)
+                route = self._routes[(token, flags, owner)] = dispatch.route(token, flags)
                 self._counters.add_route(route)
         return route
 
@@ -396,8 +398,8 @@ class _DefaultPool:
     meanwhile by another thread (closed, then started anew) never sees a
     call that began in the old one."""
 
-    def ring_call(self, func, framework, args, writable, scalars, facts=False):
-        return default_pool().ring_call(func, framework, args, writable, scalars, facts)
+    def ring_call(self, func, framework, args, writable, scalars, facts=False, owner=None):
+        return default_pool().ring_call(func, framework, args, writable, scalars, facts, owner)
 
     def decode(self, reply, copied, result_view):
         # Named and counted as the default pool, whichever one ran the call

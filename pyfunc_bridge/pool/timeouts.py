@@ -33,6 +33,15 @@ def abandoned(pool, slot, call_id):
             os.kill(worker.pid, signal.SIGKILL)
 
 
+def _stopped(pid):
+    """Whether process `pid` is stopped (its state in /proc: T, or t when traced)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
+
+
 class Deadlines:
     """A pool's per-call timeout.  A watchdog thread reads the call each
     worker runs and since when (its control segment's running call,
@@ -110,17 +119,19 @@ class Deadlines:
         return max(wait, 0) / 1e9
 
     def _serving(self, worker, now):
-        """Between calls: a worker that leaves its requests unread for the
-        timeout (stopped, or stuck outside any call; one still starting gets
-        the load's grace too) is ended (SIGKILL: it runs no call whose stack
-        would tell why), and the calls it had not started run in another
-        worker.  Returns the ns until that could be."""
+        """Between calls: a worker that leaves its requests unread is ended
+        (SIGKILL: it runs no call whose stack would tell why), and the calls
+        it had not started run in another worker: after the timeout when it
+        is stopped (SIGSTOP, a debugger), else after the load's grace too,
+        since work outside a call (a large function pulled over the socket,
+        a released result's finalizer) may take long.  Returns the ns until
+        that could be."""
         # (A worker busy with a batch it read starts calls meanwhile: serving.)
         seen = worker.channel.unread()
         if seen is None or worker.unread is None or worker.unread[0] != seen:
             worker.unread = None if seen is None else (seen, now)
             return self.timeout_ns
-        limit = self.timeout_ns + (0 if worker.ready else int(LOAD_GRACE_SECONDS * 1e9))
+        limit = self.timeout_ns + (0 if _stopped(worker.pid) else int(LOAD_GRACE_SECONDS * 1e9))
         if now - worker.unread[1] >= limit:
             os.kill(worker.pid, signal.SIGKILL)  # (again, until it is reaped: harmless)
             return self.timeout_ns

@@ -302,18 +302,22 @@ class RingServer:
             if block is None:
                 status, block = self.by_socket(message.call_id, False, payload, None), (0, 0)
         finally:
-            self.channel.set_running(0)
             # The last references here to inputs the function returned (the
             # loop's `value` too), so that their blocks go with this DONE.
             result = items = converted = values = value = None
-        # The inputs it let go of go back before its DONE: a caller that sees
-        # the call done and no room can then tell kept blocks from late ones.
-        # Not notified apart: the DONE's notify (serve) wakes the parent once
-        # for both, so a caller that reads its own DONE wakes once.
-        self.inputs_back(notify=False)
-        self.channel.post(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
-                          flags=shape_kind, status=status, block=block,
-                          stamp=started, ended=time.time_ns())
+        try:
+            # The inputs it let go of go back before its DONE: a caller that sees
+            # the call done and no room can then tell kept blocks from late ones.
+            # Not notified apart: the DONE's notify (serve) wakes the parent once
+            # for both, so a caller that reads its own DONE wakes once.
+            self.inputs_back(notify=False)
+            self.channel.post(pw.REPLIES, pw.MSG_DONE, tensors, call_id=message.call_id,
+                              flags=shape_kind, status=status, block=block,
+                              stamp=started, ended=time.time_ns())
+        finally:
+            # Only now: the call's clock covers what its end runs (a released
+            # result's finalizer), so a hang there times the call out.
+            self.channel.set_running(0)
 
     def hand_back_tensors(self, tensors):
         """Frees the result blocks of records that will not be sent."""

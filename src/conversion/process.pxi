@@ -101,9 +101,11 @@ cdef class _ProcessConverter(_NumpyConverter):
                 _count_inputs(counts, args, &counts.copied[_WORKER])
             facts = call.copy_mode == PFB_COPY_FALSE  # the worker sends its copy facts
             queued = trace_now()  # 0 unless a profiler records
+            # A route per statistics record: its native calls count there only.
+            record = _record_of(entry)
             route, reply, pid = self.pool.ring_call(entry.func, self.framework, args, writable,
-                                                    self.scalars, facts)
-            _count_route(entry, route)  # its pool figures: pfb.stats() reads them
+                                                    self.scalars, facts, record)
+            _count_route(record, route)  # its pool figures: pfb.stats() reads them
             # Before the decoding, which may raise the function's error.
             trace_worker(queued, reply.message.stamp, reply.message.ended, pid)
             result, moved, facts = self.pool.decode(reply, copied, worker_result)

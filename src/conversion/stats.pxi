@@ -289,10 +289,9 @@ def stats_snapshot():
             if (<_FunctionStats>record).all_calls()}
 
 
-cdef int _count_route(object entry, object route) except -1:
-    """`entry`'s kernels run its calls natively over `route` from now on:
-    they count into its record through the route."""
-    cdef _FunctionStats record = _record_of(entry)
+cdef int _count_route(_FunctionStats record, object route) except -1:
+    """`record`'s kernels run its calls natively over `route` (its own) from
+    now on: they count into it through the route."""
     if record.routes is None:
         record.routes = {}
     record.routes[id(route)] = route

@@ -203,6 +203,22 @@ def test_calls_failed_counts_the_pools_failures_on_every_path():
         assert (functions["hang"].errors, functions["exits"].errors) == (2, 1)
 
 
+def test_two_names_of_one_function_count_apart(pool):
+    """One Python function under two op names: each name counts its own
+    calls, the kernel's native ones included (a graph's later calls and a
+    tf.data map run without Python over a route), and the pool all of them."""
+    before = getattr(pfb.stats().pools.get("stats pool"), "calls", 0)
+    twice_a = tf.function(lambda x: call(pf.double, [x], tf.float64, pool, name="twice_a"))
+    for _ in range(3):
+        assert float(twice_a(tf.constant(1.0, tf.float64))) == 2.0
+    mapped = tf.data.Dataset.range(20).map(
+        lambda i: call(pf.double, [tf.cast(i, tf.float64)], tf.float64, pool, name="twice_b"))
+    assert [float(v) for v in mapped] == [2.0 * i for i in range(20)]
+    functions = pfb.stats().functions
+    assert (functions["twice_a"].calls, functions["twice_b"].calls) == (3, 20)
+    assert pool_stats().calls - before == 23
+
+
 def test_the_pool_table_keeps_wide_numbers_apart(pool):
     # A new user's table read "1736.0 us1551545.6 us": columns ran together
     # once a number outgrew its fixed width.

@@ -1,6 +1,7 @@
 """Process workers: a pool's timeout. A call past it fails with the
 function's stack, its worker is replaced, and calls the worker had not
 started run in another; the timeout argument is checked."""
+import gc
 import inspect
 import os
 import re
@@ -134,6 +135,38 @@ def test_a_worker_that_leaves_its_calls_unread_is_replaced_and_they_run():
         finally:
             if worker_alive(stopped):
                 os.kill(stopped, signal.SIGKILL)
+
+
+def test_a_worker_busy_between_calls_is_not_ended_as_stuck(tmp_path, monkeypatch):
+    """Work outside any call (here a forgotten function's finalizer, 3 s) is
+    not a stall under a 0.5 s timeout: the worker runs on, and the calls
+    that waited for it run there."""
+    monkeypatch.setenv("PFB_TEST_MARKS", str(tmp_path))  # (the workers inherit it)
+    with pfb.ProcessPool(1, timeout=0.5, name="busy pool") as pool:
+        (worker,) = pool.pids()
+        holder = pf.SlowToFreeInWorker(3.0)
+        held = lambda x: x + (0.0 if holder else 1.0)  # noqa: E731 - pickled by value
+        pfb.numpy_function(held, [1.0], tf.float64, executor=pool)
+        del held, holder
+        gc.collect()  # the worker forgets it with the next message, then frees it
+        first, first_box = call_in_thread(pf.pid, 0, pool)
+        wait_for(lambda: os.listdir(tmp_path) == [str(worker)], 60)  # in the finalizer
+        second, second_box = call_in_thread(pf.pid, 0, pool)  # unread for 3 s
+        for thread in (first, second):
+            thread.join(timeout=60)
+            assert not thread.is_alive()
+        assert [int(box["result"]) for box in (first_box, second_box)] == [worker] * 2
+        assert pool.pids() == [worker]
+
+
+def test_a_result_whose_release_hangs_times_its_call_out():
+    """The call's clock runs until its answer is posted: a result whose
+    finalizer hangs as the worker lets go of it times the call out, with
+    the finalizer's stack, rather than hold it for ever."""
+    with pfb.ProcessPool(1, timeout=1, name="release pool") as pool:
+        with pytest.raises(tf.errors.DeadlineExceededError) as info:
+            pfb.numpy_function(pf.hangs_when_released, [0.0], tf.float64, executor=pool)
+        _assert_timed_out(info.value, pf._HangsWhenReleased.__del__, ["time.sleep"], pool)
 
 
 @pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), "1", True])
