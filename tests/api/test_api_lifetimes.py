@@ -4,9 +4,6 @@ builds, keep their functions as long as the dataset or definition that
 holds the op, as TensorFlow's do, and no longer.  TensorFlow's own
 functions are the oracle of the values."""
 import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import tensorflow as tf
@@ -14,6 +11,7 @@ from tensorflow.python.framework import function
 
 import pyfunc_bridge as pfb
 from conftest import ROOT, collect, script_env
+from fresh_python import fresh_python
 
 # name -> (TensorFlow's function, pfb's), both called as api(func, inp, Tout).
 APIS = {
@@ -111,38 +109,10 @@ def test_dropped_defun_graphs_release_their_functions(registry):
     assert len(registry) == before
 
 
-# TF1 behaviour (disable_v2_behavior) for the whole process, so in a fresh one:
-# the legacy map in a Graph and Session and in TF1's eager mode, both APIs.
-_TF1_SCRIPT = """
-    import gc, json
-    import tensorflow as tf
-    from tensorflow.python.eager import context
-    import pyfunc_bridge as pfb
-    tf.compat.v1.disable_v2_behavior()
-
-    def legacy_map(api):
-        return tf.compat.v1.data.Dataset.range(4).map_with_legacy_function(
-            lambda x: api(lambda v: v * 2, [x], tf.int64), num_parallel_calls=2)
-
-    out = {}
-    for side, api in [("tf", tf.compat.v1.py_func), ("pfb", pfb.py_func)]:
-        with tf.Graph().as_default():
-            nxt = tf.compat.v1.data.make_one_shot_iterator(legacy_map(api)).get_next()
-            gc.collect()
-            with tf.compat.v1.Session() as sess:
-                out[side + " graph"] = [int(sess.run(nxt)) for _ in range(4)]
-        with context.eager_mode():
-            ds = legacy_map(api)
-            gc.collect()
-            out[side + " eager"] = [int(v) for v in ds.as_numpy_iterator()]
-    print("RESULT", json.dumps(out))
-"""
-
-
 def test_legacy_map_in_tf1_mode_matches_tf():
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_TF1_SCRIPT)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env=script_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+    # TF1 behaviour is for the whole process, hence a fresh one.
+    proc = fresh_python("api/lifetimes_legacy_map_in_tf1_mode.py", timeout=300, cwd=ROOT,
+                        env=script_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert out == {f"{side} {mode}": [0, 2, 4, 6]

@@ -6,9 +6,6 @@ argument errors, lifetimes) is in test_api_contract.py; py_function's
 outputs and errors in test_api_py_function_outputs.py, its gradient in
 test_api_py_function_gradients.py."""
 import json
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -16,6 +13,7 @@ import tensorflow as tf
 
 import pyfunc_bridge as pfb
 from conftest import address, assert_same as _assert_same
+from fresh_python import fresh_python
 
 OP = "PyfuncBridge>PyFunction"
 X = tf.constant([0.5, -1.0, 2.0, 3.0])
@@ -37,19 +35,7 @@ def _numpy(result):
 def test_session_in_a_fresh_process():
     # A TF1 program that never ran an eager op before its Session: the function
     # still gets EagerTensors (tf.py_function manages this too).
-    code = textwrap.dedent("""
-        import os
-        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-        import tensorflow as tf
-        import pyfunc_bridge as pfb
-        with tf.Graph().as_default():
-            x = tf.compat.v1.placeholder(tf.float32, [None])
-            y = pfb.py_function(lambda a: a * 2, [x], tf.float32)
-            with tf.compat.v1.Session() as sess:
-                print("RESULT", sess.run(y, {x: [1.5, 4.0]}).tolist())
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    proc = fresh_python("api/py_function_session_in_a_fresh_process.py", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RESULT [3.0, 8.0]" in proc.stdout
 
@@ -74,26 +60,7 @@ def test_string_inputs_in_a_tf1_session_match_tf():
     # A TF1 program runs its Session's kernels in graph mode: string inputs
     # must still become EagerTensors (made inside the function's eager
     # context), on the first call and every later one, as with tf.py_function.
-    code = textwrap.dedent("""
-        import json, os
-        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-        import tensorflow as tf
-        import pyfunc_bridge as pfb
-        tf.compat.v1.disable_eager_execution()
-
-        def f(s, x):
-            return [tf.strings.length(s), x * 2]
-
-        s = tf.constant(["ab", "cde"])
-        x = tf.constant([1.0, 2.0])
-        ours = pfb.py_function(f, [s, x], [tf.int32, tf.float32])
-        theirs = tf.py_function(f, [s, x], [tf.int32, tf.float32])
-        with tf.compat.v1.Session() as sess:
-            runs = [[v.tolist() for v in sess.run(ours + theirs)] for _ in range(2)]
-        print("RESULT", json.dumps(runs))
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    proc = fresh_python("api/py_function_string_inputs_in_a_tf1_session.py", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert runs == [[[2, 3], [2.0, 4.0], [2, 3], [2.0, 4.0]]] * 2

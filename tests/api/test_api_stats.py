@@ -4,8 +4,6 @@ Counts and byte categories are exact for known inputs and outputs.
 """
 import dataclasses
 import re
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -13,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import pyfunc_bridge as pfb
+from fresh_python import fresh_python
 
 REASONS = {"unaligned", "non_contiguous", "aliasing", "dtype_conversion", "string",
            "copy_requested", "lazy_view", "worker", "shared_input"}
@@ -198,20 +197,7 @@ def test_graph_function_keeps_counting_after_reset():
 def test_counting_is_on_by_default():
     """A fresh process counts without enable_stats, copies with their reasons,
     in eager calls and in graphs; enable_stats(False) still switches it off."""
-    code = ("import tensorflow as tf, pyfunc_bridge as pfb\n"
-            "x = tf.zeros((2, 3))\n"
-            "pfb.numpy_function(lambda a: a, [x], tf.float32, name='shared')\n"
-            "tf.function(lambda x: pfb.numpy_function(lambda a: a.T, [x], tf.float32,\n"
-            "                                         name='copied'))(x)\n"
-            "s = pfb.stats()\n"
-            "print(s.enabled, s.functions['shared'].calls, s.functions['shared'].bytes_zero_copy,\n"
-            "      s.functions['copied'].calls)\n"
-            "print({k: v for k, v in s.functions['copied'].bytes_copied.items() if v})\n"
-            "print(pfb.enable_stats(False))\n"
-            "pfb.numpy_function(lambda a: a, [x], tf.float32, name='off')\n"
-            "print('off' in pfb.stats().functions, pfb.stats().enabled)\n")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+    run = fresh_python("api/stats_counting_is_on_by_default.py", timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     on, copied, previous, off = run.stdout.split("\n")[-5:-1]
     assert on == "True 1 24 1"  # 24 bytes out without a copy (the input is shared)

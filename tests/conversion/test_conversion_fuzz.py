@@ -19,8 +19,6 @@ writes the counts (tried, refused, wrong, crashed) as JSON.
 """
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -34,6 +32,8 @@ import dlpack_ctypes as dl  # noqa: E402
 from fuzz_helpers import (  # noqa: E402
     BF16, DTYPES, FIGURES, INT64_MAX, address, check_values, conv, fill, tally, wrong)
 from fuzz_helpers import write_figures  # noqa: E402,F401 (an autouse fixture)
+from conftest import ROOT, TESTS, script_env  # noqa: E402
+from fresh_python import fresh_python  # noqa: E402
 
 
 # ------------------------------------------------------------ honest tensors
@@ -262,28 +262,14 @@ def malformed_inner(case):
     _malformed_case(case)
 
 
-_INNER = """
-import json, os, sys
-sys.path[:0] = [{tests!r}, {here!r}]
-import conftest
-from hypothesis import settings
-settings.load_profile({profile!r})
-import test_conversion_fuzz as fuzz
-fuzz.malformed_inner()
-print("FIGURES " + json.dumps(dict(fuzz.FIGURES)))
-"""
-
-
 def test_malformed_tensors_are_refused(request, tmp_path):
     profile = (request.config.getoption("hypothesis_profile", None)
                or os.environ.get("HYPOTHESIS_PROFILE", "ci"))
     last = tmp_path / "last_case"
-    env = dict(os.environ, PFB_FUZZ_LAST=str(last), TF_CPP_MIN_LOG_LEVEL="3")
-    from conftest import TESTS
     here = os.path.dirname(os.path.abspath(__file__))  # the script imports this module
-    proc = subprocess.run([sys.executable, "-c", _INNER.format(tests=TESTS, here=here,
-                                                                profile=profile)],
-                          capture_output=True, text=True, env=env, timeout=3000)
+    env = script_env(ROOT, TESTS, here, PFB_FUZZ_LAST=str(last), TF_CPP_MIN_LOG_LEVEL="3")
+    proc = fresh_python("conversion/fuzz_malformed_tensors_are_refused.py", profile,
+                        env=env, timeout=3000)
     figures = [line for line in proc.stdout.splitlines() if line.startswith("FIGURES ")]
     if figures:
         FIGURES.update(json.loads(figures[-1][len("FIGURES "):]))

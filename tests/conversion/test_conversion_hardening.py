@@ -5,10 +5,7 @@ that convert losslessly, empty torch results, the handler cache and
 ``__dlpack_device__`` results.  Anything that crashed before its fix runs in
 a subprocess."""
 import gc
-import os
-import subprocess
-import sys
-import textwrap
+import json
 import weakref
 
 import ml_dtypes
@@ -18,7 +15,8 @@ import tensorflow as tf
 
 import pyfunc_bridge as pfb
 import dlpack_ctypes as dl
-from conftest import TESTS, address, collect
+from conftest import ROOT, TESTS, address, collect, script_env
+from fresh_python import fresh_python
 
 conv = pfb._library.conversion()
 KINDS = pytest.mark.parametrize("versioned", [True, False], ids=["versioned", "legacy"])
@@ -43,24 +41,6 @@ def refused(make, words, producer, **kwargs):
     del capsule
     collect()
     assert producer.deleted == deleted + 1
-
-
-def run_isolated(body, timeout=120):
-    """Runs `body` in a fresh interpreter (it may crash); returns the process."""
-    code = textwrap.dedent("""
-        import sys
-        sys.path.insert(0, {tests!r})
-        import numpy as np
-        import pyfunc_bridge as pfb
-        import dlpack_ctypes as dl
-        conv = pfb._library.conversion()
-        producer = dl.Producer()
-        with conv.aligned_allocation():
-            a = np.arange(10, dtype=np.float32)
-    """).format(tests=TESTS) + textwrap.dedent(body)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=timeout, env=env)
 
 
 # ------------------------------- holes 1 and 2: extents that overflow 64 bits
@@ -91,24 +71,9 @@ OVERFLOWING = [
 def test_extents_that_overflow_are_refused():
     # Some cases crashed before the fix: all run in one fresh interpreter,
     # which prints one line per case.
-    proc = run_isolated(f"""
-        import re
-        for versioned in (True, False):
-            for kwargs, words in {OVERFLOWING!r}:
-                if "dtype" in kwargs:
-                    kwargs["dtype"] = dl.DLDataType(*kwargs["dtype"], 1)
-                capsule = producer.capsule(a, versioned=versioned, **kwargs)
-                try:
-                    t = pfb.from_dlpack(capsule)
-                except BufferError as e:
-                    ok = re.search(words, str(e)) and dl.capsule_name(capsule) in (
-                        "dltensor", "dltensor_versioned")
-                    print("REFUSED" if ok else "WRONG MESSAGE", kwargs, e, flush=True)
-                else:
-                    print("ACCEPTED", kwargs, t.shape, flush=True)
-                del capsule
-        print("deleted", producer.deleted)
-    """)
+    proc = fresh_python("conversion/hardening_extents_that_overflow.py",
+                        json.dumps(OVERFLOWING), timeout=120,
+                        env=script_env(ROOT, TESTS, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 * len(OVERFLOWING) + 1, proc.stdout

@@ -314,14 +314,12 @@ def test_array_function_torch_under_xla_on_the_gpu(cuda_torch):
 # ----------------------------------------------------------------- benchmark --
 
 def test_gpu_overhead_benchmark_reports_a_ratio_on_the_gpu():
-    import os
     import re
-    import subprocess
-    import sys
 
     from conftest import GPU_ENV, ROOT as root
-    run = subprocess.run([sys.executable, "-m", "benchmarks.gpu_overhead", "--mode", "smoke"],
-                         cwd=root, env=GPU_ENV, capture_output=True, text=True, timeout=300)
+    from fresh_python import fresh_python
+    run = fresh_python("-m benchmarks.gpu_overhead", "--mode", "smoke", cwd=root, env=GPU_ENV,
+                       timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "GPU:0" in run.stdout, run.stdout
     assert re.search(r"py_function identity\s+\S+\s+\S+\s+>?[\d.]+x", run.stdout), run.stdout

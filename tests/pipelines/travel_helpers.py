@@ -3,13 +3,11 @@ checkout and the helper modules, pickles untrusted unless a test says so,
 and the input their functions get."""
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 
 from conftest import ROOT, TESTS, script_env
+from fresh_python import fresh_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT = 240  # seconds per subprocess, on a busy machine
@@ -27,10 +25,8 @@ def fresh_env(**extra):
 
 
 def run_python(script, *args, env=None):
-    """Runs `script` in a fresh interpreter (killed after TIMEOUT); returns
-    the JSON object it prints last."""
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
-                          env=env or fresh_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    """Runs tests/scripts/`script` in a fresh interpreter (killed after
+    TIMEOUT); returns the JSON object it prints last."""
+    proc = fresh_python(script, *args, env=env or fresh_env(), timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -4,15 +4,20 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, script_env
+from fresh_python import fresh_python
 
 SCENARIOS = ["graph_overhead", "eager_overhead", "tf_data", "size_sweep", "memory",
              "gil_bound"]
+
+
+def benchmark(module, *args, timeout=300, env=None):
+    """`python -m module args` from the checkout's root, in a fresh interpreter."""
+    return fresh_python(f"-m {module}", *args, cwd=ROOT, timeout=timeout,
+                        env=script_env(ROOT) if env is None else env)
 
 # A minus that is a sign: not between two figures of a range ("1.0-2.0"),
 # not in a word ("pass-through") or an exponent ("1e-05"), unless it follows
@@ -83,9 +88,7 @@ def gil_bound_counts(cores):
 
 @pytest.mark.slow
 def test_smoke_run_writes_every_scenario_and_the_plot(tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = benchmark("benchmarks", "--smoke", "--out", tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     for i, name in enumerate(SCENARIOS, 1):
         assert f"[{i}/{len(SCENARIOS)}] {name} done" in run.stderr
@@ -120,8 +123,7 @@ def test_gil_bound_worker_functions_do_not_import_tensorflow():
             "assert w.python_work(3, 10) == w.python_work(3, 10); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('tensorflow', 'pyfunc_bridge')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = fresh_python(code, cwd=ROOT, timeout=120, env=script_env(ROOT))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -130,9 +132,7 @@ def test_profiler_trace_script_draws_the_trace(tmp_path):
     # The README's picture: a pipeline under TF's profiler, its .xplane.pb
     # read with xplane_pb2 and drawn, without TensorBoard.
     png = tmp_path / "trace.png"
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.profiler_trace", "--png", str(png), "--no-cost"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = benchmark("benchmarks.profiler_trace", "--png", png, "--no-cost")
     assert run.returncode == 0, run.stderr[-3000:]
     rows = {line.split()[0]: line.split()[1:] for line in run.stdout.splitlines()[1:4]}
     assert set(rows) == {"__main__.decode", "__main__.augment",
@@ -142,10 +142,7 @@ def test_profiler_trace_script_draws_the_trace(tmp_path):
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 @pytest.mark.slow
 def test_gil_bound_reports_cpu_per_element_and_a_workers_sweep(tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--smoke", "--only", "gil_bound",
-         "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = benchmark("benchmarks", "--smoke", "--only", "gil_bound", "--out", tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "CPU us: pool" in run.stdout and "workers sweep" in run.stdout
     with open(tmp_path / "results.json") as f:
@@ -238,8 +235,7 @@ def test_interleaved_keeps_the_least_disturbed_attempt():
 
 
 def test_xla_loop_compares_a_call_under_xla_with_a_plain_tf_function():
-    run = subprocess.run([sys.executable, "-m", "benchmarks.xla_loop", "--mode", "smoke"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = benchmark("benchmarks.xla_loop", "--mode", "smoke")
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"jit_compile=True [\d.]+ us, plain tf.function [\d.]+ us, "
                      r"plain / XLA ([\d.]+ \(range|n/a \(an overhead below the noise)",
@@ -249,8 +245,7 @@ def test_xla_loop_compares_a_call_under_xla_with_a_plain_tf_function():
 def test_input_routes_reports_the_zero_copy_share_of_each_pipeline():
     """The input policy's figure: inputs the call holds alone are zero-copy,
     inputs TF shares are copied (shared_input), a pool's go to shared memory."""
-    run = subprocess.run([sys.executable, "-m", "benchmarks.input_routes", "--mode", "smoke"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = benchmark("benchmarks.input_routes", "--mode", "smoke")
     assert run.returncode == 0, run.stderr[-3000:]
     rows = {line[:42].strip(): line[42:].split() for line in run.stdout.splitlines()[1:]}
     assert rows["range + map (tf.fill, then the call)"][0] == "100%"
@@ -263,15 +258,13 @@ def test_gpu_overhead_says_it_needs_a_gpu_where_there_is_none():
     # On a GPU machine the conftest hides the GPU from fresh interpreters;
     # tests/gpu/test_gpu.py runs the scenario where it sees one.
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    run = subprocess.run([sys.executable, "-m", "benchmarks.gpu_overhead", "--mode", "smoke"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    run = benchmark("benchmarks.gpu_overhead", "--mode", "smoke", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "gpu_overhead: skipped (no GPU: TensorFlow lists no GPU device here)"
 
 
 def test_pool_dispatch_prints_each_way_and_where_a_call_goes():
-    run = subprocess.run([sys.executable, "-m", "benchmarks.pool_dispatch", "--calls", "20"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = benchmark("benchmarks.pool_dispatch", "--calls", "20")
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"^trivial \(8 B\) +20 +(\s*[\d.]+/\s*[\d.]+){4}$", run.stdout, re.M), run.stdout
     assert re.search(r"post to the worker's start [\d.]+, in the worker [\d.]+, worker's end "
@@ -284,8 +277,7 @@ def test_pool_dispatch_prints_each_way_and_where_a_call_goes():
 def test_pipelines_compares_the_pool_with_dataloader_and_grain():
     """benchmarks.pipelines' smoke mode: both maps through each variant, and
     the pool's ratio to each of the others."""
-    run = subprocess.run([sys.executable, "-m", "benchmarks.pipelines", "--mode", "smoke"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    run = benchmark("benchmarks.pipelines", "--mode", "smoke", timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     row = re.compile(r"  (\w+)\s+(pfb in-process|pfb pool|torch DataLoader|Grain)\s+\d+"
                      r"(\s+[\d.]+x)?")

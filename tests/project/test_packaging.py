@@ -2,9 +2,6 @@
 import-time version check, and the commands the README and CI run."""
 import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -14,6 +11,7 @@ except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
 from conftest import ROOT, script_env
+from fresh_python import fresh_python
 from pyfunc_bridge import _library
 
 TF_DISTRIBUTIONS = re.compile(r"^(tensorflow|tensorflow-cpu|tensorflow_cpu|tf-nightly)\b", re.I)
@@ -94,10 +92,9 @@ def test_ci_runs_the_readme_test_command_and_the_wheel(readme):
 
 def _import_in_subprocess(prelude):
     """`prelude`, then `import pyfunc_bridge` in a fresh interpreter."""
-    code = textwrap.dedent(prelude) + "\nimport pyfunc_bridge\nprint('IMPORTED')\n"
-    env = script_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=ROOT)
+    code = prelude + "\nimport pyfunc_bridge\nprint('IMPORTED')\n"
+    return fresh_python(code, timeout=120, cwd=ROOT,
+                        env=script_env(ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
 def test_import_without_tensorflow_names_both_extras():

@@ -2,13 +2,13 @@
 exit status, and a run end to end on a small file of our own (not TF's)."""
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
 from conftest import ROOT
+from fresh_python import fresh_python
 from tools import tf_suite
 
 
@@ -118,8 +118,8 @@ def test_a_small_suite_end_to_end(tmp_path):
     path.write_text(SUITE)
     out = tmp_path / "out.json"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-m", "tools.tf_suite", str(path), "--json", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = fresh_python("-m tools.tf_suite", path, "--json", out, cwd=ROOT, env=env,
+                        timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     verdicts = json.loads(out.read_text())["verdicts"]
     assert {test: v[0] for test, v in verdicts.items()} == {

@@ -21,38 +21,15 @@ def test_auto_clustering_compiles_the_op_into_the_cluster():
     """With auto-clustering (on the CPU: --tf_xla_cpu_global_jit) the op
     joins the XLA cluster: an input it keeps is pfb's copy of XLA's buffer,
     which keeps its values through later calls."""
-    lines = run_script("""
-        import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
-        tf.config.optimizer.set_jit("autoclustering")
-        kept = []
-        def keep(a):
-            kept.append(a)
-            return a + 1
-        def step(fn):
-            @tf.function
-            def f(x):
-                return pfb.numpy_function(fn, [x * 2], tf.TensorSpec([2], tf.float32)) * 3
-            return f
-        print(step(lambda a: a + 1)(tf.ones([2])).numpy().tolist())
-        kept_step = step(keep)
-        for i in range(20):
-            kept_step(tf.fill([2], float(i)))
-        print([k.tolist() for k in kept[::19]])
-        """, TF_XLA_FLAGS="--tf_xla_cpu_global_jit --tf_xla_min_cluster_size=1")
+    lines = run_script("xla/xla_auto_clustering.py",
+                       TF_XLA_FLAGS="--tf_xla_cpu_global_jit --tf_xla_min_cluster_size=1")
     assert lines[-2:] == ["[9.0, 9.0]", "[[0.0, 0.0], [38.0, 38.0]]"]
 
 
 def test_ops_compile_when_xla_compiled_before_the_import():
     """tf2xla makes its JIT kernels once, at the first compilation: the
     library registers its own where that happened before it loaded."""
-    lines = run_script("""
-        import numpy as np, tensorflow as tf
-        tf.function(lambda x: x * 2, jit_compile=True)(tf.ones([2]))
-        import pyfunc_bridge as pfb
-        f = tf.function(lambda x: pfb.numpy_function(
-            np.negative, [x], tf.TensorSpec([2], tf.float32)), jit_compile=True)
-        print(f(tf.ones([2])).numpy().tolist())
-        """)
+    lines = run_script("xla/xla_compiled_before_the_import.py")
     assert lines[-1] == "[-1.0, -1.0]"
 
 
@@ -205,29 +182,6 @@ def test_saved_model_with_jit_compile_runs_in_a_fresh_process(tmp_path):
     (portable) functions are known: XLA compiles in the loading process and
     the custom call resolves the function from the op's attributes."""
     path = str(tmp_path / "model")
-    run_script(f"""
-        import tensorflow as tf, pyfunc_bridge as pfb
-        import travel_functions as tfn
-        spec = tf.TensorSpec([3], tf.float32)
-        module = tf.Module()
-        module.numpy = tf.function(
-            lambda x: pfb.numpy_function(tfn.times2, [x], spec) + 1,
-            input_signature=[spec], jit_compile=True)
-        def grad(x):
-            with tf.GradientTape() as tape:
-                tape.watch(x)
-                y = pfb.py_function(tfn.cube, [x], spec)
-            return y, tape.gradient(y, x)
-        module.grad = tf.function(grad, input_signature=[spec], jit_compile=True)
-        tf.saved_model.save(module, {path!r})
-        """, PYTHONPATH=TESTS)
-    lines = run_script(f"""
-        import tensorflow as tf, pyfunc_bridge as pfb
-        import travel_functions  # declares the functions portable
-        module = tf.saved_model.load({path!r})
-        x = tf.constant([1.0, 2.0, 3.0])
-        print(module.numpy(x).numpy().tolist())
-        y, dy = module.grad(x)
-        print(y.numpy().tolist(), dy.numpy().tolist())
-        """, PYTHONPATH=TESTS)
+    run_script("xla/xla_saved_model_save.py", path, PYTHONPATH=TESTS)
+    lines = run_script("xla/xla_saved_model_load.py", path, PYTHONPATH=TESTS)
     assert lines[-2:] == ["[3.0, 5.0, 7.0]", "[1.0, 8.0, 27.0] [3.0, 12.0, 27.0]"]

@@ -175,17 +175,5 @@ def test_inputs_kept_in_forward_mode_keep_their_values():
 
 def test_a_large_kept_input_reads_back_in_a_fresh_process():
     """8 M floats: reading a freed XLA buffer of this size crashed."""
-    lines = run_script("""
-        import numpy as np, tensorflow as tf, pyfunc_bridge as pfb
-        n = 8 * 1024 * 1024
-        spec = tf.TensorSpec([n], tf.float32)
-        kept = []
-        def keep(a):
-            kept.append(a)
-            return a + 1
-        f = tf.function(lambda x: pfb.numpy_function(keep, [x], spec), jit_compile=True)
-        for i in range(21):
-            f(tf.fill([n], float(i)))
-        print(all(float(k.min()) == float(k.max()) == i for i, k in enumerate(kept)))
-        """)
+    lines = run_script("xla/kept_inputs_large_kept_input.py")
     assert lines[-1] == "True"

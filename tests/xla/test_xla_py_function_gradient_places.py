@@ -93,40 +93,11 @@ def test_tape_around_a_loaded_saved_model_function(tmp_path):
     """Loaded in a fresh process, a call's graph is rebuilt from its NodeDefs:
     the gradient there equals the one before saving, with and without XLA."""
     path = str(tmp_path / "model")
-    before = json.loads(run_script(f"""
-        import json
-        import tensorflow as tf, pyfunc_bridge as pfb
-        import travel_functions as tfn
-        spec = tf.TensorSpec([3], tf.float32)
-        module = tf.Module()
-        for name, xla in (("xla", True), ("plain", False)):
-            setattr(module, name, tf.function(
-                lambda x: pfb.py_function(tfn.cube, [x], spec),
-                input_signature=[spec], jit_compile=xla))
-        x = tf.constant([1.0, 2.0, 3.0])
-        grads = {{}}
-        for name in ("xla", "plain"):
-            with tf.GradientTape() as tape:
-                tape.watch(x)
-                y = getattr(module, name)(x)
-            grads[name] = tape.gradient(y, x).numpy().tolist()
-        tf.saved_model.save(module, {path!r})
-        print(json.dumps(grads))
-        """, PYTHONPATH=TESTS)[-1])
-    after = json.loads(run_script(f"""
-        import json
-        import tensorflow as tf, pyfunc_bridge as pfb
-        import travel_functions  # declares the functions portable
-        from xla_helpers import outer_tape
-        module = tf.saved_model.load({path!r})
-        x = tf.constant([1.0, 2.0, 3.0])
-        result = {{"call": module.xla(x).numpy().tolist()}}
-        for name in ("xla", "plain"):
-            f = getattr(module, name)
-            result[name] = outer_tape(f)(x).numpy().tolist()
-            result[name + " in tf.function"] = tf.function(outer_tape(f))(x).numpy().tolist()
-        print(json.dumps(result))
-        """, PYTHONPATH=os.pathsep.join([TESTS, os.path.dirname(__file__)]))[-1])
+    before = json.loads(run_script("xla/py_function_gradient_places_saved_model_save.py", path,
+                                   PYTHONPATH=TESTS)[-1])
+    here = os.path.dirname(__file__)  # the script imports xla_helpers
+    after = json.loads(run_script("xla/py_function_gradient_places_saved_model_load.py", path,
+                                  PYTHONPATH=os.pathsep.join([TESTS, here]))[-1])
     analytic = [3.0, 12.0, 27.0]
     assert before == {"xla": analytic, "plain": analytic}
     assert after == {"call": [1.0, 8.0, 27.0],

@@ -1,13 +1,10 @@
 """What the test_xla*.py files share: the dtypes XLA takes, sample values,
 jit-compiled functions and their HLO, and scripts in fresh interpreters."""
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import tensorflow as tf
 
 from conftest import ROOT, script_env
+from fresh_python import fresh_python
 
 NUMERIC = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
            tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool,
@@ -46,12 +43,12 @@ def hlo(fn, *args):
     return fn.experimental_get_compiler_ir(*args)(stage="hlo")
 
 
-def run_script(code, PYTHONPATH=None, **env):
-    """`code` in a fresh interpreter (this checkout's package first on its
-    path, then `PYTHONPATH`); its stdout's lines."""
+def run_script(script, *args, PYTHONPATH=None, **env):
+    """tests/scripts/`script` with `args` in a fresh interpreter (this
+    checkout's package first on its path, then `PYTHONPATH`); its stdout's
+    lines."""
     env = script_env(*[p for p in (ROOT, PYTHONPATH) if p], TF_CPP_MIN_LOG_LEVEL="2",
                      CUDA_VISIBLE_DEVICES="", **env)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=ROOT)
+    proc = fresh_python(script, *args, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()
