@@ -261,6 +261,7 @@ class Supervisor:
                 worker.alive = False
             why = f"a worker's reader thread could not be started ({type(exc).__name__}: {exc})"
             self._detach(worker, WorkerError(f"pyfunc_bridge: {self._pool().name}: {why}"))
+            close_fd(worker, "trace_fd")  # (as lost() would: nobody reads its stack)
             worker.ended()
             if first:
                 raise

@@ -4,7 +4,18 @@ import os, signal, sys, threading, time
 import pyfunc_bridge as pfb
 from pool_checks import call_pid
 
-pool = pfb.ProcessPool(1, name="unwatched")
+def stack_files():  # a pool with a timeout's trace files (timeouts.py, Deadlines.prepare)
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "unwatched-stack" in os.readlink(f"/proc/self/fd/{fd}"):
+                found.append(fd)
+        except OSError:
+            continue  # the descriptor listdir itself used
+    return found
+
+
+pool = pfb.ProcessPool(1, name="unwatched", timeout=600)
 start = threading.Thread.start
 
 def failing_start(self):  # the replacement's reader thread cannot start
@@ -31,4 +42,5 @@ if caller.is_alive():
 assert ("pid" in box and box["pid"] in pool.pids()
         or "reader thread could not be started" in box["error"]), box
 pool.close()
+assert stack_files() == [], stack_files()  # none left open by the worker without a reader
 print("done")
