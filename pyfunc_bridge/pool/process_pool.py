@@ -125,20 +125,25 @@ class ProcessPool:
         self._functions = Functions(self)
         self._counters = statistics.record(self.name)  # pfb.stats().pools[name]
         self._input_fd, self._input_map = shared_memory(arena_bytes, f"{self.name}-inputs")
-        # The native side of the workers' rings (src/pool/dispatch.h): it
-        # schedules every call and owns the input arena's allocator.  None
-        # once closed.
-        self._dispatch = pool_module().Dispatcher(self._input_map, workers)
-        # (token, CALL flags, owner) -> the dispatcher's Route of those calls
-        # (native_route); Python's references, for statistics.
-        self._routes = {}
-        # payload id -> the pickle of a ring call's input that its worker
-        # pulls over the socket (Route.call puts and drops it; _receive
-        # answers the worker's ("need", id)); ("load", token) -> a
-        # function's LOAD pickle, for as long as it is registered.
-        self._payloads = {}
-        # Its workers: their start, death, replacement and stop.
-        self._supervisor = Supervisor(self, self._lock)
+        try:  # (until the supervisor is, nothing else would close the descriptor)
+            # The native side of the workers' rings (src/pool/dispatch.h): it
+            # schedules every call and owns the input arena's allocator.  None
+            # once closed.
+            self._dispatch = pool_module().Dispatcher(self._input_map, workers)
+            # (token, CALL flags, owner) -> the dispatcher's Route of those calls
+            # (native_route); Python's references, for statistics.
+            self._routes = {}
+            # payload id -> the pickle of a ring call's input that its worker
+            # pulls over the socket (Route.call puts and drops it; _receive
+            # answers the worker's ("need", id)); ("load", token) -> a
+            # function's LOAD pickle, for as long as it is registered.
+            self._payloads = {}
+            # Its workers: their start, death, replacement and stop.  From
+            # here on close() (or __del__'s) ends what the pool made.
+            self._supervisor = Supervisor(self, self._lock)
+        except BaseException:  # (a Ctrl-C too)
+            close_fd(self, "_input_fd")
+            raise
         _live_pools.add(self)
         try:
             for i in range(workers):

@@ -5,12 +5,14 @@ import gc
 import socket
 import threading
 
+import pytest
 import tensorflow as tf
 
 import process_functions as pf
 from conftest import wait_for
 from pool_checks import memfds_of
 import pyfunc_bridge as pfb
+from pyfunc_bridge.worker.compiled import pool_module
 from process_pool_helpers import open_sockets, run_script
 
 
@@ -36,6 +38,20 @@ def test_a_closed_pool_leaves_no_shared_memory_in_this_process():
     assert any("-results" in m for m in memfds_of(name)[1])
     assert int(out[999]) == 999
     del out, pool
+    gc.collect()
+    assert memfds_of(name) == ([], [])
+
+
+def test_a_construction_interrupted_leaves_no_shared_memory(monkeypatch):
+    """A Ctrl-C (or any error) while a pool is being made, after its input
+    arena is, closes that arena's descriptor: nothing else would."""
+    name = "interrupted construction"
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pool_module(), "Dispatcher", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pfb.ProcessPool(1, name=name)
     gc.collect()
     assert memfds_of(name) == ([], [])
 
